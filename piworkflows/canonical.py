@@ -1,0 +1,230 @@
+"""Canonical JSON of the ``pi-workflows.client.v1`` protocol.
+
+The canonical text of a value is exactly what JavaScript's ``JSON.stringify``
+prints for it once every object's keys were inserted in sorted order,
+recursively:
+
+* no whitespace anywhere;
+* object keys that are array indices (``"0"``, ``"1"``, ``"10"`` ... up to
+  ``"4294967294"``, canonical decimal form only) come first in numeric order,
+  then every other key in UTF-16 code-unit order;
+* every number is an IEEE-754 double printed like ``Number.prototype.toString``
+  (``1e+21``, ``1e-7``, ``0.000001``, ``-0`` as ``0``); a Python ``int`` that is
+  not exactly a double, NaN and the infinities raise ``ValueError``;
+* strings escape ``"``, ``\\``, ``\\b \\f \\n \\r \\t``, the other control
+  characters and lone surrogates as lowercase ``\\u00xx`` / ``\\udxxx``;
+  everything else (``/``, U+2028, U+2029, non-ASCII) is written raw. A high
+  surrogate followed by a low one in a Python str is one UTF-16 pair, as in
+  JavaScript, and is written as the astral character it stands for.
+
+A received frame is canonical when ``dumps_bytes(loads(frame)) == frame``.
+``loads`` reads an integer literal as an ``int`` when a double holds it exactly
+and otherwise as the ``float`` JavaScript would read, so a canonical frame such
+as ``123456789012345680000`` round-trips and ``9007199254740993`` does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Any
+
+__all__ = [
+    "canonical_bytes",
+    "digest_hex",
+    "dumps",
+    "dumps_bytes",
+    "loads",
+    "sha256_digest",
+]
+
+_MAX_ARRAY_INDEX = 2**32 - 2
+_INDEX_KEY = re.compile(r"(?:0|[1-9][0-9]*)\Z")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NEEDS_ESCAPE = re.compile("[\"\\\\\x00-\x1f\ud800-\udfff]")
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match.group()
+    return _SHORT_ESCAPES.get(char) or "\\u%04x" % ord(char)
+
+
+def _utf16_normalise(text: str) -> str:
+    """Join high+low surrogate code points into the astral character they encode."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-be", "surrogatepass").decode("utf-16-be", "surrogatepass")
+
+
+def _string(text: str) -> str:
+    text = _utf16_normalise(text)
+    return '"' + _NEEDS_ESCAPE.sub(_escape_char, text) + '"'
+
+
+def _float(value: float) -> str:
+    """Format a finite double like JavaScript's Number.prototype.toString."""
+    if not math.isfinite(value):
+        raise ValueError(f"{value!r} is not allowed in canonical JSON")
+    if value == 0:
+        return "0"  # also -0
+    sign = "-" if value < 0 else ""
+    # repr gives the shortest round-trip digits, as JavaScript does.
+    mantissa, _, exponent = repr(abs(value)).partition("e")
+    int_part, _, frac_part = mantissa.partition(".")
+    all_digits = int_part + frac_part
+    digits = all_digits.lstrip("0")
+    # n: position of the decimal point relative to the first significant digit.
+    n = len(int_part) - (len(all_digits) - len(digits)) + int(exponent or 0)
+    digits = digits.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * -n + digits
+    else:
+        e = n - 1
+        head = digits if k == 1 else digits[0] + "." + digits[1:]
+        text = head + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return sign + text
+
+
+def _int(value: int) -> str:
+    try:
+        as_float = float(value)
+    except OverflowError:
+        raise ValueError(f"integer {value} is not representable as a double") from None
+    if int(as_float) != value:
+        raise ValueError(f"integer {value} is not exactly representable as a double")
+    return _float(as_float)
+
+
+def _is_index_key(key: str) -> bool:
+    return bool(_INDEX_KEY.match(key)) and int(key) <= _MAX_ARRAY_INDEX
+
+
+def _ordered_keys(obj: dict, sort_keys: bool) -> list[str]:
+    for key in obj:
+        if not isinstance(key, str):
+            raise TypeError(f"object keys must be str, not {type(key).__name__}")
+    if len({_utf16_normalise(k) for k in obj}) != len(obj):
+        raise ValueError("two object keys have the same UTF-16 code units")
+    index_keys = sorted((k for k in obj if _is_index_key(k)), key=int)
+    others = [k for k in obj if not _is_index_key(k)]
+    if sort_keys:
+        others.sort(key=lambda k: k.encode("utf-16-be", "surrogatepass"))
+    return index_keys + others
+
+
+def _encode(value: Any, sort_keys: bool) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, int):
+        return _int(value)
+    if isinstance(value, float):
+        return _float(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_encode(item, sort_keys) for item in value) + "]"
+    if isinstance(value, dict):
+        members = (
+            _string(key) + ":" + _encode(value[key], sort_keys)
+            for key in _ordered_keys(value, sort_keys)
+        )
+        return "{" + ",".join(members) + "}"
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def dumps(value: Any, *, sort_keys: bool = True) -> str:
+    """Return the canonical JSON text of *value*.
+
+    With ``sort_keys=False`` dict insertion order is kept, except that
+    array-index keys move first in numeric order, as in JavaScript.
+    """
+    return _encode(value, sort_keys)
+
+
+def dumps_bytes(value: Any, *, sort_keys: bool = True) -> bytes:
+    """Return the canonical JSON of *value* as UTF-8 bytes."""
+    # Lone surrogates are always escaped by dumps, so strict UTF-8 works.
+    return dumps(value, sort_keys=sort_keys).encode("utf-8")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} overflows a double")
+    return value
+
+
+def _parse_int(text: str) -> int | float:
+    value = int(text)
+    as_float = _parse_float(text)
+    return value if as_float == value else as_float
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate object key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def loads(data: bytes | bytearray | str) -> Any:
+    """Parse JSON text strictly: UTF-8 only, no duplicate keys, no NaN/Infinity.
+
+    Dict order follows the text. An integer literal gives an ``int`` when a
+    double holds it exactly, else the nearest ``float`` (the value JavaScript
+    reads). Whether the text was canonical is checked by
+    re-serialising the result and comparing.
+    """
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"JSON text is not valid UTF-8: {exc}") from None
+    return json.loads(
+        data,
+        object_pairs_hook=_unique_object,
+        parse_constant=_reject_constant,
+        parse_float=_parse_float,
+        parse_int=_parse_int,
+    )
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Return the canonical (sorted-keys) UTF-8 bytes of *value*."""
+    return dumps_bytes(value)
+
+
+def sha256_digest(value: Any) -> bytes:
+    """Return the 32-byte SHA-256 of the canonical bytes of *value*."""
+    return hashlib.sha256(canonical_bytes(value)).digest()
+
+
+def digest_hex(value: Any) -> str:
+    """Return ``"sha256:"`` followed by the hex SHA-256 of the canonical bytes."""
+    return "sha256:" + sha256_digest(value).hex()

@@ -1,0 +1,89 @@
+"""Protocol outcomes and error codes: the one place that defines them.
+
+A leaf module (stdlib only). Every refusal inside the server is a
+``CommandError`` carrying an outcome from ``OUTCOMES`` and a camelCase code
+from ``CODES``; it crosses process boundaries as ``{outcome, code, message,
+details}`` (``to_wire``/``from_wire``) and becomes the protocol response's
+``error`` sentence and ``receipt: {"code": ...}``. Messages are short safe
+sentences: never tokens, payloads or stack traces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OUTCOMES = ("accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable")
+
+# code -> the outcome it is always answered with
+CODES: dict[str, str] = {
+    # conflict
+    "staleRevision": "conflict",
+    "idempotencyKeyReused": "conflict",
+    "effectKeyConflict": "conflict",
+    "winnerDecided": "conflict",
+    "workflowSourceChanged": "conflict",
+    "requestInFlight": "conflict",
+    "leaseHeld": "conflict",
+    # notFound
+    "resourceNotFound": "notFound",
+    "effectNotFound": "notFound",
+    "blobNotFound": "notFound",
+    "runNotFound": "notFound",
+    "nothingDue": "notFound",
+    # claimLost
+    "claimExpired": "claimLost",
+    "claimTokenMismatch": "claimLost",
+    "staleGeneration": "claimLost",
+    "notClaimed": "claimLost",
+    "staleServerEpoch": "claimLost",
+    # rejected
+    "invalidTransition": "rejected",
+    "validationFailed": "rejected",
+    "notAvailable": "rejected",
+    "actorNotAllowed": "rejected",
+    "blobMismatch": "rejected",
+    "constraintViolation": "rejected",
+    "unknownCommand": "rejected",
+    "resourceExists": "rejected",
+    # unavailable
+    "unavailable": "unavailable",
+    "writerRestarting": "unavailable",
+    "shuttingDown": "unavailable",
+}
+
+
+class CommandError(Exception):
+    """A command that cannot be honoured; nothing it did remains."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.outcome = CODES[code]
+        self.message = message
+        self.details = details
+
+    def receipt(self) -> dict[str, Any]:
+        return {"code": self.code, **self.details}
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "code": self.code, "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> CommandError:
+        return cls(wire["code"], wire["message"], **wire.get("details", {}))
+
+
+class StateIncompatible(Exception):
+    """The state database is not one this build can open; it was not changed."""
+
+    MESSAGE = (
+        "Pi Workflows durable state is incompatible. Back up and move state.sqlite with its -wal "
+        "and -shm files, then start Pi Workflows to create a new state.sqlite database. The "
+        "incompatible state was not changed."
+    )
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(self.MESSAGE)
+        self.reason = reason  # for logs and tests; the user sees MESSAGE

@@ -1,0 +1,77 @@
+"""Named fault points for crash tests and the stress harness.
+
+A point does nothing unless ``PIW_FAULTS`` names it::
+
+    PIW_FAULTS="writer.after_commit=crash@3,writer.before_commit=sleep:50"
+
+Actions: ``crash`` (SIGKILL to this process: no cleanup, like ``kill -9``),
+``raise`` (``FaultInjected``), ``sleep:MS``. ``@N`` fires on the Nth hit only
+(default: every hit). Each point is named once, here; call sites use the
+constants.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ENV = "PIW_FAULTS"
+
+WRITER_BEFORE_COMMIT = "writer.before_commit"
+WRITER_AFTER_COMMIT = "writer.after_commit"
+WRITER_AFTER_REPLY = "writer.after_reply"
+
+POINTS = frozenset({WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY})
+
+
+class FaultInjected(RuntimeError):
+    pass
+
+
+@dataclass
+class _Rule:
+    action: str
+    arg: int
+    nth: int | None
+    hits: int = 0
+
+
+def parse(spec: str) -> dict[str, _Rule]:
+    rules: dict[str, _Rule] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, action = item.partition("=")
+        if name not in POINTS:
+            raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
+        action, _, nth = action.partition("@")
+        action, _, arg = action.partition(":")
+        if action not in ("crash", "raise", "sleep") or (action == "sleep") != bool(arg):
+            raise ValueError(f"bad fault action in {item!r}: use crash, raise or sleep:MS")
+        rules[name] = _Rule(action, int(arg or 0), int(nth) if nth else None)
+    return rules
+
+
+_rules = parse(os.environ.get(ENV, ""))
+
+
+def hit(point: str) -> None:
+    """Mark that execution reached ``point``; act if PIW_FAULTS asks."""
+    rule = _rules.get(point)
+    if rule is None:
+        return
+    rule.hits += 1
+    if rule.nth is not None and rule.hits != rule.nth:
+        return
+    if rule.action == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif rule.action == "raise":
+        raise FaultInjected(point)
+    else:
+        time.sleep(rule.arg / 1000)
+
+
+def configure(spec: str) -> None:
+    """Replace the active rules (in-process tests)."""
+    global _rules
+    _rules = parse(spec)

@@ -1,0 +1,283 @@
+"""Internal message shapes: the one place that defines what crosses a pipe.
+
+::
+
+    supervisor ──{"k": kind, "id": n, "b": command}──> writer
+    supervisor <──{"k": "reply", "id": n, "b": Reply}── writer
+
+Every writer command kind has exactly one model in ``COMMAND_MODELS`` and one
+handler in ``piworkflows.writer.commands.REGISTRY`` (a test keeps the two
+equal). Blob values carry their digest, computed by the submitter; the model
+checks digest, length and media type while it is decoded, before any write
+transaction, so no hashing happens inside one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from piworkflows import canonical
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
+
+# Frame kinds that are not commands.
+READY = "ready"
+FATAL = "fatal"
+REPLY = "reply"
+
+MAX_FRAME_BYTES = 1024 * 1024
+MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its envelope
+MAX_BLOB_READ_BYTES = 256 * 1024
+
+Digest = Annotated[bytes, Field(min_length=32, max_length=32)]
+Id = Annotated[str, Field(min_length=1, max_length=256)]
+ActorClass = Literal["server", "client", "runner", "outbox", "channel", "operator", "human", "model", "maintenance"]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Actor(Model):
+    actor_class: ActorClass
+    actor_id: str | None = None
+
+
+class BlobValue(Model):
+    """Canonical JSON or UTF-8 text, with the digest its submitter computed."""
+
+    digest: Digest
+    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    data: bytes = Field(max_length=MAX_INLINE_BLOB_BYTES)
+
+    @model_validator(mode="after")
+    def _verify(self) -> BlobValue:
+        if hashlib.sha256(self.data).digest() != self.digest:
+            raise ValueError("blob digest does not match its bytes")
+        if self.media_type == MEDIA_JSON:
+            if canonical.dumps_bytes(canonical.loads(self.data)) != self.data:
+                raise ValueError("a JSON blob must be canonical JSON")
+        else:
+            self.data.decode("utf-8")
+        return self
+
+    @classmethod
+    def of_json(cls, value: Any) -> BlobValue:
+        data = canonical.dumps_bytes(value)
+        return cls(digest=hashlib.sha256(data).digest(), media_type=MEDIA_JSON, data=data)
+
+    @classmethod
+    def of_text(cls, text: str) -> BlobValue:
+        data = text.encode("utf-8")
+        return cls(digest=hashlib.sha256(data).digest(), media_type=MEDIA_TEXT, data=data)
+
+
+class ClientReceiptKey(Model):
+    """Names a client request's durable intent (``host_commands``)."""
+
+    client_id: Id
+    idempotency_key: Id
+    fingerprint: Digest
+    operation: str
+    run_id: Id | None = None
+
+
+class WorkerMessageKey(Model):
+    """Names a state-changing child message (``worker_messages``)."""
+
+    sender_scope: Id
+    message_id: Id
+    fingerprint: Digest
+    message_kind: str
+    run_id: Id | None = None
+
+
+class Claim(Model):
+    """A claim the supervisor attaches: the token's hash, never the token."""
+
+    owner_id: Id
+    claim_token_hash: Digest
+    lease_generation: int = Field(ge=1)
+    ttl_ms: int = Field(ge=1)
+
+
+class Command(Model):
+    kind: ClassVar[str]
+    actor: Actor
+    client_receipt: ClientReceiptKey | None = None
+    worker_message: WorkerMessageKey | None = None
+
+    @model_validator(mode="after")
+    def _one_dedup_key(self) -> Command:
+        if self.client_receipt is not None and self.worker_message is not None:
+            raise ValueError("a command has at most one receipt key")
+        return self
+
+
+class ReadCommand(Model):
+    kind: ClassVar[str]
+    actor: Actor
+
+
+# --- projects and blobs -------------------------------------------------------
+
+
+class ProjectEnsure(Command):
+    kind: ClassVar[str] = "project.ensure"
+    canonical_path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+
+
+class BlobPut(Command):
+    kind: ClassVar[str] = "blob.put"
+    blob: BlobValue
+
+
+class BlobRead(ReadCommand):
+    kind: ClassVar[str] = "blob.read"
+    digest: Digest
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=MAX_BLOB_READ_BYTES, ge=1, le=MAX_BLOB_READ_BYTES)
+
+
+# --- server epoch -------------------------------------------------------------
+
+
+class ServerTakeEpoch(Command):
+    kind: ClassVar[str] = "server.take_epoch"
+    host_id: Id
+    claim_token_hash: Digest
+    pid: int = Field(ge=1)
+    process_started_at: int = Field(ge=0)
+    ttl_ms: int = Field(ge=1)
+
+
+class ServerRenewEpoch(Command):
+    kind: ClassVar[str] = "server.renew_epoch"
+    server_epoch: int = Field(ge=1)
+    claim_token_hash: Digest
+    ttl_ms: int = Field(ge=1)
+
+
+class ServerReleaseEpoch(Command):
+    kind: ClassVar[str] = "server.release_epoch"
+    server_epoch: int = Field(ge=1)
+    claim_token_hash: Digest
+
+
+# --- effects ------------------------------------------------------------------
+
+
+class EffectRequest(Model):
+    """One deterministic effect a transaction records before it commits."""
+
+    effect_type: str = Field(min_length=1, max_length=128)
+    idempotency_key: str = Field(min_length=1, max_length=1024)
+    payload: BlobValue
+    effect_class: Literal["local", "external"]
+    recovery_policy: Literal["idempotent", "manual"]
+    owner_scope: Literal["server", "run", "resource_manager", "channel"]
+    run_id: Id | None = None
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _json_payload(self) -> EffectRequest:
+        if self.payload.media_type != MEDIA_JSON:
+            raise ValueError("an effect payload is canonical JSON")
+        return self
+
+    def effect_id(self, source_resource_id: str) -> str:
+        """Deterministic: derived from source resource, effect type and key."""
+        ident = canonical.dumps_bytes([source_resource_id, self.effect_type, self.idempotency_key])
+        return "effect-" + hashlib.sha256(ident).hexdigest()[:32]
+
+    def fingerprint(self, source_resource_id: str) -> bytes:
+        """What makes a repeated request 'the same' (the source revision is not part of it)."""
+        fields = self.model_dump(exclude={"payload"})
+        fields["payload"] = self.payload.digest.hex()
+        fields["source"] = source_resource_id
+        return hashlib.sha256(canonical.dumps_bytes(fields)).digest()
+
+
+class EffectReserve(Command):
+    """Record effects for a source resource at its exact expected revision."""
+
+    kind: ClassVar[str] = "effect.reserve"
+    source_resource_id: Id
+    expected_revision: int = Field(ge=1)
+    claim: Claim | None = None
+    effects: list[EffectRequest] = Field(min_length=1, max_length=64)
+
+
+class EffectClaim(Command):
+    """Claim one due pending effect (a named one, or the next due of a class)."""
+
+    kind: ClassVar[str] = "effect.claim"
+    effect_id: Id | None = None
+    effect_class: Literal["local", "external"] = "external"
+    owner_id: Id
+    claim_token_hash: Digest
+    ttl_ms: int = Field(ge=1)
+
+
+class EffectSettle(Command):
+    """Report how the applying attempt ended, fenced by its claim."""
+
+    kind: ClassVar[str] = "effect.settle"
+    effect_id: Id
+    expected_revision: int = Field(ge=1)
+    claim: Claim
+    settlement: Literal["applied", "rejected", "retry", "ambiguous"]
+    result: BlobValue | None = None
+    error: BlobValue | None = None
+    error_code: str | None = Field(default=None, max_length=64)
+    external_ref: str | None = Field(default=None, max_length=1024)
+    retry_at: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> EffectSettle:
+        if (self.settlement == "retry") != (self.retry_at is not None):
+            raise ValueError("retry_at is given exactly when the settlement is retry")
+        if self.settlement == "applied" and self.error is not None:
+            raise ValueError("an applied settlement carries no error")
+        if self.error is not None and self.error.media_type != MEDIA_TEXT:
+            raise ValueError("an effect error is text")
+        return self
+
+
+COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
+    model.kind: model
+    for model in (
+        ProjectEnsure,
+        BlobPut,
+        BlobRead,
+        ServerTakeEpoch,
+        ServerRenewEpoch,
+        ServerReleaseEpoch,
+        EffectReserve,
+        EffectClaim,
+        EffectSettle,
+    )
+}
+
+
+class Reply(Model):
+    """The writer's answer, sent only after the command's transaction committed."""
+
+    outcome: Literal["accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"]
+    revision: int | None = None
+    receipt: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Ready(Model):
+    pid: int
+    schema_name: str
+    schema_version: int
+    ddl_sha256: bytes
+
+
+class Fatal(Model):
+    code: str
+    message: str

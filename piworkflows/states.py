@@ -1,0 +1,99 @@
+"""Closed value sets: the one Python owner of every status and kind name.
+
+A leaf module (stdlib only). ``writer/schema.sql`` repeats each set in a CHECK
+constraint because SQLite needs it there; ``tests/unit/test_states.py`` keeps
+the two equal. Transition tables live beside the sets they constrain.
+"""
+
+from __future__ import annotations
+
+ACTOR_CLASSES = frozenset(
+    {"server", "client", "runner", "outbox", "channel", "operator", "human", "model", "maintenance"}
+)
+
+RESOURCE_KINDS = frozenset(
+    {
+        "server",
+        "run",
+        "settings_scope",
+        "follow_up",
+        "decision",
+        "managed_resource",
+        "effect",
+        "channel",
+        "workflow_message",
+        "session_segment",
+    }
+)
+
+# Outcomes a durable command receipt can store (``unavailable`` is never stored).
+STORED_OUTCOMES = frozenset({"accepted", "rejected", "conflict", "notFound", "claimLost"})
+
+MEDIA_JSON = "application/json"
+MEDIA_TEXT = "text/plain;charset=utf-8"
+MEDIA_TYPES = frozenset({MEDIA_JSON, MEDIA_TEXT})
+
+# Runs (WORKFLOWS.md, Run lifecycle).
+RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled"})
+TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
+QUEUE_STATUSES = frozenset({"queued", "starting", "running", "parked", "done", "failed", "cancelled"})
+PARK_REASONS = frozenset({"shutdown", "paused", "runnerNoProgress", "workflowSourceChanged", "effectAmbiguous"})
+EXECUTION_MODES = frozenset({"headless", "interactive"})
+RUN_LINEAGES = frozenset({"root", "restart", "recovery", "child"})
+RUNNER_OUTCOMES = frozenset({"exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"})
+RUNNER_COMMANDS = frozenset({"start", "resume", "continue", "restart"})
+
+NODE_KINDS = frozenset(
+    {"agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"}
+)
+ATTEMPT_STATUSES = frozenset({"running", "waiting", "completed", "failed", "timed_out", "cancelled", "interrupted"})
+NODE_OUTCOMES = frozenset({"ok", "failed", "timed_out", "cancelled"})
+
+# Effects (WORKFLOWS.md, Effects: the status table is the contract).
+EFFECT_STATUSES = frozenset({"pending", "applying", "applied", "rejected", "ambiguous", "cancelled"})
+EFFECT_CLASSES = frozenset({"local", "external"})
+RECOVERY_POLICIES = frozenset({"idempotent", "manual"})
+EFFECT_OWNER_SCOPES = frozenset({"server", "run", "resource_manager", "channel"})
+EFFECT_ATTEMPT_STATUSES = frozenset({"applying", "applied", "rejected", "failed", "ambiguous"})
+UNSETTLED_EFFECT_STATUSES = frozenset({"pending", "applying", "ambiguous"})
+TERMINAL_EFFECT_STATUSES = frozenset({"applied", "rejected", "cancelled"})
+
+# Allowed effect status transitions. ``pending -> pending`` is a retry
+# rescheduled before any attempt began; ``ambiguous -> applying`` is an
+# operator retry; ``ambiguous -> applied`` an operator confirmation.
+EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"applying", "cancelled"}),
+    "applying": frozenset({"applied", "rejected", "pending", "ambiguous"}),
+    "ambiguous": frozenset({"applied", "applying"}),
+    "applied": frozenset(),
+    "rejected": frozenset(),
+    "cancelled": frozenset(),
+}
+
+# How an applying attempt ends for each effect status it settles into.
+ATTEMPT_END_FOR_EFFECT_STATUS = {
+    "applied": "applied",
+    "rejected": "rejected",
+    "pending": "failed",
+    "ambiguous": "ambiguous",
+}
+
+INTERACTIVE_REQUEST_STATUSES = frozenset({"pending", "validating", "accepted", "cancelled", "failed"})
+SUBMISSION_OUTCOMES = frozenset({"accepted", "adopted", "rejected"})
+MESSAGE_KINDS = frozenset({"step", "decision", "notification", "terminal", "follow_up"})
+MESSAGE_STATES = frozenset({"pending", "sent", "cancelled"})
+RECOVERY_STOPS = frozenset({"cancellation", "interruption", "timeout"})
+TURN_STATES = frozenset({"open", "ended", "lost"})
+DECISION_RESOLUTION_KINDS = frozenset({"human", "timeoutPolicy", "cancellation", "expiry"})
+DECISION_SUBMISSION_OUTCOMES = frozenset({"accepted", "rejected", "superseded"})
+FOLLOW_UP_STATUSES = frozenset({"queued", "delivered", "removed", "cancelled"})
+SEGMENT_STATUSES = frozenset({"recording", "closed"})
+INTERVAL_END_CAUSES = frozenset({"pause", "disconnect", "settlement", "recovery"})
+UPDATE_KINDS = frozenset({"progress", "notification"})
+BINDING_KINDS = frozenset({"settings", "session", "managed_resource"})
+SOURCE_KINDS = frozenset({"file", "builtin"})
+CONTROLLER_LIFECYCLES = frozenset({"active", "deleting"})
+CONTROLLER_QUEUE_STATUSES = frozenset({"queued", "claimed", "idle"})
+CHANNEL_KINDS = frozenset({"telegram"})
+CHANNEL_RECORD_KINDS = frozenset({"delivery", "settlement"})
+PATCH_OPS = frozenset({"add", "replace", "remove", "append"})

@@ -1,0 +1,15 @@
+"""The handler registry: each internal command kind maps to exactly one handler.
+
+``tests/unit/test_registry.py`` checks that this registry and
+``protocol.internal.COMMAND_MODELS`` match one to one.
+"""
+
+from __future__ import annotations
+
+from piworkflows.writer.commands import content, effects, server
+from piworkflows.writer.contract import Handler
+
+HANDLERS: tuple[Handler, ...] = (*content.HANDLERS, *server.HANDLERS, *effects.HANDLERS)
+
+REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}
+assert len(REGISTRY) == len(HANDLERS), "two handlers claim one command kind"

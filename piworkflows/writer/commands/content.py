@@ -1,0 +1,69 @@
+"""Projects and content-addressed values."""
+
+from __future__ import annotations
+
+import hashlib
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import BlobPut, BlobRead, ProjectEnsure
+from piworkflows.writer import records
+from piworkflows.writer.contract import Handler, Result, Tx
+
+ANY_SERVER_ROLE = frozenset({"server", "client", "runner", "outbox", "channel", "operator", "maintenance"})
+
+
+class EnsureProject(Handler[ProjectEnsure]):
+    """One stable id per canonical project path; repeating it adopts the row."""
+
+    kind = ProjectEnsure.kind
+    model = ProjectEnsure
+    actors = frozenset({"server", "client", "operator"})
+
+    def execute(self, tx: Tx, cmd: ProjectEnsure) -> Result:
+        row = tx.conn.execute(
+            "SELECT project_id FROM projects WHERE canonical_path = ?", (cmd.canonical_path,)
+        ).fetchone()
+        if row is not None:
+            return Result(receipt={"projectId": row[0], "created": False})
+        project_id = "project-" + hashlib.sha256(cmd.canonical_path.encode("utf-8")).hexdigest()[:32]
+        tx.conn.execute(
+            "INSERT INTO projects (project_id, canonical_path, created_at) VALUES (?, ?, ?)",
+            (project_id, cmd.canonical_path, tx.now),
+        )
+        return Result(receipt={"projectId": project_id, "created": True})
+
+
+class PutBlob(Handler[BlobPut]):
+    """Store a verified value (e.g. an oversized runner result); repeats adopt."""
+
+    kind = BlobPut.kind
+    model = BlobPut
+    actors = ANY_SERVER_ROLE
+
+    def execute(self, tx: Tx, cmd: BlobPut) -> Result:
+        created = records.put_blob(tx.conn, cmd.blob, tx.now)
+        return Result(receipt={"digest": cmd.blob.digest.hex(), "byteLength": len(cmd.blob.data), "created": created})
+
+
+class ReadBlob(Handler[BlobRead]):
+    """A bounded part of a stored value; the reader verifies the whole digest."""
+
+    kind = BlobRead.kind
+    model = BlobRead
+    actors = ANY_SERVER_ROLE
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: BlobRead) -> Result:
+        row = tx.conn.execute(
+            "SELECT media_type, byte_length, substr(bytes, ?, ?) FROM blobs WHERE digest = ?",
+            (cmd.offset + 1, cmd.limit, cmd.digest),
+        ).fetchone()
+        if row is None:
+            raise CommandError("blobNotFound", "no stored value has this digest", digest=cmd.digest.hex())
+        media_type, byte_length, part = row
+        return Result(
+            receipt={"mediaType": media_type, "byteLength": byte_length, "offset": cmd.offset, "data": bytes(part)}
+        )
+
+
+HANDLERS = (EnsureProject(), PutBlob(), ReadBlob())

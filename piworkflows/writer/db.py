@@ -1,0 +1,205 @@
+"""The writer's connection and its group commit loop.
+
+::
+
+    commands already waiting (bounded by count and by time)
+        │ decode + validate (pydantic; blob digests verified here, outside the transaction)
+        ▼
+    BEGIN IMMEDIATE ── schema cookie unchanged? ──┐
+        │  per command: SAVEPOINT                 │ any error that ends the whole
+        │     stored answer? adopt / conflict     │ transaction (FULL, IOERR, NOMEM,
+        │     handler.run (the write contract)    │ a failed COMMIT, in_transaction
+        │     refused: ROLLBACK TO, store answer  │ lost): ROLLBACK, every command of
+        │  RELEASE                                │ the group gets ``unavailable``
+    COMMIT ───────────────────────────────────────┘
+        ▼
+    replies (only now) ── notices
+
+Group commit refines the spec's per-command BEGIN IMMEDIATE ... COMMIT; see
+docs/design/group-commit.md for why each command keeps its guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from piworkflows import faults
+from piworkflows.clock import Clock
+from piworkflows.errors import CommandError
+from piworkflows.paths import StatePaths
+from piworkflows.protocol.internal import COMMAND_MODELS, Reply
+from piworkflows.settings import Settings
+from piworkflows.writer import records, schema
+from piworkflows.writer.commands import REGISTRY
+from piworkflows.writer.contract import Handler, Tx
+
+log = logging.getLogger(__name__)
+
+# SQLite primary result codes after which the transaction cannot be trusted.
+_GROUP_FATAL_CODES = {
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_CORRUPT,
+    sqlite3.SQLITE_NOTADB,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+}
+
+
+def retention_deleting() -> int:
+    """Backs the SQL function the ``events`` delete trigger asks; only retention sets it."""
+    return 0
+
+
+def connect(paths: StatePaths, settings: Settings) -> sqlite3.Connection:
+    """Open the one writer connection with the spec's pragmas (schema verified before)."""
+    conn = sqlite3.connect(paths.database, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA foreign_keys = ON")
+    if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+        conn.close()
+        raise RuntimeError("SQLite refused WAL mode for the state database")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(f"PRAGMA busy_timeout = {settings.busy_timeout_ms}")
+    conn.execute(f"PRAGMA wal_autocheckpoint = {settings.wal_autocheckpoint_pages}")
+    conn.execute(f"PRAGMA journal_size_limit = {settings.journal_size_limit_bytes}")
+    conn.create_function("piw_retention_deleting", 0, retention_deleting)
+    return conn
+
+
+def open_database(paths: StatePaths, settings: Settings, clock: Clock) -> sqlite3.Connection:
+    """Create or verify (raises StateIncompatible, files untouched), then connect."""
+    schema.ensure_database(paths, clock.now_ms())
+    return connect(paths, settings)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One command frame as it arrived: correlation id, kind, raw body."""
+
+    corr_id: int
+    kind: str
+    body: dict[str, Any]
+
+
+class GroupFailed(Exception):
+    """The whole transaction ended; nothing of the group was acknowledged."""
+
+
+def _is_group_fatal(conn: sqlite3.Connection, exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return not conn.in_transaction or (code is not None and (code & 0xFF) in _GROUP_FATAL_CODES)
+
+
+class GroupExecutor:
+    """Runs groups of commands on one connection; replies only after COMMIT."""
+
+    def __init__(self, conn: sqlite3.Connection, settings: Settings, clock: Clock) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.clock = clock
+        self.schema_cookie = self._schema_cookie()
+        self.groups_committed = 0
+
+    def _schema_cookie(self) -> int:
+        cookie: int = self.conn.execute("PRAGMA schema_version").fetchone()[0]
+        return cookie
+
+    def run(self, batch: list[Submitted]) -> tuple[list[tuple[int, Reply]], list[Submitted]]:
+        """Execute the commands that fit in one group.
+
+        Returns the replies (to send now: the group committed) and the
+        commands left for the next group (the time bound was reached).
+        Raises GroupFailed when nothing of the group may be acknowledged.
+        """
+        replies: list[tuple[int, Reply]] = []
+        decoded: list[tuple[Submitted, Handler, Any]] = []
+        for item in batch[: self.settings.group_max_commands]:
+            handler = REGISTRY.get(item.kind)
+            if handler is None:
+                replies.append((item.corr_id, _refusal(CommandError("unknownCommand", f"no command {item.kind!r}"))))
+                continue
+            try:
+                decoded.append((item, handler, COMMAND_MODELS[item.kind].model_validate(item.body)))
+            except ValidationError as exc:
+                replies.append((item.corr_id, _refusal(CommandError("validationFailed", _safe_errors(exc)))))
+        leftover = list(batch[self.settings.group_max_commands :])
+        if not decoded:
+            return replies, leftover
+
+        started = self.clock.monotonic_ms()
+        done: list[tuple[int, Reply]] = []
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self._schema_cookie() != self.schema_cookie:
+                raise GroupFailed("the database schema changed under the writer")
+            for index, (item, handler, cmd) in enumerate(decoded):
+                if index and self.clock.monotonic_ms() - started >= self.settings.group_max_ms:
+                    leftover = [it for it, _, _ in decoded[index:]] + leftover
+                    break
+                done.append((item.corr_id, self._run_one(handler, cmd)))
+            faults.hit(faults.WRITER_BEFORE_COMMIT)
+            self.conn.execute("COMMIT")
+        except (sqlite3.Error, GroupFailed, faults.FaultInjected) as exc:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            log.error("group of %d commands not committed: %s", len(decoded), type(exc).__name__)
+            raise GroupFailed(str(exc)) from exc
+        self.groups_committed += 1
+        faults.hit(faults.WRITER_AFTER_COMMIT)
+        return replies + done, leftover
+
+    def _run_one(self, handler: Handler, cmd: Any) -> Reply:
+        conn = self.conn
+        tx = Tx(conn, self.clock.now_ms(), cmd.actor)
+        key = None if handler.read_only else (cmd.client_receipt or cmd.worker_message)
+        if key is not None:
+            try:
+                stored = records.find_answer(conn, key)
+            except CommandError as exc:  # the key names another request
+                return _refusal(exc)
+            if stored is not None:
+                outcome = "adopted" if stored.outcome == "accepted" else stored.outcome
+                return Reply(outcome=outcome, revision=stored.revision, receipt=stored.receipt, error=stored.error)
+        conn.execute("SAVEPOINT command")
+        try:
+            result = handler.run(tx, cmd)
+            answer = records.StoredAnswer("accepted", result.revision, result.receipt, None)
+        except CommandError as exc:
+            answer = records.StoredAnswer(exc.outcome, None, exc.receipt(), exc.message)
+        except sqlite3.IntegrityError as exc:
+            if _is_group_fatal(conn, exc):
+                raise
+            log.error("%s violated a constraint: %s", handler.kind, exc)
+            refusal = CommandError("constraintViolation", "the command would break a database constraint")
+            answer = records.StoredAnswer(refusal.outcome, None, refusal.receipt(), refusal.message)
+        if answer.outcome != "accepted":
+            conn.execute("ROLLBACK TO command")
+        if key is not None:
+            records.store_answer(conn, key, answer, tx.now)
+        conn.execute("RELEASE command")
+        return Reply(outcome=answer.outcome, revision=answer.revision, receipt=answer.receipt, error=answer.error)
+
+
+def _refusal(exc: CommandError) -> Reply:
+    return Reply(outcome=exc.outcome, receipt=exc.receipt(), error=exc.message)
+
+
+def _safe_errors(exc: ValidationError) -> str:
+    """Name the fields that failed, never echo their values."""
+    fields = sorted({".".join(str(p) for p in err["loc"]) or "body" for err in exc.errors()})
+    return "invalid command fields: " + ", ".join(fields)
+
+
+def unavailable(message: str = "the writer could not commit; retry with the same idempotency key") -> Reply:
+    return Reply(outcome="unavailable", receipt={"code": "unavailable"}, error=message)
+
+
+__all__ = ["GroupExecutor", "GroupFailed", "Submitted", "connect", "open_database", "unavailable"]

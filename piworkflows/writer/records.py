@@ -1,0 +1,295 @@
+"""The spec's shared records: resources, leases, events, blobs, effects, receipts.
+
+Every domain command builds on these functions; none reimplements them. Each
+is one short SQL operation on the writer's connection inside the command's
+savepoint, and raises ``CommandError`` when the contract refuses.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from piworkflows import canonical
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import Actor, BlobValue, Claim, ClientReceiptKey, EffectRequest, WorkerMessageKey
+
+# --- resources ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    resource_id: str
+    resource_kind: str
+    revision: int
+
+
+def get_resource(conn: sqlite3.Connection, resource_id: str) -> Resource | None:
+    row = conn.execute(
+        "SELECT resource_id, resource_kind, revision FROM resources WHERE resource_id = ?", (resource_id,)
+    ).fetchone()
+    return Resource(*row) if row else None
+
+
+def create_resource(
+    conn: sqlite3.Connection, resource_id: str, kind: str, now: int, project_id: str | None = None
+) -> int:
+    if get_resource(conn, resource_id) is not None:
+        raise CommandError("resourceExists", "the resource already exists", resourceId=resource_id)
+    conn.execute(
+        "INSERT INTO resources (resource_id, resource_kind, revision, project_id, created_at, updated_at) "
+        "VALUES (?, ?, 1, ?, ?, ?)",
+        (resource_id, kind, project_id, now, now),
+    )
+    return 1
+
+
+def increment_revision(conn: sqlite3.Connection, resource_id: str, expected: int, now: int) -> int:
+    """Compare-and-increment: exactly once per accepted command."""
+    cur = conn.execute(
+        "UPDATE resources SET revision = revision + 1, updated_at = ? WHERE resource_id = ? AND revision = ?",
+        (now, resource_id, expected),
+    )
+    if cur.rowcount != 1:
+        raise CommandError("staleRevision", "the resource changed since the expected revision", resourceId=resource_id)
+    return expected + 1
+
+
+# --- leases -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lease:
+    resource_id: str
+    lease_generation: int
+    owner_id: str | None
+    claim_token_hash: bytes | None
+    expires_at: int | None
+
+    def live(self, now: int) -> bool:
+        return self.owner_id is not None and self.expires_at is not None and self.expires_at > now
+
+
+def get_lease(conn: sqlite3.Connection, resource_id: str) -> Lease | None:
+    row = conn.execute(
+        "SELECT resource_id, lease_generation, owner_id, claim_token_hash, expires_at FROM leases WHERE resource_id = ?",
+        (resource_id,),
+    ).fetchone()
+    return Lease(*row) if row else None
+
+
+def acquire_lease(
+    conn: sqlite3.Connection, resource_id: str, owner_id: str, token_hash: bytes, ttl_ms: int, now: int
+) -> int:
+    """Give a new owner a new generation. A live owner keeps its lease."""
+    lease = get_lease(conn, resource_id)
+    if lease is not None and lease.live(now):
+        raise CommandError("leaseHeld", "another owner holds a live claim on the resource", resourceId=resource_id)
+    generation = 1 if lease is None else lease.lease_generation + 1
+    conn.execute(
+        "INSERT INTO leases (resource_id, lease_generation, owner_id, claim_token_hash, acquired_at, renewed_at, expires_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (resource_id) DO UPDATE SET "
+        "lease_generation = excluded.lease_generation, owner_id = excluded.owner_id, "
+        "claim_token_hash = excluded.claim_token_hash, acquired_at = excluded.acquired_at, "
+        "renewed_at = excluded.renewed_at, expires_at = excluded.expires_at",
+        (resource_id, generation, owner_id, token_hash, now, now, now + ttl_ms),
+    )
+    return generation
+
+
+def verify_and_renew_claim(conn: sqlite3.Connection, resource_id: str, claim: Claim, now: int) -> Lease:
+    """Verify the exact still-live token and generation, then renew it."""
+    lease = get_lease(conn, resource_id)
+    if lease is None or lease.owner_id is None:
+        raise CommandError("notClaimed", "the resource has no live claim", resourceId=resource_id)
+    if lease.lease_generation != claim.lease_generation:
+        raise CommandError("staleGeneration", "the claim generation is no longer current", resourceId=resource_id)
+    if lease.claim_token_hash != claim.claim_token_hash or lease.owner_id != claim.owner_id:
+        raise CommandError("claimTokenMismatch", "the claim token does not match", resourceId=resource_id)
+    if not lease.live(now):
+        raise CommandError("claimExpired", "the claim expired", resourceId=resource_id)
+    conn.execute(
+        "UPDATE leases SET renewed_at = ?, expires_at = ? WHERE resource_id = ? AND lease_generation = ?",
+        (now, now + claim.ttl_ms, resource_id, claim.lease_generation),
+    )
+    return lease
+
+
+def release_lease(conn: sqlite3.Connection, resource_id: str, generation: int) -> None:
+    """Clear the owner; the generation stays, so it is never reused."""
+    conn.execute(
+        "UPDATE leases SET owner_id = NULL, claim_token_hash = NULL, acquired_at = NULL, renewed_at = NULL, "
+        "expires_at = NULL WHERE resource_id = ? AND lease_generation = ?",
+        (resource_id, generation),
+    )
+
+
+# --- events -------------------------------------------------------------------
+
+
+def write_event(
+    conn: sqlite3.Connection,
+    resource_id: str,
+    revision: int,
+    event_type: str,
+    actor: Actor,
+    now: int,
+    lease_generation: int | None = None,
+    payload_digest: bytes | None = None,
+) -> None:
+    conn.execute(
+        "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, actor_id, lease_generation, "
+        "payload_digest, committed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (resource_id, revision, event_type, actor.actor_class, actor.actor_id, lease_generation, payload_digest, now),
+    )
+
+
+# --- blobs --------------------------------------------------------------------
+
+
+def put_blob(conn: sqlite3.Connection, blob: BlobValue, now: int) -> bool:
+    """Insert verified content; repeated content adopts the row. True if created."""
+    row = conn.execute("SELECT media_type, byte_length, bytes FROM blobs WHERE digest = ?", (blob.digest,)).fetchone()
+    if row is not None:
+        if row != (blob.media_type, len(blob.data), blob.data):
+            raise CommandError("blobMismatch", "stored content under this digest differs", digest=blob.digest.hex())
+        return False
+    conn.execute(
+        "INSERT INTO blobs (digest, media_type, byte_length, bytes, created_at) VALUES (?, ?, ?, ?, ?)",
+        (blob.digest, blob.media_type, len(blob.data), blob.data, now),
+    )
+    return True
+
+
+# --- effects ------------------------------------------------------------------
+
+
+def insert_effect(
+    conn: sqlite3.Connection,
+    request: EffectRequest,
+    source_resource_id: str,
+    source_revision: int,
+    actor: Actor,
+    now: int,
+) -> tuple[str, bool]:
+    """Record one deterministic effect. Returns (effect_id, adopted).
+
+    A matching repeated request adopts the existing effect; a different
+    request under the same key is a conflict.
+    """
+    fingerprint = request.fingerprint(source_resource_id)
+    row = conn.execute(
+        "SELECT effect_id, request_fingerprint FROM effects WHERE effect_type = ? AND idempotency_key = ?",
+        (request.effect_type, request.idempotency_key),
+    ).fetchone()
+    if row is not None:
+        if row[1] != fingerprint:
+            raise CommandError(
+                "effectKeyConflict", "another effect request already holds this key", effectId=row[0]
+            )
+        return row[0], True
+    effect_id = request.effect_id(source_resource_id)
+    put_blob(conn, request.payload, now)
+    create_resource(conn, effect_id, "effect", now)
+    write_event(conn, effect_id, 1, "effect.reserved", actor, now, payload_digest=request.payload.digest)
+    conn.execute(
+        "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
+        "request_fingerprint, payload_digest, effect_class, recovery_policy, owner_scope, run_id, effect_status, "
+        "available_at, attempt_count, max_attempts, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?)",
+        (
+            effect_id,
+            source_resource_id,
+            source_revision,
+            request.effect_type,
+            request.idempotency_key,
+            fingerprint,
+            request.payload.digest,
+            request.effect_class,
+            request.recovery_policy,
+            request.owner_scope,
+            request.run_id,
+            now,
+            request.max_attempts,
+            now,
+            now,
+        ),
+    )
+    return effect_id, False
+
+
+def begin_effect_attempt(
+    conn: sqlite3.Connection, effect_id: str, lease_generation: int, owner_id: str, now: int
+) -> int:
+    """Record the next numbered attempt, before anything acts. Returns its number."""
+    number: int = conn.execute(
+        "SELECT coalesce(max(attempt_number), 0) + 1 FROM effect_attempts WHERE effect_id = ?", (effect_id,)
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT INTO effect_attempts (effect_id, attempt_number, lease_generation, owner_id, attempt_status, started_at) "
+        "VALUES (?, ?, ?, ?, 'applying', ?)",
+        (effect_id, number, lease_generation, owner_id, now),
+    )
+    conn.execute(
+        "UPDATE effects SET effect_status = 'applying', attempt_count = attempt_count + 1, updated_at = ? "
+        "WHERE effect_id = ? AND effect_status IN ('pending', 'ambiguous')",
+        (now, effect_id),
+    )
+    return number
+
+
+# --- receipts: host_commands and worker_messages --------------------------------
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    outcome: str
+    revision: int | None
+    receipt: dict[str, Any] | None
+    error: str | None
+
+
+ReceiptKey = ClientReceiptKey | WorkerMessageKey
+
+
+def _receipt_table(key: ReceiptKey) -> tuple[str, str, str, tuple[str, str]]:
+    if isinstance(key, ClientReceiptKey):
+        return "host_commands", "client_id", "idempotency_key", (key.client_id, key.idempotency_key)
+    return "worker_messages", "sender_scope", "message_id", (key.sender_scope, key.message_id)
+
+
+def find_answer(conn: sqlite3.Connection, key: ReceiptKey) -> StoredAnswer | None:
+    """The stored answer for this exact request, None if new; conflict if the key was reused."""
+    table, scope_col, key_col, ident = _receipt_table(key)
+    row = conn.execute(
+        f"SELECT fingerprint, outcome, revision, receipt, error FROM {table} WHERE {scope_col} = ? AND {key_col} = ?",
+        ident,
+    ).fetchone()
+    if row is None:
+        return None
+    if row[0] != key.fingerprint:
+        raise CommandError("idempotencyKeyReused", "this idempotency key was used for another request")
+    return StoredAnswer(row[1], row[2], canonical.loads(row[3]) if row[3] is not None else None, row[4])
+
+
+def store_answer(conn: sqlite3.Connection, key: ReceiptKey, answer: StoredAnswer, now: int) -> None:
+    table, scope_col, key_col, ident = _receipt_table(key)
+    operation_col, operation = (
+        ("operation", key.operation) if isinstance(key, ClientReceiptKey) else ("message_kind", key.message_kind)
+    )
+    conn.execute(
+        f"INSERT INTO {table} ({scope_col}, {key_col}, fingerprint, {operation_col}, outcome, revision, receipt, "
+        "error, run_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            *ident,
+            key.fingerprint,
+            operation,
+            answer.outcome,
+            answer.revision,
+            canonical.dumps(answer.receipt) if answer.receipt is not None else None,
+            answer.error,
+            key.run_id,
+            now,
+        ),
+    )
