@@ -146,7 +146,7 @@ class ResourceHandler(Handler[C]):
         else:
             lease = records.get_lease(conn, target.resource_id)
             if lease is not None and lease.live(now):
-                raise CommandError("notClaimed", "the resource is owned by a live claim", resourceId=target.resource_id)
+                raise CommandError("leaseHeld", "another owner holds a live claim on the resource", resourceId=target.resource_id)
 
         change = self.transition(tx, cmd, resource)
 

@@ -1,0 +1,5 @@
+import sys
+
+from piworkflows.writer.process import main
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+"""The writer process: the only process that opens state.sqlite.
+
+::
+
+    spawner (supervisor, tests, bench)          writer process
+      spawn() ── socketpair + Popen ──────────> main(): create or verify schema
+              <── "ready" | "fatal" ───────────  (nothing is answered before)
+      Link.request ── command frames ─────────> drain all waiting frames
+                                                GroupExecutor.run: one transaction
+              <── "reply" frames ──────────────  only after COMMIT
+
+The writer exits when its pipe reaches EOF or when the process that spawned
+it is gone (its psutil identity no longer matches), so it never outlives
+its supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from piworkflows import faults
+from piworkflows.clock import Clock, SystemClock
+from piworkflows.errors import StateIncompatible
+from piworkflows.paths import StatePaths
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal import FATAL, READY, REPLY, Fatal, Ready
+from piworkflows.protocol.link import Link
+from piworkflows.settings import Settings
+from piworkflows.writer import schema
+from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, open_database, unavailable
+
+log = logging.getLogger("piworkflows.writer")
+
+EXIT_INCOMPATIBLE = 3
+EXIT_PARENT_GONE = 4
+EXIT_DATABASE_LOST = 5
+
+
+class WriterLoop:
+    def __init__(
+        self,
+        sock: socket.socket,
+        paths: StatePaths,
+        settings: Settings,
+        clock: Clock,
+        parent: tuple[int, float] | None,
+    ) -> None:
+        self.sock = sock
+        self.paths = paths
+        self.settings = settings
+        self.clock = clock
+        self.parent = parent
+        self.executor = GroupExecutor(open_database(paths, settings, clock), settings, clock)
+        self.queue: collections.deque[Submitted] = collections.deque()
+        self.decoder = frames.FrameDecoder()
+
+    def serve(self) -> int:
+        while True:
+            if not self.queue:
+                readable, _, _ = select.select([self.sock], [], [], self.settings.parent_check_ms / 1000)
+                if not readable:
+                    if not self._parent_alive():
+                        log.warning("the supervisor is gone; the writer exits")
+                        return EXIT_PARENT_GONE
+                    continue
+            if not self._drain():
+                return 0
+            if self.queue:
+                self._run_group()
+
+    def _drain(self) -> bool:
+        """Move every frame already waiting into the queue; False at EOF."""
+        while True:
+            try:
+                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            for frame in self.decoder.feed(data):
+                body = frame["b"] if isinstance(frame.get("b"), dict) else {}
+                self.queue.append(Submitted(frame["id"], frame["k"], body))
+
+    def _run_group(self) -> None:
+        batch = list(self.queue)
+        self.queue.clear()
+        try:
+            replies, leftover = self.executor.run(batch)
+        except GroupFailed:
+            group = batch[: self.settings.group_max_commands]
+            replies = [(item.corr_id, unavailable()) for item in group]
+            leftover = batch[len(group) :]
+            self._reopen()
+        self.queue.extendleft(reversed(leftover))
+        self.sock.sendall(b"".join(frames.encode(REPLY, corr_id, reply.model_dump()) for corr_id, reply in replies))
+        faults.hit(faults.WRITER_AFTER_REPLY)
+
+    def _reopen(self) -> None:
+        """After a failed transaction: close, verify the schema again, reopen."""
+        self.executor.conn.close()
+        try:
+            self.executor = GroupExecutor(open_database(self.paths, self.settings, self.clock), self.settings, self.clock)
+        except Exception:
+            log.exception("the writer cannot reopen the state database")
+            raise SystemExit(EXIT_DATABASE_LOST)
+
+    def _parent_alive(self) -> bool:
+        if self.parent is None:
+            return True
+        pid, started_at = self.parent
+        try:
+            return psutil.Process(pid).create_time() == started_at
+        except psutil.Error:
+            return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m piworkflows.writer")
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--parent-started-at", type=float)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s writer[%(process)d] %(levelname)s %(message)s")
+    sock = socket.socket(fileno=args.fd)
+    paths = StatePaths.resolve(args.state_dir)
+    parent = (args.parent_pid, args.parent_started_at) if args.parent_pid else None
+    try:
+        loop = WriterLoop(sock, paths, Settings.from_env(), SystemClock(), parent)
+    except StateIncompatible as exc:
+        log.error("state database incompatible: %s", exc.reason)
+        frames.send(sock, FATAL, 0, Fatal(code="stateIncompatible", message=exc.MESSAGE).model_dump())
+        return EXIT_INCOMPATIBLE
+    ready = Ready(
+        pid=os.getpid(),
+        schema_name=schema.SCHEMA_NAME,
+        schema_version=schema.SCHEMA_VERSION,
+        ddl_sha256=schema.ddl_sha256(),
+    )
+    frames.send(sock, READY, 0, ready.model_dump())
+    return loop.serve()
+
+
+class WriterStartError(RuntimeError):
+    pass
+
+
+@dataclass
+class WriterProcess:
+    """The spawner's handle: the child process and the link to it."""
+
+    popen: subprocess.Popen[bytes]
+    link: Link
+    ready: Ready
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Close the pipe (the writer finishes its group and exits), then reap it."""
+        self.link.close()
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+
+def spawn(
+    state_dir: Path,
+    settings: Settings,
+    extra_env: dict[str, str] | None = None,
+) -> WriterProcess:
+    """Start a writer and wait until it verified the schema (or refused it)."""
+    ours, theirs = socket.socketpair()
+    me = psutil.Process()
+    env = {**os.environ, **settings.to_env(), **(extra_env or {})}
+    popen = subprocess.Popen(
+        [
+            sys.executable, "-m", "piworkflows.writer",
+            "--state-dir", str(state_dir),
+            "--fd", str(theirs.fileno()),
+            "--parent-pid", str(me.pid),
+            "--parent-started-at", repr(me.create_time()),
+        ],
+        pass_fds=[theirs.fileno()],
+        env=env,
+    )
+    theirs.close()
+    try:
+        first = _handshake(ours, settings.child_ready_timeout_ms / 1000)
+    except BaseException:
+        ours.close()
+        popen.kill()
+        popen.wait()
+        raise
+    if first["k"] == FATAL:
+        ours.close()
+        popen.wait()
+        fatal = Fatal.model_validate(first["b"])
+        if fatal.code == "stateIncompatible":
+            raise StateIncompatible("reported by the writer")
+        raise WriterStartError(fatal.message)
+    return WriterProcess(popen, Link(ours), Ready.model_validate(first["b"]))
+
+
+def _handshake(sock: socket.socket, timeout: float) -> dict:
+    sock.settimeout(timeout)
+    decoder = frames.FrameDecoder()
+    try:
+        while True:
+            received = frames.recv_frames(sock, decoder)
+            if received is None:
+                raise WriterStartError("the writer exited before it was ready")
+            if received:
+                if len(received) > 1 or decoder.pending_bytes:
+                    raise WriterStartError("the writer sent more than its handshake")
+                if received[0]["k"] not in (READY, FATAL):
+                    raise WriterStartError("the writer's first frame was not a handshake")
+                return received[0]
+    except socket.timeout as exc:
+        raise WriterStartError("the writer did not become ready in time") from exc
+    finally:
+        sock.settimeout(None)

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints one JSON line of figures (docs/BENCHMARKS.md records them)."""
