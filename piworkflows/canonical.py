@@ -32,7 +32,6 @@ import re
 from typing import Any
 
 __all__ = [
-    "canonical_bytes",
     "digest_hex",
     "dumps",
     "dumps_bytes",
@@ -215,14 +214,9 @@ def loads(data: bytes | bytearray | str) -> Any:
     )
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """Return the canonical (sorted-keys) UTF-8 bytes of *value*."""
-    return dumps_bytes(value)
-
-
 def sha256_digest(value: Any) -> bytes:
     """Return the 32-byte SHA-256 of the canonical bytes of *value*."""
-    return hashlib.sha256(canonical_bytes(value)).digest()
+    return hashlib.sha256(dumps_bytes(value)).digest()
 
 
 def digest_hex(value: Any) -> str:
