@@ -21,6 +21,7 @@ import collections
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,7 @@ log = logging.getLogger("piworkflows.writer")
 EXIT_INCOMPATIBLE = 3
 EXIT_PARENT_GONE = 4
 EXIT_DATABASE_LOST = 5
+EXIT_BAD_FRAME = 6
 
 
 class WriterLoop:
@@ -74,8 +76,12 @@ class WriterLoop:
                         log.warning("the supervisor is gone; the writer exits")
                         return EXIT_PARENT_GONE
                     continue
-            if not self._drain():
-                return 0
+            try:
+                if not self._drain():
+                    return 0
+            except frames.FrameError as exc:
+                log.error("malformed frame from the supervisor (%s); the writer exits", exc)
+                return EXIT_BAD_FRAME
             if self.queue:
                 self._run_group()
 
@@ -132,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int)
     parser.add_argument("--parent-started-at", type=float)
     args = parser.parse_args(argv)
+    # A terminal's Ctrl-C reaches the whole process group; the supervisor
+    # decides when the writer stops (it closes the pipe, the writer finishes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s writer[%(process)d] %(levelname)s %(message)s")
     sock = socket.socket(fileno=args.fd)
     paths = StatePaths.resolve(args.state_dir)

@@ -55,7 +55,7 @@ def ddl_sha256() -> bytes:
 def schema_shape(conn: sqlite3.Connection) -> list[tuple[str, str, str, str | None]]:
     rows = conn.execute(
         "SELECT type, name, tbl_name, sql FROM sqlite_schema "
-        "WHERE name NOT LIKE 'sqlite_stat%' ORDER BY type, name"
+        "WHERE name NOT GLOB 'sqlite_stat*' ORDER BY type, name"
     ).fetchall()
     return [tuple(row) for row in rows]
 

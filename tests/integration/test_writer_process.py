@@ -215,3 +215,21 @@ def test_large_value_round_trips_through_bounded_reads(paths: StatePaths):
         assert data == value.data
     finally:
         writer.stop()
+
+
+def test_failed_commit_answers_unavailable_and_the_writer_carries_on(paths: StatePaths):
+    """writer.before_commit=raise on the 2nd group: that group is lost whole, later ones commit."""
+    writer = spawn(paths.state_dir, Settings(), extra_env={"PIW_FAULTS": "writer.before_commit=raise@2"})
+    try:
+        first = writer.link.request("project.ensure", project_body(1), timeout=30)
+        lost = writer.link.request("project.ensure", project_body(2), timeout=30)
+        third = writer.link.request("project.ensure", project_body(3), timeout=30)
+        retry = writer.link.request("project.ensure", project_body(2), timeout=30)
+        assert [r.outcome for r in (first, lost, third, retry)] == ["accepted", "unavailable", "accepted", "accepted"]
+        assert lost.receipt == {"code": "unavailable"} and lost.error
+    finally:
+        assert writer.stop() == 0
+    conn = sqlite3.connect(paths.database)
+    assert [r[0] for r in conn.execute("SELECT canonical_path FROM projects ORDER BY 1")] == [
+        "/projects/p1", "/projects/p2", "/projects/p3"]
+    conn.close()
