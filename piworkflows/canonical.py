@@ -42,7 +42,7 @@ __all__ = [
 _MAX_ARRAY_INDEX = 2**32 - 2
 _INDEX_KEY = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_NEEDS_ESCAPE = re.compile("[\"\\\\\x00-\x1f\ud800-\udfff]")
+_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\ud800-\udfff]')
 _SHORT_ESCAPES = {
     '"': '\\"',
     "\\": "\\\\",
@@ -56,7 +56,7 @@ _SHORT_ESCAPES = {
 
 def _escape_char(match: re.Match[str]) -> str:
     char = match.group()
-    return _SHORT_ESCAPES.get(char) or "\\u%04x" % ord(char)
+    return _SHORT_ESCAPES.get(char) or f"\\u{ord(char):04x}"
 
 
 def _utf16_normalise(text: str) -> str:
@@ -143,10 +143,7 @@ def _encode(value: Any, sort_keys: bool) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_encode(item, sort_keys) for item in value) + "]"
     if isinstance(value, dict):
-        members = (
-            _string(key) + ":" + _encode(value[key], sort_keys)
-            for key in _ordered_keys(value, sort_keys)
-        )
+        members = (_string(key) + ":" + _encode(value[key], sort_keys) for key in _ordered_keys(value, sort_keys))
         return "{" + ",".join(members) + "}"
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 

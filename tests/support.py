@@ -26,13 +26,20 @@ def submitted(kind: str, body: dict[str, Any]) -> Submitted:
 def take_epoch(token: str = "epoch-token", ttl_ms: int = 30_000) -> Submitted:
     return submitted(
         "server.take_epoch",
-        {"actor": SERVER, "host_id": "host-1", "claim_token_hash": token_hash(token), "pid": 1,
-         "process_started_at": 1, "ttl_ms": ttl_ms},
+        {
+            "actor": SERVER,
+            "host_id": "host-1",
+            "claim_token_hash": token_hash(token),
+            "pid": 1,
+            "process_started_at": 1,
+            "ttl_ms": ttl_ms,
+        },
     )
 
 
-def effect_request(key: str, payload: Any = None, policy: str = "idempotent", max_attempts: int = 5,
-                   effect_type: str = "test.effect") -> dict[str, Any]:
+def effect_request(
+    key: str, payload: Any = None, policy: str = "idempotent", max_attempts: int = 5, effect_type: str = "test.effect"
+) -> dict[str, Any]:
     return EffectRequest(
         effect_type=effect_type,
         idempotency_key=key,
@@ -44,10 +51,15 @@ def effect_request(key: str, payload: Any = None, policy: str = "idempotent", ma
     ).model_dump()
 
 
-def reserve(expected_revision: int, *effects: dict[str, Any], source: str = "server",
-            receipt: dict[str, Any] | None = None) -> Submitted:
-    body = {"actor": SERVER, "source_resource_id": source, "expected_revision": expected_revision,
-            "effects": list(effects)}
+def reserve(
+    expected_revision: int, *effects: dict[str, Any], source: str = "server", receipt: dict[str, Any] | None = None
+) -> Submitted:
+    body = {
+        "actor": SERVER,
+        "source_resource_id": source,
+        "expected_revision": expected_revision,
+        "effects": list(effects),
+    }
     if receipt is not None:
         body["client_receipt"] = receipt
     return submitted("effect.reserve", body)
@@ -60,21 +72,42 @@ def claim_effect(token: str, effect_id: str | None = None, ttl_ms: int = 10_000,
     return submitted("effect.claim", body)
 
 
-def settle(effect_id: str, expected_revision: int, token: str, generation: int, settlement: str = "applied",
-           owner: str = "worker-1", **extra: Any) -> Submitted:
-    body = {"actor": OUTBOX, "effect_id": effect_id, "expected_revision": expected_revision,
-            "claim": {"owner_id": owner, "claim_token_hash": token_hash(token), "lease_generation": generation,
-                      "ttl_ms": 10_000},
-            "settlement": settlement, **extra}
+def settle(
+    effect_id: str,
+    expected_revision: int,
+    token: str,
+    generation: int,
+    settlement: str = "applied",
+    owner: str = "worker-1",
+    **extra: Any,
+) -> Submitted:
+    body = {
+        "actor": OUTBOX,
+        "effect_id": effect_id,
+        "expected_revision": expected_revision,
+        "claim": {
+            "owner_id": owner,
+            "claim_token_hash": token_hash(token),
+            "lease_generation": generation,
+            "ttl_ms": 10_000,
+        },
+        "settlement": settlement,
+        **extra,
+    }
     if settlement == "applied" and "result" not in extra:
         body["result"] = BlobValue.of_json({"ok": True}).model_dump()
     return submitted("effect.settle", body)
 
 
-def client_receipt(idempotency_key: str, request: Any, client_id: str = "client-1",
-                   operation: str = "test.operation") -> dict[str, Any]:
-    return {"client_id": client_id, "idempotency_key": idempotency_key,
-            "fingerprint": hashlib.sha256(repr(request).encode()).digest(), "operation": operation}
+def client_receipt(
+    idempotency_key: str, request: Any, client_id: str = "client-1", operation: str = "test.operation"
+) -> dict[str, Any]:
+    return {
+        "client_id": client_id,
+        "idempotency_key": idempotency_key,
+        "fingerprint": hashlib.sha256(repr(request).encode()).digest(),
+        "operation": operation,
+    }
 
 
 def run_group(executor: GroupExecutor, *items: Submitted):

@@ -53,7 +53,11 @@ class FrameDecoder:
                 frame = msgpack.unpackb(payload, raw=False, strict_map_key=True)
             except Exception as exc:  # msgpack raises several unrelated types
                 raise FrameError("undecodable frame") from exc
-            if not isinstance(frame, dict) or not isinstance(frame.get("k"), str) or not isinstance(frame.get("id"), int):
+            if (
+                not isinstance(frame, dict)
+                or not isinstance(frame.get("k"), str)
+                or not isinstance(frame.get("id"), int)
+            ):
                 raise FrameError("a frame is a map with a string 'k' and an integer 'id'")
             frames.append(frame)
         return frames

@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import REPLY, Reply

@@ -24,8 +24,9 @@ in ``Change.apply``; everything shared is written here. A failed check raises
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import Actor, BlobValue, Claim, Command, EffectRequest, ReadCommand
@@ -146,7 +147,9 @@ class ResourceHandler(Handler[C]):
         else:
             lease = records.get_lease(conn, target.resource_id)
             if lease is not None and lease.live(now):
-                raise CommandError("leaseHeld", "another owner holds a live claim on the resource", resourceId=target.resource_id)
+                raise CommandError(
+                    "leaseHeld", "another owner holds a live claim on the resource", resourceId=target.resource_id
+                )
 
         change = self.transition(tx, cmd, resource)
 

@@ -116,10 +116,12 @@ class WriterLoop:
         """After a failed transaction: close, verify the schema again, reopen."""
         self.executor.conn.close()
         try:
-            self.executor = GroupExecutor(open_database(self.paths, self.settings, self.clock), self.settings, self.clock)
+            self.executor = GroupExecutor(
+                open_database(self.paths, self.settings, self.clock), self.settings, self.clock
+            )
         except Exception:
             log.exception("the writer cannot reopen the state database")
-            raise SystemExit(EXIT_DATABASE_LOST)
+            raise SystemExit(EXIT_DATABASE_LOST) from None
 
     def _parent_alive(self) -> bool:
         if self.parent is None:
@@ -194,11 +196,17 @@ def spawn(
     env = {**os.environ, **settings.to_env(), **(extra_env or {})}
     popen = subprocess.Popen(
         [
-            sys.executable, "-m", "piworkflows.writer",
-            "--state-dir", str(state_dir),
-            "--fd", str(theirs.fileno()),
-            "--parent-pid", str(me.pid),
-            "--parent-started-at", repr(me.create_time()),
+            sys.executable,
+            "-m",
+            "piworkflows.writer",
+            "--state-dir",
+            str(state_dir),
+            "--fd",
+            str(theirs.fileno()),
+            "--parent-pid",
+            str(me.pid),
+            "--parent-started-at",
+            repr(me.create_time()),
         ],
         pass_fds=[theirs.fileno()],
         env=env,
@@ -235,7 +243,7 @@ def _handshake(sock: socket.socket, timeout: float) -> dict:
                 if received[0]["k"] not in (READY, FATAL):
                     raise WriterStartError("the writer's first frame was not a handshake")
                 return received[0]
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         raise WriterStartError("the writer did not become ready in time") from exc
     finally:
         sock.settimeout(None)

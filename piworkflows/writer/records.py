@@ -73,7 +73,8 @@ class Lease:
 
 def get_lease(conn: sqlite3.Connection, resource_id: str) -> Lease | None:
     row = conn.execute(
-        "SELECT resource_id, lease_generation, owner_id, claim_token_hash, expires_at FROM leases WHERE resource_id = ?",
+        "SELECT resource_id, lease_generation, owner_id, claim_token_hash, expires_at "
+        "FROM leases WHERE resource_id = ?",
         (resource_id,),
     ).fetchone()
     return Lease(*row) if row else None
@@ -88,7 +89,8 @@ def acquire_lease(
         raise CommandError("leaseHeld", "another owner holds a live claim on the resource", resourceId=resource_id)
     generation = 1 if lease is None else lease.lease_generation + 1
     conn.execute(
-        "INSERT INTO leases (resource_id, lease_generation, owner_id, claim_token_hash, acquired_at, renewed_at, expires_at) "
+        "INSERT INTO leases (resource_id, lease_generation, owner_id, claim_token_hash, acquired_at, renewed_at, "
+        "expires_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (resource_id) DO UPDATE SET "
         "lease_generation = excluded.lease_generation, owner_id = excluded.owner_id, "
         "claim_token_hash = excluded.claim_token_hash, acquired_at = excluded.acquired_at, "
@@ -185,9 +187,7 @@ def insert_effect(
     ).fetchone()
     if row is not None:
         if row[1] != fingerprint:
-            raise CommandError(
-                "effectKeyConflict", "another effect request already holds this key", effectId=row[0]
-            )
+            raise CommandError("effectKeyConflict", "another effect request already holds this key", effectId=row[0])
         return row[0], True
     effect_id = request.effect_id(source_resource_id)
     put_blob(conn, request.payload, now)
@@ -227,7 +227,8 @@ def begin_effect_attempt(
         "SELECT coalesce(max(attempt_number), 0) + 1 FROM effect_attempts WHERE effect_id = ?", (effect_id,)
     ).fetchone()[0]
     conn.execute(
-        "INSERT INTO effect_attempts (effect_id, attempt_number, lease_generation, owner_id, attempt_status, started_at) "
+        "INSERT INTO effect_attempts (effect_id, attempt_number, lease_generation, owner_id, attempt_status, "
+        "started_at) "
         "VALUES (?, ?, ?, ?, 'applying', ?)",
         (effect_id, number, lease_generation, owner_id, now),
     )

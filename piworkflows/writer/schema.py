@@ -24,9 +24,9 @@ import os
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 from piworkflows import __version__
 from piworkflows.errors import StateIncompatible
@@ -54,8 +54,7 @@ def ddl_sha256() -> bytes:
 
 def schema_shape(conn: sqlite3.Connection) -> list[tuple[str, str, str, str | None]]:
     rows = conn.execute(
-        "SELECT type, name, tbl_name, sql FROM sqlite_schema "
-        "WHERE name NOT GLOB 'sqlite_stat*' ORDER BY type, name"
+        "SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE name NOT GLOB 'sqlite_stat*' ORDER BY type, name"
     ).fetchall()
     return [tuple(row) for row in rows]
 

@@ -73,7 +73,9 @@ def measure_raw(paths: StatePaths, commits: int) -> float:
     started = time.perf_counter()
     for row in rows:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO blobs (digest, media_type, byte_length, bytes, created_at) VALUES (?, ?, ?, ?, ?)", row)
+        conn.execute(
+            "INSERT INTO blobs (digest, media_type, byte_length, bytes, created_at) VALUES (?, ?, ?, ?, ?)", row
+        )
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - started
     conn.close()

@@ -104,6 +104,17 @@ def _submit_until_lost(writer, bodies: list[dict], log: list[tuple[int, str]]) -
             return
 
 
+def _start_submitters(writer, bodies_by_thread):
+    logs: list[list[tuple[int, str]]] = [[] for _ in bodies_by_thread]
+    threads = [
+        threading.Thread(target=_submit_until_lost, args=(writer, bodies, log))
+        for bodies, log in zip(bodies_by_thread, logs, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads, logs
+
+
 def _check_converged(paths: StatePaths, bodies_by_thread, logs) -> None:
     """Acknowledged commands are present; retrying every command converges."""
     writer = spawn(paths.state_dir, Settings())
@@ -112,7 +123,7 @@ def _check_converged(paths: StatePaths, bodies_by_thread, logs) -> None:
         present = {row[0] for row in conn.execute("SELECT canonical_path FROM projects")}
         receipts = {row[0] for row in conn.execute("SELECT idempotency_key FROM host_commands")}
         conn.close()
-        for bodies, log in zip(bodies_by_thread, logs):
+        for bodies, log in zip(bodies_by_thread, logs, strict=True):
             for n, outcome in log:
                 path = bodies[n]["canonical_path"]
                 key = bodies[n]["client_receipt"]["idempotency_key"]
@@ -132,11 +143,7 @@ def test_crash_after_commit_before_reply_loses_nothing_acknowledged(paths: State
     """writer.after_commit=crash: the group committed, nobody heard back; retries adopt it."""
     writer = spawn(paths.state_dir, Settings(), extra_env={"PIW_FAULTS": "writer.after_commit=crash@25"})
     bodies_by_thread = [[project_body(n, f"t{t}-") for n in range(60)] for t in range(4)]
-    logs: list[list[tuple[int, str]]] = [[] for _ in bodies_by_thread]
-    threads = [threading.Thread(target=_submit_until_lost, args=(writer, b, log))
-               for b, log in zip(bodies_by_thread, logs)]
-    for t in threads:
-        t.start()
+    threads, logs = _start_submitters(writer, bodies_by_thread)
     for t in threads:
         t.join()
     assert writer.popen.wait(30) == -signal.SIGKILL
@@ -152,11 +159,7 @@ def test_kill_9_at_a_random_moment(paths: StatePaths, seed: int):
     rng = random.Random(seed)
     writer = spawn(paths.state_dir, Settings())
     bodies_by_thread = [[project_body(n, f"s{seed}t{t}-") for n in range(400)] for t in range(4)]
-    logs: list[list[tuple[int, str]]] = [[] for _ in bodies_by_thread]
-    threads = [threading.Thread(target=_submit_until_lost, args=(writer, b, log))
-               for b, log in zip(bodies_by_thread, logs)]
-    for t in threads:
-        t.start()
+    threads, logs = _start_submitters(writer, bodies_by_thread)
     target = rng.randrange(20, 300)
     wait_until(lambda: sum(len(log) for log in logs) >= target)
     os.kill(writer.popen.pid, signal.SIGKILL)
@@ -173,8 +176,12 @@ def test_multi_row_commands_are_whole_or_absent_after_a_crash(paths: StatePaths)
     assert writer.link.request("server.take_epoch", take_epoch().body, timeout=30).outcome == "accepted"
     revision, acknowledged = 1, []
     for n in range(20):
-        body = {"actor": SERVER, "source_resource_id": "server", "expected_revision": revision,
-                "effects": [effect_request(f"r{n}-{i}") for i in range(3)]}
+        body = {
+            "actor": SERVER,
+            "source_resource_id": "server",
+            "expected_revision": revision,
+            "effects": [effect_request(f"r{n}-{i}") for i in range(3)],
+        }
         reply = writer.link.request("effect.reserve", body, timeout=30)
         if reply.outcome != "accepted":
             assert reply.outcome == "unavailable"
@@ -207,8 +214,9 @@ def test_large_value_round_trips_through_bounded_reads(paths: StatePaths):
         assert put.outcome == "accepted"
         data, offset = b"", 0
         while offset < len(value.data):
-            part = writer.link.request("blob.read", {"actor": SERVER, "digest": value.digest, "offset": offset},
-                                       timeout=30)
+            part = writer.link.request(
+                "blob.read", {"actor": SERVER, "digest": value.digest, "offset": offset}, timeout=30
+            )
             assert part.outcome == "accepted"
             data += part.receipt["data"]
             offset += len(part.receipt["data"])
@@ -231,5 +239,8 @@ def test_failed_commit_answers_unavailable_and_the_writer_carries_on(paths: Stat
         assert writer.stop() == 0
     conn = sqlite3.connect(paths.database)
     assert [r[0] for r in conn.execute("SELECT canonical_path FROM projects ORDER BY 1")] == [
-        "/projects/p1", "/projects/p2", "/projects/p3"]
+        "/projects/p1",
+        "/projects/p2",
+        "/projects/p3",
+    ]
     conn.close()

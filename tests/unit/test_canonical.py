@@ -22,9 +22,7 @@ from piworkflows.canonical import (
 
 pytestmark = pytest.mark.timeout(60)
 
-VECTORS_PATH = (
-    Path(__file__).resolve().parents[3] / "shared" / "testdata" / "canonical-json-vectors.json"
-)
+VECTORS_PATH = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "canonical-json-vectors.json"
 VECTORS = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 
 
@@ -149,9 +147,7 @@ def test_lone_surrogate_from_json_round_trips() -> None:
 
 def test_key_order_sorted() -> None:
     value = {"b": 1, "a": 2, "10": 3, "2": 4, "01": 5, "-1": 6, "4294967295": 7, "4294967294": 8}
-    assert dumps(value) == (
-        '{"2":4,"10":3,"4294967294":8,"-1":6,"01":5,"4294967295":7,"a":2,"b":1}'
-    )
+    assert dumps(value) == ('{"2":4,"10":3,"4294967294":8,"-1":6,"01":5,"4294967295":7,"a":2,"b":1}')
 
 
 def test_keys_equal_in_utf16_rejected() -> None:
@@ -263,7 +259,11 @@ _key_chars = st.one_of(
     st.characters(exclude_categories=("Cs",)),
     st.characters(min_codepoint=0xD800, max_codepoint=0xDBFF, exclude_categories=()),
 )
-_keys = st.one_of(st.text(alphabet=_key_chars, max_size=8), st.integers(0, 2**32).map(str), st.sampled_from(["01", "-1", "4294967295"]))
+_keys = st.one_of(
+    st.text(alphabet=_key_chars, max_size=8),
+    st.integers(0, 2**32).map(str),
+    st.sampled_from(["01", "-1", "4294967295"]),
+)
 _scalars = st.one_of(
     st.none(),
     st.booleans(),

@@ -25,8 +25,17 @@ pytestmark = pytest.mark.timeout(60)
 
 def snapshot(conn: sqlite3.Connection) -> dict[str, list[tuple]]:
     """Every row of every table the commands here touch."""
-    tables = ["resources", "leases", "events", "blobs", "effects", "effect_attempts", "host_commands",
-              "workflow_host_state", "projects"]
+    tables = [
+        "resources",
+        "leases",
+        "events",
+        "blobs",
+        "effects",
+        "effect_attempts",
+        "host_commands",
+        "workflow_host_state",
+        "projects",
+    ]
     return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in tables}
 
 
@@ -148,8 +157,11 @@ def test_retries_exhausted_end_rejected(executor, clock):
     (claim,) = run_group(executor, claim_effect("tok"))
     (reply,) = run_group(executor, settle(claim.receipt["effectId"], 2, "tok", 1, settlement="retry", retry_at=0))
     assert reply.outcome == "accepted"
-    assert reply.receipt == {"effectId": claim.receipt["effectId"], "effectStatus": "rejected",
-                             "errorCode": "retriesExhausted"}
+    assert reply.receipt == {
+        "effectId": claim.receipt["effectId"],
+        "effectStatus": "rejected",
+        "errorCode": "retriesExhausted",
+    }
 
 
 def test_live_claim_cannot_be_taken_twice_but_expired_one_can(executor, clock, claimed):
@@ -202,8 +214,12 @@ def test_invalid_body_is_rejected_without_touching_the_database(executor):
         submitted("effect.reserve", {"actor": {"actor_class": "server"}, "token": "s3cret-value"}),
     )
     assert [r.outcome for r in replies] == ["rejected"] * 4
-    assert [r.receipt["code"] for r in replies] == ["validationFailed", "validationFailed", "unknownCommand",
-                                                     "validationFailed"]
+    assert [r.receipt["code"] for r in replies] == [
+        "validationFailed",
+        "validationFailed",
+        "unknownCommand",
+        "validationFailed",
+    ]
     assert "s3cret-value" not in replies[3].error  # field names only, never values
     assert snapshot(executor.conn) == before
 
@@ -217,8 +233,10 @@ def test_blobs_adopt_identical_content_and_refuse_mismatch(executor):
     executor.conn.execute("UPDATE blobs SET media_type = 'text/plain;charset=utf-8'")
     (r3,) = run_group(executor, submitted("blob.put", put))
     assert r3.outcome == "rejected" and r3.receipt["code"] == "blobMismatch"
-    (part,) = run_group(executor, submitted("blob.read", {"actor": {"actor_class": "server"}, "digest": value.digest,
-                                                            "offset": 2, "limit": 3}))
+    (part,) = run_group(
+        executor,
+        submitted("blob.read", {"actor": {"actor_class": "server"}, "digest": value.digest, "offset": 2, "limit": 3}),
+    )
     assert part.receipt["data"] == value.data[2:5] and part.receipt["byteLength"] == len(value.data)
 
 
@@ -230,11 +248,13 @@ def test_error_that_ends_the_transaction_acknowledges_nothing(executor):
     executor.conn.execute(f"PRAGMA max_page_count = {pages + 1}")
     big = BlobValue.of_text("x" * 200_000).model_dump()
     with pytest.raises(GroupFailed):
-        executor.run([
-            reserve(1, effect_request("k1")),
-            submitted("blob.put", {"actor": {"actor_class": "server"}, "blob": big}),
-            reserve(2, effect_request("k2")),
-        ])
+        executor.run(
+            [
+                reserve(1, effect_request("k1")),
+                submitted("blob.put", {"actor": {"actor_class": "server"}, "blob": big}),
+                reserve(2, effect_request("k2")),
+            ]
+        )
     assert not executor.conn.in_transaction
     executor.conn.execute("PRAGMA max_page_count = 1073741823")
     assert snapshot(executor.conn) == before
@@ -252,8 +272,10 @@ def test_group_stops_at_its_time_bound_and_leaves_the_rest(paths, clock):
     ticking = TickingClock()
     settings = Settings(group_max_ms=25, group_max_commands=100)
     executor = GroupExecutor(open_database(paths, settings, ticking), settings, ticking)
-    items = [submitted("blob.put", {"actor": {"actor_class": "server"}, "blob": BlobValue.of_json(i).model_dump()})
-             for i in range(6)]
+    items = [
+        submitted("blob.put", {"actor": {"actor_class": "server"}, "blob": BlobValue.of_json(i).model_dump()})
+        for i in range(6)
+    ]
     replies, leftover = executor.run(items)
     assert 1 <= len(replies) < 6 and len(replies) + len(leftover) == 6
     assert [r[0] for r in replies] + [i.corr_id for i in leftover] == [i.corr_id for i in items]
@@ -263,9 +285,15 @@ def test_group_stops_at_its_time_bound_and_leaves_the_rest(paths, clock):
 def test_epoch_claim_is_fenced(executor, clock):
     (take,) = run_group(executor, take_epoch("t1", ttl_ms=1000))
     assert take.receipt == {"serverEpoch": 1}
-    renew = submitted("server.renew_epoch", {"actor": {"actor_class": "server"}, "server_epoch": 1,
-                                             "claim_token_hash": __import__("tests.support").support.token_hash("t1"),
-                                             "ttl_ms": 1000})
+    renew = submitted(
+        "server.renew_epoch",
+        {
+            "actor": {"actor_class": "server"},
+            "server_epoch": 1,
+            "claim_token_hash": __import__("tests.support").support.token_hash("t1"),
+            "ttl_ms": 1000,
+        },
+    )
     (ok,) = run_group(executor, renew)
     assert ok.outcome == "accepted"
     (take2,) = run_group(executor, take_epoch("t2"))

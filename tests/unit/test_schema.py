@@ -337,7 +337,9 @@ def test_extra_table_whose_name_resembles_sqlite_stat_is_refused(paths: StatePat
 
 
 def _foreign_program(path: Path) -> None:
-    execute_plain(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO notes (body) VALUES ('x')")
+    execute_plain(
+        path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO notes (body) VALUES ('x')"
+    )
 
 
 def _foreign_program_wal(path: Path) -> None:
@@ -724,10 +726,20 @@ class Rows:
             "recovery_root_run_id, recovery_source_message_id, created_at, finished_at, updated_at) "
             "VALUES (?, 'p1', 'w', ?, ?, ?, ?, ?, 100, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                run_id, definition, status, mode, session, self.blob("{}"), lineage,
-                recovery_of[0] if recovery_of else run_id, parent,
-                recovery_of[0] if recovery_of else None, recovery_of[1] if recovery_of else None,
-                NOW, finished, NOW,
+                run_id,
+                definition,
+                status,
+                mode,
+                session,
+                self.blob("{}"),
+                lineage,
+                recovery_of[0] if recovery_of else run_id,
+                parent,
+                recovery_of[0] if recovery_of else None,
+                recovery_of[1] if recovery_of else None,
+                NOW,
+                finished,
+                NOW,
             ),
         )
 
@@ -757,8 +769,18 @@ class Rows:
             "INSERT INTO workflow_messages (workflow_message_id, run_id, request_id, target_session_id, "
             "message_kind, source_kind, source_id, idempotency_key, content_digest, session_order, "
             "message_state, created_at, updated_at) VALUES (?, ?, ?, 's1', ?, 'test', ?, ?, ?, ?, 'pending', ?, ?)",
-            (message_id, run_id, request_id, kind, message_id, "key-" + message_id, self.blob('"hi"'),
-             self.orders, NOW, NOW),
+            (
+                message_id,
+                run_id,
+                request_id,
+                kind,
+                message_id,
+                "key-" + message_id,
+                self.blob('"hi"'),
+                self.orders,
+                NOW,
+                NOW,
+            ),
         )
 
     def turn(self, turn_id: str, message_id: str, run_id: str) -> None:
@@ -865,9 +887,7 @@ def test_node_attempt_started_at_never_changes(rows: Rows) -> None:
         "started_at = started_at WHERE attempt_id = 'a1'",
         (NOW + 5,),
     )
-    assert rows.conn.execute("SELECT started_at, attempt_status FROM node_attempts").fetchall() == [
-        (NOW, "completed")
-    ]
+    assert rows.conn.execute("SELECT started_at, attempt_status FROM node_attempts").fetchall() == [(NOW, "completed")]
 
 
 def test_decision_resolution_is_immutable_and_single(rows: Rows) -> None:
@@ -985,7 +1005,9 @@ def test_one_open_turn_per_workflow_message(rows: Rows) -> None:
     with pytest.raises(sqlite3.IntegrityError, match="workflow_turns.workflow_message_id"):
         rows.turn("t2", "m1", "run1")
     rows.turn("t3", "m2", "run1")
-    rows.conn.execute("UPDATE workflow_turns SET turn_state = 'lost', ended_at = ? WHERE workflow_turn_id = 't1'", (NOW,))
+    rows.conn.execute(
+        "UPDATE workflow_turns SET turn_state = 'lost', ended_at = ? WHERE workflow_turn_id = 't1'", (NOW,)
+    )
     rows.turn("t2", "m1", "run1")
 
 

@@ -65,7 +65,9 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
             (resource.resource_id,),
         ).fetchone()
         if status != "pending":
-            raise CommandError("invalidTransition", f"a {status} effect cannot be claimed", effectId=resource.resource_id)
+            raise CommandError(
+                "invalidTransition", f"a {status} effect cannot be claimed", effectId=resource.resource_id
+            )
         if available_at > tx.now:
             raise CommandError("invalidTransition", "the effect is not due yet", effectId=resource.resource_id)
         change = Change(
@@ -132,14 +134,30 @@ class SettleEffect(ResourceHandler[EffectSettle]):
                 "UPDATE effects SET effect_status = ?, available_at = coalesce(?, available_at), result_digest = ?, "
                 "error_digest = ?, error_code = ?, external_ref = coalesce(?, external_ref), settled_at = ?, "
                 "updated_at = ? WHERE effect_id = ? AND effect_status = 'applying'",
-                (new_status, available_at, result_digest, error_digest, error_code, cmd.external_ref, settled_at,
-                 tx.now, effect_id),
+                (
+                    new_status,
+                    available_at,
+                    result_digest,
+                    error_digest,
+                    error_code,
+                    cmd.external_ref,
+                    settled_at,
+                    tx.now,
+                    effect_id,
+                ),
             )
             tx.conn.execute(
                 "UPDATE effect_attempts SET attempt_status = ?, result_digest = ?, error_digest = ?, external_ref = ?, "
                 "ended_at = ? WHERE effect_id = ? AND attempt_status = 'applying' AND lease_generation = ?",
-                (ATTEMPT_END_FOR_EFFECT_STATUS[new_status], result_digest, error_digest, cmd.external_ref, tx.now,
-                 effect_id, stamp.lease_generation),
+                (
+                    ATTEMPT_END_FOR_EFFECT_STATUS[new_status],
+                    result_digest,
+                    error_digest,
+                    cmd.external_ref,
+                    tx.now,
+                    effect_id,
+                    stamp.lease_generation,
+                ),
             )
 
         return Change(
@@ -148,7 +166,11 @@ class SettleEffect(ResourceHandler[EffectSettle]):
             blobs=blobs,
             event_payload=result_digest or error_digest,
             release_claim=True,
-            receipt={"effectId": effect_id, "effectStatus": new_status, **({"errorCode": error_code} if error_code else {})},
+            receipt={
+                "effectId": effect_id,
+                "effectStatus": new_status,
+                **({"errorCode": error_code} if error_code else {}),
+            },
         )
 
 

@@ -40,8 +40,16 @@ class TakeEpoch(ResourceHandler[ServerTakeEpoch]):
                 "host_id = excluded.host_id, claim_token_hash = excluded.claim_token_hash, pid = excluded.pid, "
                 "process_started_at = excluded.process_started_at, started_at = excluded.started_at, "
                 "heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at",
-                (epoch, cmd.host_id, cmd.claim_token_hash, cmd.pid, cmd.process_started_at, tx.now, tx.now,
-                 tx.now + cmd.ttl_ms),
+                (
+                    epoch,
+                    cmd.host_id,
+                    cmd.claim_token_hash,
+                    cmd.pid,
+                    cmd.process_started_at,
+                    tx.now,
+                    tx.now,
+                    tx.now + cmd.ttl_ms,
+                ),
             )
 
         change.apply = apply
