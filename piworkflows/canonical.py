@@ -35,6 +35,7 @@ __all__ = [
     "digest_hex",
     "dumps",
     "dumps_bytes",
+    "dumps_envelope",
     "loads",
     "sha256_digest",
 ]
@@ -155,6 +156,20 @@ def dumps(value: Any, *, sort_keys: bool = True) -> str:
     array-index keys move first in numeric order, as in JavaScript.
     """
     return _encode(value, sort_keys)
+
+
+def dumps_envelope(envelope: dict[str, Any], keep_order: frozenset[str]) -> str:
+    """Canonical text of an object whose members named in *keep_order* keep
+    their own key order (JavaScript insertion order, index keys first).
+
+    The protocol checks a received envelope this way: envelope keys sorted,
+    ``payload`` and ``receipt`` as the sender wrote them.
+    """
+    members = (
+        _string(key) + ":" + _encode(envelope[key], key not in keep_order)
+        for key in _ordered_keys(envelope, sort_keys=True)
+    )
+    return "{" + ",".join(members) + "}"
 
 
 def dumps_bytes(value: Any, *, sort_keys: bool = True) -> bytes:

@@ -46,6 +46,26 @@ class StatePaths:
     def host_dir(self) -> Path:
         return self.state_dir / "host"
 
+    @property
+    def lock(self) -> Path:
+        return self.host_dir / "host.lock"
+
+    @property
+    def registry(self) -> Path:
+        return self.host_dir / "host.json"
+
+    @property
+    def socket(self) -> Path:
+        return self.host_dir / "host.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.host_dir / "server.log"
+
+
+# sockaddr_un.sun_path holds 108 bytes on Linux, one of them the terminating NUL.
+SOCKET_PATH_LIMIT = 107
+
 
 def ensure_private_dir(path: Path) -> None:
     """Create ``path`` (and parents) and make the directory itself 0700."""

@@ -33,6 +33,21 @@ class Settings(BaseModel):
     parent_check_ms: int = Field(default=1000, ge=10)
     # How long a spawner waits for a child's ready handshake.
     child_ready_timeout_ms: int = Field(default=30_000, ge=100)
+    # Claims (ARCHITECTURE.md, Leases, epochs and respawn): TTL and renewal.
+    claim_ttl_ms: int = Field(default=30_000, ge=100)
+    claim_renew_ms: int = Field(default=10_000, ge=10)
+    # Writer restart backoff after it died: first delay, doubling up to the max.
+    writer_restart_min_ms: int = Field(default=100, ge=1)
+    writer_restart_max_ms: int = Field(default=5_000, ge=1)
+    # How long a stopping child gets between SIGTERM and SIGKILL.
+    stop_grace_ms: int = Field(default=5_000, ge=10)
+    # Client connections: requests in flight per connection, and how many
+    # bytes of unsent output a connection may hold before it is dropped.
+    client_max_in_flight: int = Field(default=64, ge=1)
+    client_output_buffer_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    # The server log (host/server.log): size per file and rotated files kept.
+    log_max_bytes: int = Field(default=5 * 1024 * 1024, ge=4096)
+    log_backups: int = Field(default=3, ge=0)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

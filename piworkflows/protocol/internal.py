@@ -27,6 +27,7 @@ from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 READY = "ready"
 FATAL = "fatal"
 REPLY = "reply"
+LOG = "log"  # a child's log record, written to the server log by the supervisor
 
 MAX_FRAME_BYTES = 1024 * 1024
 MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its envelope
@@ -170,6 +171,19 @@ class ServerReleaseEpoch(Command):
     claim_token_hash: Digest
 
 
+class ServerRecordStop(Command):
+    """A client asked the server to stop: recorded on the server resource, with a receipt."""
+
+    kind: ClassVar[str] = "server.record_stop"
+    server_epoch: int = Field(ge=1)
+
+
+class ServerCounts(ReadCommand):
+    """Privacy-safe counts for server.status: no ids, paths or payloads."""
+
+    kind: ClassVar[str] = "server.counts"
+
+
 # --- effects ------------------------------------------------------------------
 
 
@@ -259,6 +273,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         ServerTakeEpoch,
         ServerRenewEpoch,
         ServerReleaseEpoch,
+        ServerRecordStop,
+        ServerCounts,
         EffectReserve,
         EffectClaim,
         EffectSettle,
@@ -285,3 +301,8 @@ class Ready(Model):
 class Fatal(Model):
     code: str
     message: str
+
+
+class LogRecord(Model):
+    level: int
+    message: str = Field(max_length=4096)

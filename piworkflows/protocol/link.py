@@ -27,8 +27,14 @@ LOST = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error=
 
 
 class Link:
-    def __init__(self, sock: socket.socket, on_frame: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_frame: Callable[[dict[str, Any]], None] | None = None,
+        decoder: frames.FrameDecoder | None = None,
+    ) -> None:
         self._sock = sock
+        self._decoder = decoder or frames.FrameDecoder()  # may hold bytes read by a handshake
         self._on_frame = on_frame  # non-reply frames (notices) go here
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[Reply]] = {}
@@ -58,10 +64,9 @@ class Link:
         return self.submit(kind, body).result(timeout)
 
     def _read_loop(self) -> None:
-        decoder = frames.FrameDecoder()
         try:
             while True:
-                received = frames.recv_frames(self._sock, decoder)
+                received = frames.recv_frames(self._sock, self._decoder)
                 if received is None:
                     break
                 for frame in received:

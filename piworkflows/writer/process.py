@@ -35,7 +35,7 @@ from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import FATAL, READY, REPLY, Fatal, Ready
+from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready
 from piworkflows.protocol.link import Link
 from piworkflows.settings import Settings
 from piworkflows.writer import schema
@@ -47,6 +47,21 @@ EXIT_INCOMPATIBLE = 3
 EXIT_PARENT_GONE = 4
 EXIT_DATABASE_LOST = 5
 EXIT_BAD_FRAME = 6
+
+
+class PipeLogHandler(logging.Handler):
+    """Sends log records to the supervisor, which writes the one bounded server log."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            body = LogRecord(level=record.levelno, message=self.format(record)[:4096]).model_dump()
+            frames.send(self.sock, LOG, 0, body)
+        except Exception:
+            self.handleError(record)
 
 
 class WriterLoop:
@@ -143,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     # A terminal's Ctrl-C reaches the whole process group; the supervisor
     # decides when the writer stops (it closes the pipe, the writer finishes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s writer[%(process)d] %(levelname)s %(message)s")
     sock = socket.socket(fileno=args.fd)
+    root = logging.getLogger("piworkflows")
+    root.setLevel(logging.INFO)
+    root.addHandler(PipeLogHandler(sock))
     paths = StatePaths.resolve(args.state_dir)
     parent = (args.parent_pid, args.parent_started_at) if args.parent_pid else None
     try:
@@ -212,8 +229,9 @@ def spawn(
         env=env,
     )
     theirs.close()
+    decoder = frames.FrameDecoder()
     try:
-        first = _handshake(ours, settings.child_ready_timeout_ms / 1000)
+        first = _handshake(ours, decoder, settings.child_ready_timeout_ms / 1000)
     except BaseException:
         ours.close()
         popen.kill()
@@ -226,24 +244,34 @@ def spawn(
         if fatal.code == "stateIncompatible":
             raise StateIncompatible("reported by the writer")
         raise WriterStartError(fatal.message)
-    return WriterProcess(popen, Link(ours), Ready.model_validate(first["b"]))
+    return WriterProcess(popen, Link(ours, on_frame=_relay_log, decoder=decoder), Ready.model_validate(first["b"]))
 
 
-def _handshake(sock: socket.socket, timeout: float) -> dict:
+def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float) -> dict:
+    """Wait for READY or FATAL, relaying the log records that come before it."""
     sock.settimeout(timeout)
-    decoder = frames.FrameDecoder()
     try:
         while True:
             received = frames.recv_frames(sock, decoder)
             if received is None:
                 raise WriterStartError("the writer exited before it was ready")
-            if received:
-                if len(received) > 1 or decoder.pending_bytes:
-                    raise WriterStartError("the writer sent more than its handshake")
-                if received[0]["k"] not in (READY, FATAL):
+            for index, frame in enumerate(received):
+                if frame["k"] == LOG:
+                    _relay_log(frame)
+                elif frame["k"] in (READY, FATAL):
+                    for later in received[index + 1 :]:
+                        _relay_log(later)
+                    return frame
+                else:
                     raise WriterStartError("the writer's first frame was not a handshake")
-                return received[0]
     except TimeoutError as exc:
         raise WriterStartError("the writer did not become ready in time") from exc
     finally:
         sock.settimeout(None)
+
+
+def _relay_log(frame: dict) -> None:
+    """Write a writer's log record to this process's log (the server log)."""
+    if frame["k"] == LOG:
+        record = LogRecord.model_validate(frame["b"])
+        log.log(record.level, "writer: %s", record.message)

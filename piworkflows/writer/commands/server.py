@@ -8,7 +8,13 @@ expire, and every claim stamped with an older epoch is dead from that commit.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import ServerReleaseEpoch, ServerRenewEpoch, ServerTakeEpoch
+from piworkflows.protocol.internal import (
+    ServerCounts,
+    ServerRecordStop,
+    ServerReleaseEpoch,
+    ServerRenewEpoch,
+    ServerTakeEpoch,
+)
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 
@@ -100,4 +106,56 @@ class ReleaseEpoch(Handler[ServerReleaseEpoch]):
         return Result(receipt={"serverEpoch": cmd.server_epoch, "released": True})
 
 
-HANDLERS = (TakeEpoch(), RenewEpoch(), ReleaseEpoch())
+class RecordStop(ResourceHandler[ServerRecordStop]):
+    """server.stop from a client: an audited, idempotent control on the server resource."""
+
+    kind = ServerRecordStop.kind
+    model = ServerRecordStop
+    actors = frozenset({"client", "operator"})
+
+    def target(self, tx: Tx, cmd: ServerRecordStop) -> Target:
+        current = records.get_resource(tx.conn, SERVER_RESOURCE_ID)
+        if current is None:
+            raise CommandError("resourceNotFound", "the server has not taken an epoch")
+        return Target(SERVER_RESOURCE_ID, current.revision)
+
+    def transition(self, tx: Tx, cmd: ServerRecordStop, resource: records.Resource | None) -> Change:
+        row = tx.conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone()
+        if row is None or row[0] != cmd.server_epoch:
+            raise CommandError("staleServerEpoch", "a newer server epoch owns the state")
+        return Change(event_type="server.stop_requested", receipt={"stopping": True, "serverEpoch": cmd.server_epoch})
+
+
+class Counts(Handler[ServerCounts]):
+    """Counts only: run queue phases, expired claims, pending interactions, ambiguous effects."""
+
+    kind = ServerCounts.kind
+    model = ServerCounts
+    actors = SERVER_ONLY
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ServerCounts) -> Result:
+        conn = tx.conn
+        runs = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+        parked = conn.execute("SELECT count(*) FROM run_queue WHERE queue_status = 'parked'").fetchone()[0]
+        expired = conn.execute(
+            "SELECT count(*) FROM leases WHERE owner_id IS NOT NULL AND expires_at <= ?", (tx.now,)
+        ).fetchone()[0]
+        pending = conn.execute(
+            "SELECT count(*) FROM interactive_requests WHERE request_status IN ('pending', 'validating')"
+        ).fetchone()[0]
+        ambiguous = conn.execute("SELECT count(*) FROM effects WHERE effect_status = 'ambiguous'").fetchone()[0]
+        return Result(
+            receipt={
+                "queuedRuns": runs.get("queued", 0),
+                "runningRuns": runs.get("running", 0),
+                "parkedRuns": parked,
+                "waitingRuns": runs.get("waiting", 0),
+                "expiredClaims": expired,
+                "pendingInteractions": pending,
+                "ambiguousEffects": ambiguous,
+            }
+        )
+
+
+HANDLERS = (TakeEpoch(), RenewEpoch(), ReleaseEpoch(), RecordStop(), Counts())

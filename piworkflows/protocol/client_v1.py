@@ -1,0 +1,245 @@
+"""The client wire protocol ``pi-workflows.client.v1``: the one owner of its shapes.
+
+::
+
+    client ── one canonical JSON object + "\\n" (<= 1 MiB) ──> server
+           <── hello (first), response, event ─────────────────
+
+``parse_request`` accepts a received line only if it is canonical (envelope
+keys sorted; ``payload`` in the sender's key order with index keys first),
+names a known operation and fits the envelope model; anything else raises
+``MalformedFrame`` and the connection is closed. ``encode`` emits fully
+canonical text. ``fingerprint`` is the durable identity of a request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from piworkflows import canonical
+from piworkflows.errors import OUTCOMES
+
+SCHEMA = "pi-workflows.client.v1"
+MAX_MESSAGE_BYTES = 1_048_576  # including the newline
+
+OPERATIONS = (
+    # run control
+    "run.start", "run.pause", "run.resume", "run.cancel", "run.restart", "run.changeSettings", "run.status",
+    "run.list",
+    # answers and agent work
+    "checkpoint.answer", "decision.answer", "interaction.submit", "interaction.assistant", "interaction.update",
+    # origin-session reports
+    "workflowMessage.reportBranch", "workflowTurn.report", "sessionView.clearTerminal", "followUp.queue",
+    "followUp.remove", "session.record",
+    # channels
+    "channel.status", "channel.reload", "channel.recover",
+    # resource managers
+    "resourceManager.list", "resourceManager.get", "resourceManager.apply", "resourceManager.reconcile",
+    "resourceManager.delete",
+    # server
+    "server.status", "server.stop",
+    # views
+    "view.runs.watch", "view.runs.page", "view.run.get", "view.run.watch", "view.run.unwatch", "view.page",
+    "view.content", "view.session.watch",
+    # maintenance
+    "state.status", "state.verify", "state.backup", "state.prune",
+    # piworkflows additions
+    "effect.list", "effect.confirm", "effect.retry", "protocol.schema",
+)  # fmt: skip
+
+# Reads are never stored in host_commands.
+READ_ONLY_OPERATIONS = frozenset(
+    op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
+) | {"protocol.schema"}
+
+# Their fingerprint leaves out payload.coordinatorEpoch.
+SESSION_ANSWER_OPERATIONS = frozenset(
+    {"interaction.submit", "interaction.assistant", "interaction.update", "checkpoint.answer", "decision.answer",
+     "run.restart"}
+)  # fmt: skip
+
+EVENTS = ("runs", "run_snapshot", "run_patch", "run_page", "session_snapshot", "unavailable")
+
+
+class MalformedFrame(Exception):
+    """The line is not a valid protocol message: close this one connection."""
+
+
+def _id_bytes(value: str) -> str:
+    if not value or len(value.encode("utf-8", "surrogatepass")) > 256:
+        raise ValueError("an id is a non-empty string of at most 256 bytes")
+    return value
+
+
+Id = Annotated[str, AfterValidator(_id_bytes)]
+Outcome = Literal["accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"]
+assert set(Outcome.__args__) == set(OUTCOMES)  # type: ignore[attr-defined]
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: Literal["pi-workflows.client.v1"] = Field(default=SCHEMA, alias="schema")
+
+
+class Hello(Envelope):
+    type: Literal["hello"] = "hello"
+    connectionId: Id
+    packageVersion: str
+
+
+class Request(Envelope):
+    type: Literal["request"] = "request"
+    requestId: Id
+    clientId: Id
+    operation: Literal[OPERATIONS]  # type: ignore[valid-type]
+    idempotencyKey: Id
+    payload: Any
+    runId: Id | None = None
+    expectedRevision: int | None = Field(default=None, ge=0)
+
+
+class Response(Envelope):
+    type: Literal["response"] = "response"
+    requestId: Id
+    outcome: Outcome
+    revision: int | None = Field(default=None, ge=0)
+    receipt: Any = None
+    error: str | None = Field(default=None, min_length=1)
+
+
+class Event(Envelope):
+    type: Literal["event"] = "event"
+    subscriptionId: Id
+    event: Literal[EVENTS]  # type: ignore[valid-type]
+    payload: Any
+    revision: int | None = Field(default=None, ge=0)
+    runId: Id | None = None
+
+
+_KEEP_ORDER = frozenset({"payload", "receipt"})
+
+
+def parse_request(line: bytes) -> Request:
+    """Validate one received line (with its trailing newline) as a request."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise MalformedFrame("message exceeds 1 MiB")
+    if not line.endswith(b"\n"):
+        raise MalformedFrame("message is not terminated by a newline")
+    text = line[:-1]
+    try:
+        value = canonical.loads(text)
+    except ValueError as exc:
+        raise MalformedFrame(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise MalformedFrame("a message is a JSON object")
+    try:
+        canonical_text = canonical.dumps_envelope(value, _KEEP_ORDER).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise MalformedFrame(f"not canonical: {exc}") from None
+    if canonical_text != text:
+        raise MalformedFrame("message is not in canonical form")
+    if value.get("type") != "request":
+        raise MalformedFrame("a client sends only requests")
+    try:
+        return Request.model_validate(value)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in err["loc"]) or "message" for err in exc.errors()})
+        raise MalformedFrame("invalid envelope fields: " + ", ".join(fields)) from None
+
+
+_OPTIONAL = frozenset({"runId", "expectedRevision", "revision", "receipt", "error"})
+
+
+def wire(envelope: Envelope) -> dict[str, Any]:
+    """The envelope as a JSON object: optional members are absent, never null."""
+    data = envelope.model_dump(by_alias=True)
+    return {k: v for k, v in data.items() if not (k in _OPTIONAL and v is None)}
+
+
+def encode(envelope: Envelope) -> bytes:
+    """Fully canonical text of an envelope, newline-terminated."""
+    data = wire(envelope)
+    line = canonical.dumps_bytes(data) + b"\n"
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ValueError("an outgoing message exceeds 1 MiB")
+    return line
+
+
+def fingerprint(request: Request) -> bytes:
+    """SHA-256 of the fully canonical request without requestId (and, for
+    session-answer operations, without payload.coordinatorEpoch)."""
+    data = wire(request)
+    del data["requestId"]
+    if request.operation in SESSION_ANSWER_OPERATIONS and isinstance(data.get("payload"), dict):
+        data["payload"] = {k: v for k, v in data["payload"].items() if k != "coordinatorEpoch"}
+    return hashlib.sha256(canonical.dumps_bytes(data)).digest()
+
+
+# --- payloads and receipts (docs/protocol.md documents each) ------------------
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmptyPayload(Payload):
+    """server.status, server.stop and protocol.schema take an empty object."""
+
+
+class ErrorReceipt(BaseModel):
+    """Every outcome other than accepted/adopted carries a code (errors.CODES) and safe details."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    code: str
+
+
+class ServerStatusReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state: Literal["running", "stopping"]
+    socketAvailable: bool
+    epoch: int
+    activeRunners: int
+    queuedRuns: int
+    runningRuns: int
+    parkedRuns: int
+    waitingRuns: int
+    expiredClaims: int
+    pendingInteractions: int
+    ambiguousEffects: int
+
+
+class ServerStopReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stopping: bool
+    serverEpoch: int
+
+
+OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
+    "server.status": (EmptyPayload, ServerStatusReceipt),
+    "server.stop": (EmptyPayload, ServerStopReceipt),
+    "protocol.schema": (EmptyPayload, None),  # the receipt is this document
+}
+
+
+def schema_document() -> dict[str, Any]:
+    """The JSON Schema of every message and of each served payload and receipt."""
+    return {
+        "schema": SCHEMA,
+        "messages": {
+            model.__name__: model.model_json_schema(by_alias=True) for model in (Hello, Request, Response, Event)
+        },
+        "errorReceipt": ErrorReceipt.model_json_schema(),
+        "operations": {
+            op: {
+                "payload": OPERATION_SHAPES[op][0].model_json_schema(),
+                "receipt": shape.model_json_schema() if (shape := OPERATION_SHAPES[op][1]) else {"type": "object"},
+                "stored": op not in READ_ONLY_OPERATIONS,
+            }
+            for op in OPERATION_SHAPES
+        },
+        "notYetServed": [op for op in OPERATIONS if op not in OPERATION_SHAPES],
+    }

@@ -1,0 +1,1 @@
+"""The supervisor: lock, socket, children, and the route from clients to the writer."""

@@ -1,0 +1,124 @@
+"""``host/host.json``: the exact identities of the server's processes.
+
+::
+
+    {"serverEpoch": 3,
+     "supervisor": {"pid": 100, "createTime": 1767225600.12, "marker": "piworkflows.supervisor"},
+     "children": [{"role": "writer", "pid": 101, "createTime": ..., "marker": "piworkflows.writer",
+                   "processGroup": false}]}
+
+Written atomically (temp file, fsync, rename, 0600). On takeover a new
+supervisor ends the processes an older epoch recorded, but only through
+``psutil.Process`` after pid, create time and command-line marker all match
+(a pid read from disk may belong to an unrelated process by now).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from piworkflows.paths import FILE_MODE
+
+
+@dataclass(frozen=True)
+class Identity:
+    role: str
+    pid: int
+    createTime: float
+    marker: str
+    processGroup: bool = False
+
+    @classmethod
+    def of(cls, role: str, pid: int, marker: str, process_group: bool = False) -> Identity:
+        return cls(role, pid, psutil.Process(pid).create_time(), marker, process_group)
+
+    def find(self) -> psutil.Process | None:
+        """The live process this identity names, or None (gone, reused pid, zombie)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if proc.create_time() != self.createTime or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            if not any(self.marker in part for part in proc.cmdline()):
+                return None
+            return proc
+        except psutil.Error:
+            return None
+
+
+@dataclass
+class Registry:
+    serverEpoch: int = 0
+    supervisor: Identity | None = None
+    children: list[Identity] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> Registry:
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            return cls(
+                serverEpoch=int(data.get("serverEpoch", 0)),
+                supervisor=Identity(**data["supervisor"]) if data.get("supervisor") else None,
+                children=[Identity(**child) for child in data.get("children", [])],
+            )
+        except FileNotFoundError:
+            return cls()
+        except (ValueError, TypeError, KeyError):
+            return cls()  # unreadable: nothing can be matched, so nothing is signalled
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def end_process(identity: Identity, grace_s: float) -> bool:
+    """SIGTERM then SIGKILL the process (or its whole group) the identity names.
+
+    Returns True if a matching process was found and ended.
+    """
+    proc = identity.find()
+    if proc is None:
+        return False
+    try:
+        if identity.processGroup:
+            os.killpg(proc.pid, signal.SIGTERM)  # the leader's identity matched just now
+        else:
+            proc.terminate()
+        _, alive = psutil.wait_procs([proc], timeout=grace_s)
+        if alive:
+            if identity.processGroup:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            psutil.wait_procs([proc], timeout=grace_s)
+    except (psutil.Error, ProcessLookupError):
+        pass
+    return True
+
+
+def take_over(path: Path, grace_s: float) -> list[str]:
+    """End every child an older server recorded (identity checked). Returns the roles ended.
+
+    Called only while holding the lock, so the older supervisor itself is gone.
+    """
+    ended = []
+    for identity in Registry.load(path).children:
+        if end_process(identity, grace_s):
+            ended.append(identity.role)
+    return ended

@@ -1,0 +1,109 @@
+"""Keeps exactly one writer process running for the supervisor's event loop.
+
+::
+
+    request(kind, body) ──> Link (socketpair) ──> writer ──> Reply
+          │ writer down or restarting: Reply unavailable (never a guess)
+    monitor: writer exited ──> backoff (doubling, bounded) ──> spawn again
+
+Commands in flight when the writer dies are answered ``unavailable`` by the
+Link; their clients retry with the same idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from piworkflows.errors import StateIncompatible
+from piworkflows.paths import StatePaths
+from piworkflows.protocol.internal import Reply
+from piworkflows.settings import Settings
+from piworkflows.supervisor.registry import Identity
+from piworkflows.writer.process import WriterProcess, WriterStartError, spawn
+
+log = logging.getLogger("piworkflows.supervisor")
+
+WRITER_MARKER = "piworkflows.writer"
+RESTARTING = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is restarting")
+
+
+class WriterChild:
+    def __init__(
+        self,
+        paths: StatePaths,
+        settings: Settings,
+        on_spawn: Callable[[Identity | None], None],
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.paths = paths
+        self.settings = settings
+        self.on_spawn = on_spawn  # records the child's identity in host.json (None: gone)
+        self.extra_env = extra_env
+        self.restarts = 0
+        self._proc: WriterProcess | None = None
+        self._stopping = False
+        self._monitor: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Spawn the first writer; StateIncompatible and start errors propagate."""
+        self._proc = await self._spawn()
+        self._monitor = asyncio.create_task(self._watch(), name="writer-monitor")
+
+    async def _spawn(self) -> WriterProcess:
+        proc = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: spawn(self.paths.state_dir, self.settings, self.extra_env)
+        )
+        self.on_spawn(Identity.of("writer", proc.popen.pid, WRITER_MARKER))
+        return proc
+
+    async def request(self, kind: str, body: dict) -> Reply:
+        proc = self._proc
+        if proc is None or self._stopping or proc.link.closed:
+            return RESTARTING
+        return await asyncio.wrap_future(proc.link.submit(kind, body))
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.popen.pid if self._proc else None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = self.settings.writer_restart_min_ms
+        while not self._stopping:
+            proc = self._proc
+            assert proc is not None
+            code = await loop.run_in_executor(None, proc.popen.wait)
+            proc.link.close()
+            if self._stopping:
+                return
+            self._proc = None
+            self.on_spawn(None)
+            log.error("the writer exited with %s; restarting in %d ms", code, delay)
+            while not self._stopping:
+                await asyncio.sleep(delay / 1000)
+                delay = min(delay * 2, self.settings.writer_restart_max_ms)
+                try:
+                    self._proc = await self._spawn()
+                except (StateIncompatible, WriterStartError, OSError) as exc:
+                    log.error("the writer could not start: %s", exc)
+                    continue
+                self.restarts += 1
+                delay = self.settings.writer_restart_min_ms
+                log.info("the writer is back (restart %d)", self.restarts)
+                break
+
+    async def stop(self) -> None:
+        """Last in the shutdown order: close the pipe, the writer finishes its group and exits."""
+        self._stopping = True
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, proc.stop, self.settings.stop_grace_ms / 1000)
+        if self._monitor is not None:
+            self._monitor.cancel()
+            try:
+                await self._monitor
+            except asyncio.CancelledError:
+                pass
+        self.on_spawn(None)
