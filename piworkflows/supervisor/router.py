@@ -70,7 +70,11 @@ class Router:
             {"actor": client_actor(request), "client_receipt": receipt_key(request),
              "server_epoch": self.supervisor.epoch},
         )  # fmt: skip
-        if reply.outcome == "accepted":
+        # adopted: the stop was recorded but its first answer was lost (the
+        # writer died after COMMIT); it is still this epoch's stop to carry out.
+        if reply.outcome == "accepted" or (
+            reply.outcome == "adopted" and (reply.receipt or {}).get("serverEpoch") == self.supervisor.epoch
+        ):
             self.supervisor.request_stop("server.stop from a client")
         return from_reply(request, reply)
 

@@ -1,0 +1,154 @@
+"""``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
+
+Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix).
+The CLI never opens SQLite and never executes workflow code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from piworkflows import canonical
+from piworkflows.client import ServerNotRunning, StartFailed, WorkflowClient, start_server
+from piworkflows.paths import StatePaths
+from piworkflows.protocol import client_v1
+
+EXIT_RUNTIME = 1
+
+
+def fail(message: str) -> None:
+    click.echo(f"pi-workflows: {message}", err=True)
+    sys.exit(EXIT_RUNTIME)
+
+
+@click.group()
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="State directory (default: $PI_WORKFLOWS_STATE_DIR, else ~/.pi/agent/workflows).",
+)
+@click.version_option(package_name="piworkflows")
+@click.pass_context
+def main(ctx: click.Context, state_dir: str | None) -> None:
+    """Pi Workflows durable workflow server.
+
+    Example: pi-workflows server start && pi-workflows server status
+    """
+    ctx.obj = StatePaths.resolve(state_dir)
+
+
+@main.group()
+def server() -> None:
+    """Start, inspect and stop the workflow server.
+
+    Example: pi-workflows --state-dir /tmp/piw server run
+    """
+
+
+@server.command("run")
+@click.pass_obj
+def server_run(paths: StatePaths) -> None:
+    """Run the server in the foreground, logging to stderr (Ctrl-C stops it).
+
+    Example: pi-workflows server run
+    """
+    from piworkflows.supervisor.__main__ import serve
+
+    sys.exit(serve(str(paths.state_dir), foreground=True))
+
+
+@server.command("start")
+@click.pass_obj
+def server_start(paths: StatePaths) -> None:
+    """Start the server in the background and wait until it serves.
+
+    Example: pi-workflows server start
+    """
+    try:
+        start_server(paths)
+    except StartFailed as exc:
+        fail(str(exc))
+    click.echo(f"server started for {paths.state_dir}")
+
+
+@server.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status receipt as one line of JSON.")
+@click.pass_obj
+def server_status(paths: StatePaths, as_json: bool) -> None:
+    """Show whether the server runs, its epoch and safe counts (no ids or payloads).
+
+    Example: pi-workflows server status --json
+    """
+    try:
+        with WorkflowClient(paths.state_dir, retry_for=0) as client:
+            response = client.request("server.status")
+    except (ServerNotRunning, OSError, ConnectionError):
+        if as_json:
+            click.echo(canonical.dumps({"socketAvailable": False, "state": "stopped"}))
+        else:
+            click.echo(f"not running ({paths.state_dir})")
+        sys.exit(EXIT_RUNTIME)
+    receipt = _accepted(response)
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+        return
+    click.echo(f"running ({paths.state_dir}), server epoch {receipt['epoch']}")
+    click.echo(f"  runs: {receipt['queuedRuns']} queued, {receipt['runningRuns']} running, "
+               f"{receipt['parkedRuns']} parked, {receipt['waitingRuns']} waiting")  # fmt: skip
+    click.echo(f"  active runners: {receipt['activeRunners']}, expired claims: {receipt['expiredClaims']}")
+    click.echo(f"  pending interactions: {receipt['pendingInteractions']}, "
+               f"ambiguous effects: {receipt['ambiguousEffects']}")  # fmt: skip
+
+
+@server.command("stop")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the server to exit.")
+@click.pass_obj
+def server_stop(paths: StatePaths, timeout: float) -> None:
+    """Stop the server: in-flight commands commit, children stop, the lock is released.
+
+    Example: pi-workflows server stop
+    """
+    client = WorkflowClient(paths.state_dir, retry_for=0)
+    try:
+        response = client.request("server.stop")
+    except (ServerNotRunning, OSError, ConnectionError):
+        click.echo(f"not running ({paths.state_dir})")
+        return
+    _accepted(response)
+    deadline = time.monotonic() + timeout
+    while client.running():  # the socket goes away when the server has stopped
+        client.close()
+        if time.monotonic() > deadline:
+            fail(f"the server did not stop within {timeout:g} s")
+        time.sleep(0.05)
+    click.echo("server stopped")
+
+
+@main.group()
+def protocol() -> None:
+    """The client protocol pi-workflows.client.v1."""
+
+
+@protocol.command("schema")
+def protocol_schema() -> None:
+    """Print the JSON Schema of every message, payload and receipt.
+
+    Example: pi-workflows protocol schema > schema.json
+    """
+    click.echo(json.dumps(client_v1.schema_document(), indent=2, sort_keys=True))
+
+
+def _accepted(response: client_v1.Response) -> Any:
+    if response.outcome not in ("accepted", "adopted"):
+        code = (response.receipt or {}).get("code", "?") if isinstance(response.receipt, dict) else "?"
+        fail(f"{response.outcome} ({code}): {response.error}")
+    return response.receipt
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""``piworkflows.client``: the one way live clients talk to the server.
+
+::
+
+    WorkflowClient.request(op, payload) ── connect (hello) ── request line ──> server
+        <── response with the same requestId (events in between are skipped)
+    lost connection or ``unavailable``: reconnect, new requestId, SAME idempotencyKey,
+    until the retry deadline; the server answers the one true outcome (``adopted``
+    if the first attempt committed).
+
+It never opens SQLite. ``ensure_running`` starts a server on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from piworkflows.paths import StatePaths
+from piworkflows.protocol import client_v1
+
+
+class ClientError(Exception):
+    pass
+
+
+class ServerNotRunning(ClientError):
+    pass
+
+
+class StartFailed(ClientError):
+    pass
+
+
+class WorkflowClient:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        client_id: str | None = None,
+        timeout: float = 30.0,
+        retry_for: float = 30.0,
+    ) -> None:
+        self.paths = StatePaths.resolve(state_dir)
+        self.client_id = client_id or "client-" + uuid.uuid4().hex
+        self.timeout = timeout  # for one response
+        self.retry_for = retry_for  # for reconnects and unavailable answers
+        self.connection_id: str | None = None
+        self.package_version: str | None = None
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+
+    # --- connection ---------------------------------------------------------
+
+    def connect(self) -> None:
+        self.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.paths.socket))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise ServerNotRunning(f"no Pi Workflows server is running for {self.paths.state_dir}") from exc
+        self._sock, self._file = sock, sock.makefile("rb")
+        hello = self._read_message()
+        if hello.get("type") != "hello" or hello.get("schema") != client_v1.SCHEMA:
+            self.close()
+            raise ClientError("the server did not greet with pi-workflows.client.v1")
+        self.connection_id = hello["connectionId"]
+        self.package_version = hello["packageVersion"]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._file = None
+
+    def __enter__(self) -> WorkflowClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read_message(self) -> dict[str, Any]:
+        line = self._file.readline(client_v1.MAX_MESSAGE_BYTES + 1)
+        if not line.endswith(b"\n"):
+            raise ConnectionError("the server closed the connection")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    # --- requests -----------------------------------------------------------
+
+    def request(
+        self,
+        operation: str,
+        payload: Any = None,
+        run_id: str | None = None,
+        expected_revision: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> client_v1.Response:
+        """Send one request; retry transport loss and ``unavailable`` with the same key."""
+        key = idempotency_key or "key-" + uuid.uuid4().hex
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                if self._sock is None:
+                    self.connect()
+                response = self._exchange(operation, {} if payload is None else payload, run_id, expected_revision, key)
+                if response.outcome != "unavailable" or time.monotonic() >= deadline:
+                    return response
+            except (OSError, ConnectionError, ServerNotRunning):
+                self.close()
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _exchange(
+        self, operation: str, payload: Any, run_id: str | None, expected_revision: int | None, key: str
+    ) -> client_v1.Response:
+        request = client_v1.Request(
+            requestId="req-" + uuid.uuid4().hex,
+            clientId=self.client_id,
+            operation=operation,
+            idempotencyKey=key,
+            payload=payload,
+            runId=run_id,
+            expectedRevision=expected_revision,
+        )
+        assert self._sock is not None
+        self._sock.sendall(client_v1.encode(request))
+        while True:
+            message = self._read_message()
+            if message.get("type") == "response" and message.get("requestId") == request.requestId:
+                return client_v1.Response.model_validate(message)
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def running(self) -> bool:
+        try:
+            self.connect()
+            return True
+        except (ServerNotRunning, OSError, ConnectionError):
+            return False
+
+    def ensure_running(self) -> None:
+        """Connect, starting a server first if none is running."""
+        if not self.running():
+            start_server(self.paths)
+            self.connect()
+
+
+def start_server(paths: StatePaths, timeout: float = 60.0) -> None:
+    """Start a detached server and wait for its ready handshake."""
+    read_fd, write_fd = os.pipe()
+    try:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "piworkflows.supervisor", "--state-dir", str(paths.state_dir),
+             "--ready-fd", str(write_fd)],
+            pass_fds=[write_fd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(write_fd)
+    # Reap it if it exits while this process still lives (no zombie); it outlives us otherwise.
+    threading.Thread(target=server.wait, name="server-reaper", daemon=True).start()
+    with os.fdopen(read_fd, "rb") as ready:
+        line = _read_line_with_timeout(ready, timeout)
+    if line != "ready":
+        raise StartFailed(line.removeprefix("error: ") if line else "the server exited before it was ready")
+
+
+def _read_line_with_timeout(stream: Any, timeout: float) -> str:
+    import select
+
+    readable, _, _ = select.select([stream], [], [], timeout)
+    if not readable:
+        raise StartFailed("the server did not become ready in time")
+    return stream.readline().decode("utf-8", "replace").strip()
