@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from stress.bench import writer
+from stress.bench import server, writer
 
-BENCHMARKS = {"writer": writer}
+BENCHMARKS = {"writer": writer, "server": server}
 
 
 def main(argv: list[str] | None = None) -> int:

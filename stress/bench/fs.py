@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -37,9 +37,4 @@ def bench_dir(requested: str | None) -> Path:
 
 
 def cleanup(path: Path) -> None:
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
+    shutil.rmtree(path, ignore_errors=True)
