@@ -10,6 +10,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import traceback
 
 from piworkflows.paths import FILE_MODE, StatePaths
 from piworkflows.settings import Settings
@@ -36,3 +37,10 @@ def configure(paths: StatePaths, settings: Settings, to_stderr: bool) -> None:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter(FORMAT))
         root.addHandler(stream)
+
+
+def log_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:
+    """An unexpected failure: the exception type and where it happened, never its
+    message (a message may quote client input)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error("%s: %s\n%s", what, type(exc).__name__, frames.rstrip())

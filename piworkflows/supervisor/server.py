@@ -28,6 +28,7 @@ from piworkflows.errors import CommandError
 from piworkflows.paths import FILE_MODE, SOCKET_PATH_LIMIT
 from piworkflows.protocol import client_v1
 from piworkflows.settings import Settings
+from piworkflows.supervisor.logs import log_failure
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -102,8 +103,8 @@ class ClientServer:
                 writer.close()
                 return
             await Connection(self, reader, writer).serve()
-        except Exception:  # one connection's failure never reaches the server
-            log.exception("connection failed")
+        except Exception as exc:  # one connection's failure never reaches the server
+            log_failure(log, "a connection failed", exc)
         finally:
             writer.close()
 
@@ -163,8 +164,8 @@ class Connection:
     async def _handle(self, request: client_v1.Request) -> None:
         try:
             self.send(await self.server.handler(request))
-        except Exception:
-            log.exception("%s failed", request.operation)
+        except Exception as exc:
+            log_failure(log, f"{request.operation} failed", exc)
             self.send(response(request, CommandError("unavailable", "the server could not answer; retry")))
         finally:
             self.in_flight.discard(request.requestId)

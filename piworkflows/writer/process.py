@@ -98,7 +98,11 @@ class WriterLoop:
                 log.error("malformed frame from the supervisor (%s); the writer exits", exc)
                 return EXIT_BAD_FRAME
             if self.queue:
-                self._run_group()
+                try:
+                    self._run_group()
+                except OSError:
+                    log.warning("the supervisor is gone; the writer exits")
+                    return EXIT_PARENT_GONE
 
     def _drain(self) -> bool:
         """Move every frame already waiting into the queue; False at EOF."""
@@ -126,6 +130,7 @@ class WriterLoop:
         self.queue.extendleft(reversed(leftover))
         self.sock.sendall(b"".join(frames.encode(REPLY, corr_id, reply.model_dump()) for corr_id, reply in replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
+
 
     def _reopen(self) -> None:
         """After a failed transaction: close, verify the schema again, reopen."""
