@@ -17,6 +17,7 @@ from piworkflows import canonical
 from piworkflows.client import ServerNotRunning, StartFailed, WorkflowClient, start_server
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
+from piworkflows.supervisor.registry import Registry
 
 EXIT_RUNTIME = 1
 
@@ -113,15 +114,19 @@ def server_stop(paths: StatePaths, timeout: float) -> None:
 
     Example: pi-workflows server stop
     """
+    supervisor = Registry.load(paths.registry).supervisor  # read before it is cleared
     client = WorkflowClient(paths.state_dir, retry_for=0)
     try:
         response = client.request("server.stop")
     except (ServerNotRunning, OSError, ConnectionError):
         click.echo(f"not running ({paths.state_dir})")
         return
+    finally:
+        client.close()
     _accepted(response)
     deadline = time.monotonic() + timeout
-    while client.running():  # the socket goes away when the server has stopped
+    # Stopped means the process is gone (lock released), not just the socket closed.
+    while (supervisor is not None and supervisor.find() is not None) or client.running():
         client.close()
         if time.monotonic() > deadline:
             fail(f"the server did not stop within {timeout:g} s")

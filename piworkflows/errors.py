@@ -52,6 +52,22 @@ CODES: dict[str, str] = {
 }
 
 
+def describe_invalid_fields(errors: list[dict[str, Any]]) -> str:
+    """Name the fields of a failed validation without echoing client input.
+
+    ``errors`` is pydantic's ``ValidationError.errors()``. Known fields are
+    named by their model path; an unexpected member is not named (its name is
+    the sender's text).
+    """
+    names = set()
+    for error in errors:
+        if error.get("type") == "extra_forbidden":
+            names.add("(unexpected member)")
+        else:
+            names.add(".".join(str(part) for part in error.get("loc", ())) or "(value)")
+    return "invalid fields: " + ", ".join(sorted(names))
+
+
 class CommandError(Exception):
     """A command that cannot be honoured; nothing it did remains."""
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from piworkflows import canonical
-from piworkflows.errors import OUTCOMES
+from piworkflows.errors import OUTCOMES, describe_invalid_fields
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -132,14 +132,14 @@ def parse_request(line: bytes) -> Request:
     text = line[:-1]
     try:
         value = canonical.loads(text)
-    except ValueError as exc:
-        raise MalformedFrame(f"not JSON: {exc}") from None
+    except ValueError:
+        raise MalformedFrame("not valid JSON (UTF-8, no duplicate keys, finite numbers)") from None
     if not isinstance(value, dict):
         raise MalformedFrame("a message is a JSON object")
     try:
         canonical_text = canonical.dumps_envelope(value, _KEEP_ORDER).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise MalformedFrame(f"not canonical: {exc}") from None
+    except (TypeError, ValueError):
+        raise MalformedFrame("message is not in canonical form") from None
     if canonical_text != text:
         raise MalformedFrame("message is not in canonical form")
     if value.get("type") != "request":
@@ -147,8 +147,7 @@ def parse_request(line: bytes) -> Request:
     try:
         return Request.model_validate(value)
     except ValidationError as exc:
-        fields = sorted({".".join(str(p) for p in err["loc"]) or "message" for err in exc.errors()})
-        raise MalformedFrame("invalid envelope fields: " + ", ".join(fields)) from None
+        raise MalformedFrame("envelope has " + describe_invalid_fields(exc.errors())) from None
 
 
 _OPTIONAL = frozenset({"runId", "expectedRevision", "revision", "receipt", "error"})

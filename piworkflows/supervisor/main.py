@@ -36,7 +36,9 @@ from piworkflows.supervisor.writer_child import WriterChild
 
 log = logging.getLogger("piworkflows.supervisor")
 
-SUPERVISOR_MARKER = "piworkflows"
+# The supervisor runs as `pi-workflows server run` or `python -m piworkflows.supervisor`,
+# so its command line has no fixed marker; pid + create time identify it.
+SUPERVISOR_MARKER = ""
 SERVER = {"actor_class": "server"}
 
 
@@ -83,9 +85,9 @@ class Supervisor:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until stopped. Raises AlreadyRunning / StateIncompatible / StartupFailed."""
+        check_socket_path(self.paths.socket)  # before anything is touched
         self.lock.acquire()
         try:
-            check_socket_path(self.paths.socket)
             ended = registry.take_over(self.paths.registry, self.settings.stop_grace_ms / 1000)
             if ended:
                 log.warning("ended leftover processes of an older server: %s", ", ".join(ended))
@@ -107,8 +109,9 @@ class Supervisor:
             await self._shutdown()
         finally:
             await self.writer.stop()
-            self.registry.children = []
-            self.registry.save(self.paths.registry)
+            if self.registry.supervisor is not None:  # ours: an older server's record is kept otherwise
+                self.registry.children = []
+                self.registry.save(self.paths.registry)
             self.lock.release()
 
     async def _take_epoch(self) -> None:
@@ -138,8 +141,12 @@ class Supervisor:
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
-        reply = await self.writer.request(
-            "server.release_epoch", {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
-        )
+        body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
+        deadline = asyncio.get_running_loop().time() + self.settings.stop_grace_ms / 1000
+        while True:
+            reply = await self.writer.request("server.release_epoch", body)
+            if reply.outcome != "unavailable" or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # the writer is restarting
         if reply.outcome != "accepted":
             log.warning("the epoch claim was not released: %s", reply.outcome)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from piworkflows.errors import CommandError
+from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal import Reply
 
@@ -47,8 +47,8 @@ class Router:
         try:
             payload = payload_model.model_validate(request.payload)
         except ValidationError as exc:
-            fields = sorted({".".join(str(p) for p in e["loc"]) or "payload" for e in exc.errors()})
-            return refuse(request, CommandError("validationFailed", "invalid payload fields: " + ", ".join(fields)))
+            refusal = CommandError("validationFailed", "payload has " + describe_invalid_fields(exc.errors()))
+            return refuse(request, refusal)
         return await route(request, payload)
 
     async def server_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:

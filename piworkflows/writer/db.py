@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from piworkflows import faults
 from piworkflows.clock import Clock
-from piworkflows.errors import CommandError
+from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import COMMAND_MODELS, Reply
 from piworkflows.settings import Settings
@@ -129,7 +129,8 @@ class GroupExecutor:
             try:
                 decoded.append((item, handler, COMMAND_MODELS[item.kind].model_validate(item.body)))
             except ValidationError as exc:
-                replies.append((item.corr_id, _refusal(CommandError("validationFailed", _safe_errors(exc)))))
+                refusal = CommandError("validationFailed", "command has " + describe_invalid_fields(exc.errors()))
+                replies.append((item.corr_id, _refusal(refusal)))
         leftover = list(batch[self.settings.group_max_commands :])
         if not decoded:
             return replies, leftover
@@ -190,12 +191,6 @@ class GroupExecutor:
 
 def _refusal(exc: CommandError) -> Reply:
     return Reply(outcome=exc.outcome, receipt=exc.receipt(), error=exc.message)
-
-
-def _safe_errors(exc: ValidationError) -> str:
-    """Name the fields that failed, never echo their values."""
-    fields = sorted({".".join(str(p) for p in err["loc"]) or "body" for err in exc.errors()})
-    return "invalid command fields: " + ", ".join(fields)
 
 
 def unavailable(message: str = "the writer could not commit; retry with the same idempotency key") -> Reply:

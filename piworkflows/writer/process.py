@@ -131,7 +131,6 @@ class WriterLoop:
         self.sock.sendall(b"".join(frames.encode(REPLY, corr_id, reply.model_dump()) for corr_id, reply in replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
 
-
     def _reopen(self) -> None:
         """After a failed transaction: close, verify the schema again, reopen."""
         self.executor.conn.close()
