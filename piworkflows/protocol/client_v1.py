@@ -80,7 +80,8 @@ assert set(Outcome.__args__) == set(OUTCOMES)  # type: ignore[attr-defined]
 
 
 class Envelope(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: "5" or true is not an integer, 1 is not a string.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
     schema_: Literal["pi-workflows.client.v1"] = Field(default=SCHEMA, alias="schema")
 
@@ -142,6 +143,8 @@ def parse_request(line: bytes) -> Request:
         raise MalformedFrame("message is not in canonical form") from None
     if canonical_text != text:
         raise MalformedFrame("message is not in canonical form")
+    if value.get("schema") != SCHEMA:
+        raise MalformedFrame("schema is missing or not pi-workflows.client.v1")
     if value.get("type") != "request":
         raise MalformedFrame("a client sends only requests")
     try:

@@ -116,6 +116,7 @@ class Connection:
         self.writer = writer
         self.id = "conn-" + uuid.uuid4().hex
         self.in_flight: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(server.settings.client_max_in_flight)
         self.closed = False
 
@@ -141,7 +142,9 @@ class Connection:
                 except (ValueError, asyncio.LimitOverrunError):
                     log.info("closed a connection: message exceeds 1 MiB")
                     return
-                if not line:
+                if not line:  # EOF (perhaps a half-close): answer what was asked, then close
+                    if self.tasks:
+                        await asyncio.wait(self.tasks)
                     return
                 try:
                     request = client_v1.parse_request(line)
@@ -155,8 +158,9 @@ class Connection:
                 await self.slots.acquire()
                 self.in_flight.add(request.requestId)
                 task = asyncio.create_task(self._handle(request))
-                self.server._tasks.add(task)
-                task.add_done_callback(self.server._tasks.discard)
+                for owner in (self.server._tasks, self.tasks):
+                    owner.add(task)
+                    task.add_done_callback(owner.discard)
         finally:
             self.server.connections.discard(self)
             self.closed = True
