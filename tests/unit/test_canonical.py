@@ -22,8 +22,16 @@ from piworkflows.canonical import (
 
 pytestmark = pytest.mark.timeout(60)
 
-VECTORS_PATH = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "canonical-json-vectors.json"
+# A copy of ../shared/testdata/canonical-json-vectors.json (vectors produced by
+# JavaScript itself), so a checkout tests without the shared folder beside it.
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "data" / "canonical-json-vectors.json"
+SHARED_VECTORS_PATH = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "canonical-json-vectors.json"
 VECTORS = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
+
+
+@pytest.mark.skipif(not SHARED_VECTORS_PATH.exists(), reason="no shared folder beside this checkout")
+def test_vectors_copy_equals_the_shared_vectors():
+    assert VECTORS_PATH.read_bytes() == SHARED_VECTORS_PATH.read_bytes()
 
 
 def _number(vector: dict) -> float:

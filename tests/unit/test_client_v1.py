@@ -30,7 +30,7 @@ from piworkflows.protocol.client_v1 import (
 
 pytestmark = pytest.mark.timeout(60)
 
-# The oracle: the operation list of /work/shared/PROTOCOL.md ("## Operations"), copied verbatim.
+# The oracle: the operation list of ../shared/PROTOCOL.md ("## Operations"), copied verbatim.
 PROTOCOL_OPERATIONS = [
     # Run control
     "run.start", "run.pause", "run.resume", "run.cancel", "run.restart", "run.changeSettings", "run.status",
