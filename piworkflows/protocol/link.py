@@ -13,6 +13,7 @@ so the caller retries with the same idempotency key, never a guess.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 import threading
@@ -102,3 +103,85 @@ class Link:
         self._sock.close()
         self._reader.join(timeout=5)
         self._fail_all()
+
+
+class AsyncLink:
+    """The same request/reply link, read by an asyncio event loop itself.
+
+    The supervisor uses it: replies resolve futures on the loop directly,
+    without a reader thread and a thread hop per reply.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_frame: Callable[[dict[str, Any]], None] | None = None,
+        decoder: frames.FrameDecoder | None = None,
+    ) -> None:
+        self._sock = sock
+        self._on_frame = on_frame
+        self._decoder = decoder or frames.FrameDecoder()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._closed = False
+        self._transport: asyncio.Transport | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.connect_accepted_socket(lambda: _LinkProtocol(self), sock=self._sock)
+
+    def submit(self, kind: str, body: dict[str, Any]) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if self._closed or self._transport is None:
+            future.set_result(LOST)
+            return future
+        corr_id = next(self._ids)
+        self._pending[corr_id] = future
+        self._transport.write(frames.encode(kind, corr_id, body))
+        return future
+
+    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
+        return await self.submit(kind, body)
+
+    def _received(self, data: bytes) -> None:
+        try:
+            received = self._decoder.feed(data)
+        except frames.FrameError:
+            self.close()
+            return
+        for frame in received:
+            if frame["k"] == REPLY:
+                future = self._pending.pop(frame["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(Reply.model_validate(frame["b"]))
+            elif self._on_frame is not None:
+                self._on_frame(frame)
+
+    def _lost(self) -> None:
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_result(LOST)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        else:
+            self._sock.close()
+        self._lost()
+
+
+class _LinkProtocol(asyncio.Protocol):
+    def __init__(self, link: AsyncLink) -> None:
+        self.link = link
+
+    def data_received(self, data: bytes) -> None:
+        self.link._received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link._lost()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import Reply
+from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
 from piworkflows.writer.process import WriterProcess, WriterStartError, spawn
@@ -53,16 +54,19 @@ class WriterChild:
 
     async def _spawn(self) -> WriterProcess:
         proc = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: spawn(self.paths.state_dir, self.settings, self.extra_env)
+            None, lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True)
         )
         self.on_spawn(Identity.of("writer", proc.popen.pid, WRITER_MARKER))
+        assert isinstance(proc.link, AsyncLink)
+        await proc.link.start()
         return proc
 
     async def request(self, kind: str, body: dict) -> Reply:
         proc = self._proc
         if proc is None or self._stopping or proc.link.closed:
             return RESTARTING
-        return await asyncio.wrap_future(proc.link.submit(kind, body))
+        assert isinstance(proc.link, AsyncLink)
+        return await proc.link.request(kind, body)
 
     @property
     def pid(self) -> int | None:
@@ -75,7 +79,7 @@ class WriterChild:
             proc = self._proc
             assert proc is not None
             code = await loop.run_in_executor(None, proc.popen.wait)
-            proc.link.close()
+            proc.link.close()  # answers what was in flight: unavailable
             if self._stopping:
                 return
             self._proc = None
@@ -99,7 +103,8 @@ class WriterChild:
         self._stopping = True
         proc, self._proc = self._proc, None
         if proc is not None:
-            await asyncio.get_running_loop().run_in_executor(None, proc.stop, self.settings.stop_grace_ms / 1000)
+            proc.link.close()  # on the loop; the writer sees EOF, finishes its group and exits
+            await asyncio.get_running_loop().run_in_executor(None, proc.reap, self.settings.stop_grace_ms / 1000)
         if self._monitor is not None:
             self._monitor.cancel()
             try:

@@ -36,7 +36,7 @@ from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready
-from piworkflows.protocol.link import Link
+from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
 from piworkflows.writer import schema
 from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, open_database, unavailable
@@ -47,6 +47,7 @@ EXIT_INCOMPATIBLE = 3
 EXIT_PARENT_GONE = 4
 EXIT_DATABASE_LOST = 5
 EXIT_BAD_FRAME = 6
+_RECV_BYTES = 1 << 20
 
 
 class PipeLogHandler(logging.Handler):
@@ -108,7 +109,7 @@ class WriterLoop:
         """Move every frame already waiting into the queue; False at EOF."""
         while True:
             try:
-                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+                data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return True
             if not data:
@@ -116,6 +117,8 @@ class WriterLoop:
             for frame in self.decoder.feed(data):
                 body = frame["b"] if isinstance(frame.get("b"), dict) else {}
                 self.queue.append(Submitted(frame["id"], frame["k"], body))
+            if len(data) < _RECV_BYTES:
+                return True  # a short read: nothing more was waiting
 
     def _run_group(self) -> None:
         batch = list(self.queue)
@@ -193,12 +196,16 @@ class WriterProcess:
     """The spawner's handle: the child process and the link to it."""
 
     popen: subprocess.Popen[bytes]
-    link: Link
+    link: Link | AsyncLink
     ready: Ready
 
     def stop(self, timeout: float = 10.0) -> int:
-        """Close the pipe (the writer finishes its group and exits), then reap it."""
+        """Close the pipe (the writer finishes its group and exits), then reap it.
+        (An AsyncLink must be closed on its loop first; then call ``reap``.)"""
         self.link.close()
+        return self.reap(timeout)
+
+    def reap(self, timeout: float = 10.0) -> int:
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -210,8 +217,13 @@ def spawn(
     state_dir: Path,
     settings: Settings,
     extra_env: dict[str, str] | None = None,
+    event_loop_link: bool = False,
 ) -> WriterProcess:
-    """Start a writer and wait until it verified the schema (or refused it)."""
+    """Start a writer and wait until it verified the schema (or refused it).
+
+    The link is a thread-read ``Link``, or with ``event_loop_link`` an
+    ``AsyncLink`` that the caller starts on its event loop.
+    """
     ours, theirs = socket.socketpair()
     me = psutil.Process()
     env = {**os.environ, **settings.to_env(), **(extra_env or {})}
@@ -248,7 +260,8 @@ def spawn(
         if fatal.code == "stateIncompatible":
             raise StateIncompatible("reported by the writer")
         raise WriterStartError(fatal.message)
-    return WriterProcess(popen, Link(ours, on_frame=_relay_log, decoder=decoder), Ready.model_validate(first["b"]))
+    link = (AsyncLink if event_loop_link else Link)(ours, on_frame=_relay_log, decoder=decoder)
+    return WriterProcess(popen, link, Ready.model_validate(first["b"]))
 
 
 def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float) -> dict:
