@@ -79,6 +79,7 @@ def settle(
     generation: int,
     settlement: str = "applied",
     owner: str = "worker-1",
+    server_epoch: int = 1,
     **extra: Any,
 ) -> Submitted:
     body = {
@@ -89,6 +90,7 @@ def settle(
             "owner_id": owner,
             "claim_token_hash": token_hash(token),
             "lease_generation": generation,
+            "server_epoch": server_epoch,
             "ttl_ms": 10_000,
         },
         "settlement": settlement,

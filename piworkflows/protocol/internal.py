@@ -100,8 +100,13 @@ class WorkerMessageKey(Model):
 
 
 class Claim(Model):
-    """A claim the supervisor attaches: the token's hash, never the token."""
+    """A claim the supervisor attaches: the token's hash, never the token.
 
+    ``server_epoch`` names the epoch of the server that took the claim; a
+    claim of an older epoch is dead as soon as a newer epoch was taken.
+    """
+
+    server_epoch: int = Field(ge=1)
     owner_id: Id
     claim_token_hash: Digest
     lease_generation: int = Field(ge=1)

@@ -101,7 +101,10 @@ def acquire_lease(
 
 
 def verify_and_renew_claim(conn: sqlite3.Connection, resource_id: str, claim: Claim, now: int) -> Lease:
-    """Verify the exact still-live token and generation, then renew it."""
+    """Verify the epoch, the exact still-live token and generation, then renew it."""
+    epoch = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone()
+    if epoch is None or epoch[0] != claim.server_epoch:
+        raise CommandError("staleServerEpoch", "the claim belongs to an older server epoch", resourceId=resource_id)
     lease = get_lease(conn, resource_id)
     if lease is None or lease.owner_id is None:
         raise CommandError("notClaimed", "the resource has no live claim", resourceId=resource_id)

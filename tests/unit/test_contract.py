@@ -301,3 +301,13 @@ def test_epoch_claim_is_fenced(executor, clock):
     stale = submitted("server.renew_epoch", {**renew.body})
     (lost,) = run_group(executor, stale)
     assert lost.outcome == "claimLost" and lost.receipt["code"] == "staleServerEpoch"
+
+
+def test_claims_of_an_older_server_epoch_are_dead(executor, claimed):
+    """A newer epoch fences every claim taken before it, even a live one with the right token."""
+    (take2,) = run_group(executor, take_epoch("second-server"))
+    assert take2.receipt == {"serverEpoch": 2}
+    (old,) = run_group(executor, settle(claimed, 2, "tok", 1, server_epoch=1))
+    assert old.outcome == "claimLost" and old.receipt["code"] == "staleServerEpoch"
+    (current,) = run_group(executor, settle(claimed, 2, "tok", 1, server_epoch=2))
+    assert current.outcome == "accepted"
