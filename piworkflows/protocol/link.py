@@ -109,7 +109,9 @@ class AsyncLink:
     """The same request/reply link, read by an asyncio event loop itself.
 
     The supervisor uses it: replies resolve futures on the loop directly,
-    without a reader thread and a thread hop per reply.
+    without a reader thread and a thread hop per reply. Commands submitted in
+    one turn of the loop leave in one write, so the writer finds them waiting
+    together and commits them as one group.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class AsyncLink:
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._closed = False
         self._transport: asyncio.Transport | None = None
+        self._outgoing: list[bytes] = []
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -137,8 +140,15 @@ class AsyncLink:
             return future
         corr_id = next(self._ids)
         self._pending[corr_id] = future
-        self._transport.write(frames.encode(kind, corr_id, body))
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(frames.encode(kind, corr_id, body))
         return future
+
+    def _flush(self) -> None:
+        data, self._outgoing = b"".join(self._outgoing), []
+        if self._transport is not None and not self._closed:
+            self._transport.write(data)
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.submit(kind, body)
