@@ -1,14 +1,16 @@
-"""Request/reply over one frame socket, shared by many threads.
+"""Request/reply over one frame socket to a child process.
 
 ::
 
-    thread A ─┐ request(kind, body) ─> frame id=n ─┐
-    thread B ─┘   waits on its Future              ├─> child process
-                reader thread <─ frame "reply" id=n ┘   resolves Future n
+    request(kind, body) ─> frame id=n ─────────────> child process
+    Future n  <── resolved by the reader <── frame "reply" id=n
 
-When the peer dies or the link closes, every request still waiting gets an
-``unavailable`` reply: an in-flight command may or may not have committed,
-so the caller retries with the same idempotency key, never a guess.
+Two readers share one correlation core: ``Link`` reads in a thread (tests,
+tools, any thread may submit) and ``AsyncLink`` reads on an asyncio event
+loop (the supervisor). When the peer dies or the link closes, every request
+still waiting gets an ``unavailable`` reply: an in-flight command may or may
+not have committed, so the caller retries with the same idempotency key,
+never a guess.
 """
 
 from __future__ import annotations
@@ -26,62 +28,38 @@ from piworkflows.protocol.internal import REPLY, Reply
 
 LOST = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is not available")
 
+FrameCallback = Callable[[dict[str, Any]], None]
 
-class Link:
-    def __init__(
-        self,
-        sock: socket.socket,
-        on_frame: Callable[[dict[str, Any]], None] | None = None,
-        decoder: frames.FrameDecoder | None = None,
-    ) -> None:
-        self._sock = sock
+
+class _Correlator:
+    """Pending requests by correlation id; the reply, or LOST for all once closed."""
+
+    def __init__(self, on_frame: FrameCallback | None, decoder: frames.FrameDecoder | None) -> None:
+        self._on_frame = on_frame  # non-reply frames (log records, notices) go here
         self._decoder = decoder or frames.FrameDecoder()  # may hold bytes read by a handshake
-        self._on_frame = on_frame  # non-reply frames (notices) go here
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[Reply]] = {}
+        self._pending: dict[int, Any] = {}  # Future (either kind)
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._closed = False
-        self._reader = threading.Thread(target=self._read_loop, name="link-reader", daemon=True)
-        self._reader.start()
 
-    def submit(self, kind: str, body: dict[str, Any]) -> Future[Reply]:
-        future: Future[Reply] = Future()
+    def _register(self, future: Any) -> int | None:
         with self._lock:
             if self._closed:
-                future.set_result(LOST)
-                return future
+                return None
             corr_id = next(self._ids)
             self._pending[corr_id] = future
-        data = frames.encode(kind, corr_id, body)
-        try:
-            with self._send_lock:
-                self._sock.sendall(data)
-        except OSError:
-            self._fail_all()
-        return future
+            return corr_id
 
-    def request(self, kind: str, body: dict[str, Any], timeout: float | None = None) -> Reply:
-        return self.submit(kind, body).result(timeout)
-
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                received = frames.recv_frames(self._sock, self._decoder)
-                if received is None:
-                    break
-                for frame in received:
-                    if frame["k"] == REPLY:
-                        with self._lock:
-                            future = self._pending.pop(frame["id"], None)
-                        if future is not None:
-                            future.set_result(Reply.model_validate(frame["b"]))
-                    elif self._on_frame is not None:
-                        self._on_frame(frame)
-        except (OSError, frames.FrameError):
-            pass
-        finally:
-            self._fail_all()
+    def _received(self, data: bytes) -> None:
+        """Resolve the futures of the replies in ``data``; raises FrameError."""
+        for frame in self._decoder.feed(data):
+            if frame["k"] == REPLY:
+                with self._lock:
+                    future = self._pending.pop(frame["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(Reply.model_validate(frame["b"]))
+            elif self._on_frame is not None:
+                self._on_frame(frame)
 
     def _fail_all(self) -> None:
         with self._lock:
@@ -95,6 +73,44 @@ class Link:
     def closed(self) -> bool:
         return self._closed
 
+
+class Link(_Correlator):
+    """Read by its own thread; any thread may submit."""
+
+    def __init__(
+        self, sock: socket.socket, on_frame: FrameCallback | None = None, decoder: frames.FrameDecoder | None = None
+    ) -> None:
+        super().__init__(on_frame, decoder)
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, name="link-reader", daemon=True)
+        self._reader.start()
+
+    def submit(self, kind: str, body: dict[str, Any]) -> Future[Reply]:
+        future: Future[Reply] = Future()
+        corr_id = self._register(future)
+        if corr_id is None:
+            future.set_result(LOST)
+            return future
+        try:
+            with self._send_lock:
+                self._sock.sendall(frames.encode(kind, corr_id, body))
+        except OSError:
+            self._fail_all()
+        return future
+
+    def request(self, kind: str, body: dict[str, Any], timeout: float | None = None) -> Reply:
+        return self.submit(kind, body).result(timeout)
+
+    def _read_loop(self) -> None:
+        try:
+            while data := self._sock.recv(1 << 16):
+                self._received(data)
+        except (OSError, frames.FrameError):
+            pass
+        finally:
+            self._fail_all()
+
     def close(self) -> None:
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -105,27 +121,20 @@ class Link:
         self._fail_all()
 
 
-class AsyncLink:
-    """The same request/reply link, read by an asyncio event loop itself.
+class AsyncLink(_Correlator):
+    """Read by an asyncio event loop itself; submit from that loop only.
 
-    The supervisor uses it: replies resolve futures on the loop directly,
-    without a reader thread and a thread hop per reply. Commands submitted in
-    one turn of the loop leave in one write, so the writer finds them waiting
-    together and commits them as one group.
+    Replies resolve futures on the loop directly, without a reader thread and
+    a thread hop per reply. Commands submitted in one turn of the loop leave
+    in one write, so the writer finds them waiting together and commits them
+    as one group.
     """
 
     def __init__(
-        self,
-        sock: socket.socket,
-        on_frame: Callable[[dict[str, Any]], None] | None = None,
-        decoder: frames.FrameDecoder | None = None,
+        self, sock: socket.socket, on_frame: FrameCallback | None = None, decoder: frames.FrameDecoder | None = None
     ) -> None:
+        super().__init__(on_frame, decoder)
         self._sock = sock
-        self._on_frame = on_frame
-        self._decoder = decoder or frames.FrameDecoder()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._closed = False
         self._transport: asyncio.Transport | None = None
         self._outgoing: list[bytes] = []
 
@@ -135,55 +144,29 @@ class AsyncLink:
 
     def submit(self, kind: str, body: dict[str, Any]) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        if self._closed or self._transport is None:
+        corr_id = self._register(future) if self._transport is not None else None
+        if corr_id is None:
             future.set_result(LOST)
             return future
-        corr_id = next(self._ids)
-        self._pending[corr_id] = future
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush)
         self._outgoing.append(frames.encode(kind, corr_id, body))
         return future
+
+    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
+        return await self.submit(kind, body)
 
     def _flush(self) -> None:
         data, self._outgoing = b"".join(self._outgoing), []
         if self._transport is not None and not self._closed:
             self._transport.write(data)
 
-    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
-        return await self.submit(kind, body)
-
-    def _received(self, data: bytes) -> None:
-        try:
-            received = self._decoder.feed(data)
-        except frames.FrameError:
-            self.close()
-            return
-        for frame in received:
-            if frame["k"] == REPLY:
-                future = self._pending.pop(frame["id"], None)
-                if future is not None and not future.done():
-                    future.set_result(Reply.model_validate(frame["b"]))
-            elif self._on_frame is not None:
-                self._on_frame(frame)
-
-    def _lost(self) -> None:
-        self._closed = True
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_result(LOST)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
         else:
             self._sock.close()
-        self._lost()
+        self._fail_all()
 
 
 class _LinkProtocol(asyncio.Protocol):
@@ -191,7 +174,10 @@ class _LinkProtocol(asyncio.Protocol):
         self.link = link
 
     def data_received(self, data: bytes) -> None:
-        self.link._received(data)
+        try:
+            self.link._received(data)
+        except frames.FrameError:
+            self.link.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.link._lost()
+        self.link._fail_all()
