@@ -53,10 +53,13 @@ class WriterChild:
         self._monitor = asyncio.create_task(self._watch(), name="writer-monitor")
 
     async def _spawn(self) -> WriterProcess:
+        def record(pid: int) -> None:  # in host.json before the writer is waited for
+            self.on_spawn(Identity.of("writer", pid, WRITER_MARKER))
+
         proc = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True)
+            None,
+            lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True, on_started=record),
         )
-        self.on_spawn(Identity.of("writer", proc.popen.pid, WRITER_MARKER))
         assert isinstance(proc.link, AsyncLink)
         await proc.link.start()
         return proc

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,11 +219,14 @@ def spawn(
     settings: Settings,
     extra_env: dict[str, str] | None = None,
     event_loop_link: bool = False,
+    on_started: Callable[[int], None] | None = None,
 ) -> WriterProcess:
     """Start a writer and wait until it verified the schema (or refused it).
 
-    The link is a thread-read ``Link``, or with ``event_loop_link`` an
-    ``AsyncLink`` that the caller starts on its event loop.
+    ``on_started(pid)`` runs as soon as the process exists, before the
+    handshake (the supervisor records the child's identity there). The link
+    is a thread-read ``Link``, or with ``event_loop_link`` an ``AsyncLink``
+    that the caller starts on its event loop.
     """
     ours, theirs = socket.socketpair()
     me = psutil.Process()
@@ -247,6 +251,8 @@ def spawn(
     theirs.close()
     decoder = frames.FrameDecoder()
     try:
+        if on_started is not None:
+            on_started(popen.pid)
         first = _handshake(ours, decoder, settings.child_ready_timeout_ms / 1000)
     except BaseException:
         ours.close()
