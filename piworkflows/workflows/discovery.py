@@ -1,0 +1,114 @@
+"""Find and load a workflow's source; its identity is the path and file SHA-256.
+
+Discovery order, first hit wins: ``<project>/.pi/workflows/<name>.workflow.py``,
+then the user workflows dir (``~/.pi/agent/workflows``, or
+``PI_WORKFLOWS_USER_DIR``), then the built-ins shipped in this package
+(``builtin:<name>``, each with an explicit ``REVISION``). Loading executes
+workflow code: only a supervised resolver or runner child calls ``load``.
+The module is executed from exactly the bytes that were hashed.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from piworkflows.workflows.compiler import NAME, Workflow, WorkflowDefinitionError
+
+USER_DIR_ENV = "PI_WORKFLOWS_USER_DIR"
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+SUFFIX = ".workflow.py"
+
+
+class WorkflowNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceIdentity:
+    source_kind: str  # "file" | "builtin"
+    source_path: str | None = None
+    source_sha256: bytes | None = None
+    builtin_id: str | None = None
+    builtin_revision: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.source_kind == "file":
+            assert self.source_sha256 is not None
+            return {"kind": "file", "path": self.source_path, "sha256": self.source_sha256.hex()}
+        return {"kind": "builtin", "id": self.builtin_id, "revision": self.builtin_revision}
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    identity: SourceIdentity
+    path: Path
+    data: bytes
+
+
+def user_dir() -> Path:
+    return Path(os.environ.get(USER_DIR_ENV) or Path.home() / ".pi" / "agent" / "workflows")
+
+
+def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -> ResolvedSource:
+    """The first source for ``name`` (or ``builtin:name``), read once."""
+    builtin_only = name.startswith("builtin:")
+    stem = name.removeprefix("builtin:")
+    if not NAME.match(stem):
+        raise WorkflowNotFound(f"{name!r} is not a workflow name")
+    searched = []
+    if not builtin_only:
+        for directory in (project_path / ".pi" / "workflows", user_workflows or user_dir()):
+            candidate = directory / (stem + SUFFIX)
+            searched.append(str(directory))
+            if candidate.is_file():
+                data = candidate.read_bytes()
+                identity = SourceIdentity("file", str(candidate.resolve()), hashlib.sha256(data).digest())
+                return ResolvedSource(identity, candidate.resolve(), data)
+    candidate = BUILTIN_DIR / (stem + SUFFIX)
+    searched.append("built-ins")
+    if candidate.is_file():
+        data = candidate.read_bytes()
+        revision = _declared_revision(data)
+        if revision is None:
+            raise WorkflowDefinitionError(f'built-in {stem!r} declares no REVISION = "..."')
+        return ResolvedSource(SourceIdentity("builtin", builtin_id=f"builtin:{stem}", builtin_revision=revision),
+                              candidate, data)  # fmt: skip
+    raise WorkflowNotFound(f"no workflow {name!r} (looked in {', '.join(searched)})")
+
+
+def load(source: ResolvedSource) -> Workflow:
+    """Execute the source and return its ``workflow`` (named like the file stem)."""
+    module = _execute(source.path, source.data)
+    workflow = getattr(module, "workflow", None)
+    if not isinstance(workflow, Workflow):
+        raise WorkflowDefinitionError(f"{source.path.name}: the module defines no workflow = define_workflow(...)")
+    stem = source.path.name.removesuffix(SUFFIX)
+    if workflow.name != stem:
+        raise WorkflowDefinitionError(f"{source.path.name}: the workflow is named {workflow.name!r}, not {stem!r}")
+    return workflow
+
+
+def _declared_revision(data: bytes) -> str | None:
+    """A built-in's ``REVISION = "..."``, read without executing the module."""
+    for statement in ast.parse(data).body:
+        if (
+            isinstance(statement, ast.Assign)
+            and [getattr(t, "id", None) for t in statement.targets] == ["REVISION"]
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+        ):
+            return statement.value.value
+    return None
+
+
+def _execute(path: Path, data: bytes) -> types.ModuleType:
+    module = types.ModuleType(f"piworkflows_source_{path.name.removesuffix(SUFFIX).replace('-', '_')}")
+    module.__file__ = str(path)
+    exec(compile(data, str(path), "exec"), module.__dict__)  # noqa: S102 - workflow code, in a child only
+    return module
