@@ -24,6 +24,7 @@ CODES: dict[str, str] = {
     "workflowSourceChanged": "conflict",
     "requestInFlight": "conflict",
     "leaseHeld": "conflict",
+    "sessionReserved": "conflict",
     # notFound
     "resourceNotFound": "notFound",
     "effectNotFound": "notFound",

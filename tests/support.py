@@ -118,3 +118,30 @@ def run_group(executor: GroupExecutor, *items: Submitted):
     assert not leftover
     by_id = dict(replies)
     return [by_id[item.corr_id] for item in items]
+
+
+def run_create(
+    run_id: str,
+    project: str = "/projects/p1",
+    mode: str = "headless",
+    session: str | None = None,
+    input_value: Any = None,
+    receipt: dict[str, Any] | None = None,
+) -> Submitted:
+    """A run.create of the built-in demo workflow's snapshot shape (any canonical JSON works)."""
+    body: dict[str, Any] = {
+        "actor": {"actor_class": "client", "actor_id": "client-1"},
+        "run_id": run_id,
+        "project_path": project,
+        "workflow_name": "demo",
+        "definition": BlobValue.of_json({"schema": "pi-workflows.definition-snapshot.v1", "name": "demo"}).model_dump(),
+        "source": {"source_kind": "builtin", "builtin_id": "builtin:demo", "builtin_revision": "1"},
+        "input": BlobValue.of_json({"who": "tests"} if input_value is None else input_value).model_dump(),
+        "title": "demo for tests",
+        "max_steps": 20,
+        "execution_mode": mode,
+        "origin_session_id": session,
+    }
+    if receipt is not None:
+        body["client_receipt"] = receipt
+    return submitted("run.create", body)

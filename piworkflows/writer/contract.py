@@ -73,15 +73,17 @@ class Target:
     expected_revision: int | None  # None: the command creates the resource
     claim: Claim | None = None
     create_kind: str | None = None
-    project_id: str | None = None
+    project_path: str | None = None  # a created resource's project (ensured with it)
 
 
 @dataclass(frozen=True)
 class Stamp:
-    """What the contract wrote for this command: the new revision and the claim's generation."""
+    """What the contract wrote for this command: the new revision, the claim's
+    generation, and a created resource's project."""
 
     revision: int
     lease_generation: int | None
+    project_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class ResourceHandler(Handler[C]):
                 resourceId=target.resource_id,
                 revision=resource.revision,
             )
-        generation = None
+        generation = project_id = None
         if target.claim is not None:
             generation = records.verify_and_renew_claim(conn, target.resource_id, target.claim, now).lease_generation
         elif self.claim_required:
@@ -156,7 +158,8 @@ class ResourceHandler(Handler[C]):
         for blob in change.blobs:
             records.put_blob(conn, blob, now)
         if target.create_kind is not None:
-            revision = records.create_resource(conn, target.resource_id, target.create_kind, now, target.project_id)
+            project_id = records.ensure_project(conn, target.project_path, now)[0] if target.project_path else None
+            revision = records.create_resource(conn, target.resource_id, target.create_kind, now, project_id)
         else:
             assert resource is not None
             revision = records.increment_revision(conn, target.resource_id, resource.revision, now)
@@ -168,7 +171,7 @@ class ResourceHandler(Handler[C]):
         records.write_event(
             conn, target.resource_id, revision, change.event_type, tx.actor, now, generation, change.event_payload
         )
-        change.apply(Stamp(revision, generation))
+        change.apply(Stamp(revision, generation, project_id))
         effect_ids = [
             records.insert_effect(conn, request, target.resource_id, revision, tx.actor, now)[0]
             for request in change.effects

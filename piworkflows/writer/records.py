@@ -7,6 +7,7 @@ savepoint, and raises ``CommandError`` when the contract refuses.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,22 @@ from typing import Any
 from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import Actor, BlobValue, Claim, ClientReceiptKey, EffectRequest, WorkerMessageKey
+
+# --- projects -----------------------------------------------------------------
+
+
+def ensure_project(conn: sqlite3.Connection, canonical_path: str, now: int) -> tuple[str, bool]:
+    """The stable id of a project path, created on first use. Returns (project_id, created)."""
+    row = conn.execute("SELECT project_id FROM projects WHERE canonical_path = ?", (canonical_path,)).fetchone()
+    if row is not None:
+        return row[0], False
+    project_id = "project-" + hashlib.sha256(canonical_path.encode("utf-8")).hexdigest()[:32]
+    conn.execute(
+        "INSERT INTO projects (project_id, canonical_path, created_at) VALUES (?, ?, ?)",
+        (project_id, canonical_path, now),
+    )
+    return project_id, True
+
 
 # --- resources ----------------------------------------------------------------
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import BlobPut, BlobRead, ProjectEnsure
 from piworkflows.writer import records
@@ -20,17 +18,8 @@ class EnsureProject(Handler[ProjectEnsure]):
     actors = frozenset({"server", "client", "operator"})
 
     def execute(self, tx: Tx, cmd: ProjectEnsure) -> Result:
-        row = tx.conn.execute(
-            "SELECT project_id FROM projects WHERE canonical_path = ?", (cmd.canonical_path,)
-        ).fetchone()
-        if row is not None:
-            return Result(receipt={"projectId": row[0], "created": False})
-        project_id = "project-" + hashlib.sha256(cmd.canonical_path.encode("utf-8")).hexdigest()[:32]
-        tx.conn.execute(
-            "INSERT INTO projects (project_id, canonical_path, created_at) VALUES (?, ?, ?)",
-            (project_id, cmd.canonical_path, tx.now),
-        )
-        return Result(receipt={"projectId": project_id, "created": True})
+        project_id, created = records.ensure_project(tx.conn, cmd.canonical_path, tx.now)
+        return Result(receipt={"projectId": project_id, "created": created})
 
 
 class PutBlob(Handler[BlobPut]):

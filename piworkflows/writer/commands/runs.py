@@ -1,0 +1,82 @@
+"""Runs: creation (run.start). The run lifecycle of WORKFLOWS.md starts here:
+a new run is committed ``queued`` with its queue row ``queued``, no claim and
+no runner, together with its receipt.
+"""
+
+from __future__ import annotations
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import RunCreate
+from piworkflows.writer import records
+from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+
+
+class CreateRun(ResourceHandler[RunCreate]):
+    kind = RunCreate.kind
+    model = RunCreate
+    actors = frozenset({"client", "server", "operator"})
+
+    def target(self, tx: Tx, cmd: RunCreate) -> Target:
+        return Target(cmd.run_id, None, create_kind="run", project_path=cmd.project_path)
+
+    def transition(self, tx: Tx, cmd: RunCreate, resource: records.Resource | None) -> Change:
+        if cmd.execution_mode == "interactive":
+            holder = tx.conn.execute(
+                "SELECT run_id FROM runs WHERE origin_session_id = ? AND execution_mode = 'interactive' "
+                "AND status IN ('queued', 'running', 'waiting')",
+                (cmd.origin_session_id,),
+            ).fetchone()
+            if holder is not None:
+                raise CommandError(
+                    "sessionReserved", "the origin session already has an unfinished run", runId=holder[0]
+                )
+        conn, now = tx.conn, tx.now
+        source = cmd.source
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "INSERT INTO workflow_definitions (definition_digest, workflow_name, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (definition_digest) DO NOTHING",
+                (cmd.definition.digest, cmd.workflow_name, now),
+            )
+            conn.execute(
+                "INSERT INTO runs (run_id, project_id, workflow_name, definition_digest, status, paused, "
+                "execution_mode, origin_session_id, title, input_digest, launch_options_digest, max_steps, lineage, "
+                "root_run_id, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, 'root', ?, ?, ?)",
+                (
+                    cmd.run_id, stamp.project_id, cmd.workflow_name, cmd.definition.digest, cmd.execution_mode,
+                    cmd.origin_session_id, cmd.title, cmd.input.digest,
+                    cmd.launch_options.digest if cmd.launch_options else None, cmd.max_steps, cmd.run_id, now, now,
+                ),
+            )  # fmt: skip
+            conn.execute(
+                "INSERT INTO run_sources (run_id, source_kind, source_path, source_sha256, builtin_id, "
+                "builtin_revision) VALUES (?, ?, ?, ?, ?, ?)",
+                (cmd.run_id, source.source_kind, source.source_path, source.source_sha256, source.builtin_id,
+                 source.builtin_revision),
+            )  # fmt: skip
+            conn.execute(
+                "INSERT INTO run_queue (run_id, project_id, queue_status, priority, available_at, enqueued_at, "
+                "updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?)",
+                (cmd.run_id, stamp.project_id, now, now, now),
+            )
+            conn.execute(
+                "INSERT INTO viewer_runs (run_id, presentation_revision, retained_revision_floor, updated_at) "
+                "VALUES (?, 1, 1, ?)",
+                (cmd.run_id, now),
+            )
+
+        return Change(
+            event_type="run.queued",
+            apply=apply,
+            blobs=[b for b in (cmd.definition, cmd.input, cmd.launch_options) if b is not None],
+            receipt={
+                "runId": cmd.run_id,
+                "status": "queued",
+                "definitionDigest": "sha256:" + cmd.definition.digest.hex(),
+            },
+        )
+
+
+HANDLERS = (CreateRun(),)
