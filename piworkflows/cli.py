@@ -7,6 +7,7 @@ The CLI never opens SQLite and never executes workflow code.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -132,6 +133,42 @@ def server_stop(paths: StatePaths, timeout: float) -> None:
             fail(f"the server did not stop within {timeout:g} s")
         time.sleep(0.05)
     click.echo("server stopped")
+
+
+@main.group("run")
+def run_group() -> None:
+    """Start workflow runs.
+
+    Example: pi-workflows run start builtin:demo --input '{"who": "me"}'
+    """
+
+
+@run_group.command("start")
+@click.argument("workflow")
+@click.option("--project", type=click.Path(exists=True, file_okay=False), default=".", show_default=True,
+              help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
+@click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool) -> None:
+    """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
+
+    The server is started on demand. Example: pi-workflows run start shell-check --input '{"command": "true"}'
+    """
+    try:
+        input_value = json.loads(input_json)
+    except ValueError as exc:
+        raise click.BadParameter(f'not JSON ({exc}); pass e.g. --input \'{{"key": "value"}}\'') from None
+    payload = {"projectPath": os.path.abspath(project), "workflowName": workflow, "input": input_value,
+               "executionMode": "headless"}  # fmt: skip
+    try:
+        with WorkflowClient(paths.state_dir) as client:
+            client.ensure_running()
+            response = client.request("run.start", payload)
+    except (StartFailed, ServerNotRunning, OSError, ConnectionError) as exc:
+        fail(str(exc))
+    receipt = _accepted(response)
+    click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
 
 
 @main.group()

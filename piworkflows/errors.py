@@ -31,6 +31,7 @@ CODES: dict[str, str] = {
     "blobNotFound": "notFound",
     "runNotFound": "notFound",
     "nothingDue": "notFound",
+    "workflowNotFound": "notFound",
     # claimLost
     "claimExpired": "claimLost",
     "claimTokenMismatch": "claimLost",
@@ -46,6 +47,7 @@ CODES: dict[str, str] = {
     "constraintViolation": "rejected",
     "unknownCommand": "rejected",
     "resourceExists": "rejected",
+    "invalidDefinition": "rejected",
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",

@@ -220,7 +220,32 @@ class ServerStopReceipt(BaseModel):
     serverEpoch: int
 
 
+class RunStartPayload(Payload):
+    """run.start. Our CLI sends projectPath, workflowName, input, launchOptions and
+    executionMode; the server resolves and compiles the source itself. The
+    upstream fields, when sent, must match what the server resolved."""
+
+    projectPath: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    workflowName: str = Field(min_length=1, max_length=256)
+    input: Any = Field(default_factory=dict)
+    launchOptions: dict[str, Any] | None = None
+    executionMode: Literal["headless", "interactive"] = "headless"
+    originSessionId: str | None = Field(default=None, min_length=1, max_length=256)
+    workflowSourceRef: Any = None
+    workflowSource: str | None = None
+    definitionDigest: str | None = None
+    definitionSnapshot: Any = None
+
+
+class RunStartReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    status: Literal["queued"]
+    definitionDigest: str
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
+    "run.start": (RunStartPayload, RunStartReceipt),
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document

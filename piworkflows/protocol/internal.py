@@ -316,6 +316,35 @@ class EffectSettle(Command):
         return self
 
 
+class ResolveRequest(Model):
+    """To a resolver child: find, load and compile a workflow; compute its title."""
+
+    project_path: str
+    workflow_name: str
+    input: Any = None
+
+
+class Resolution(Model):
+    """From a resolver child: the compiled definition and source identity, or why not."""
+
+    ok: bool
+    code: str | None = None  # when not ok: workflowNotFound | invalidDefinition | titleFailed
+    message: str | None = None
+    workflow_name: str | None = None
+    snapshot: bytes | None = None  # canonical JSON of the definition snapshot
+    digest: str | None = None  # "sha256:<hex>" of the snapshot
+    source: RunSource | None = None
+    title: str | None = None
+    max_steps: int | None = None
+
+
+class ReceiptFind(ReadCommand):
+    """The stored answer of a client request, if any (so a retry skips re-resolving)."""
+
+    kind: ClassVar[str] = "receipt.find"
+    key: ClientReceiptKey
+
+
 COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
     model.kind: model
     for model in (
@@ -328,6 +357,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         ServerRecordStop,
         ServerCounts,
         RunCreate,
+        ReceiptFind,
         EffectReserve,
         EffectClaim,
         EffectSettle,

@@ -83,6 +83,15 @@ class Supervisor:
             self.registry.children.append(identity)
         self.registry.save(self.paths.registry)
 
+    def record_child(self, identity: Identity) -> None:
+        """In host.json before the child is waited for, so a takeover can end it."""
+        self.registry.set_child(identity)
+        self.registry.save(self.paths.registry)
+
+    def forget_child(self, pid: int) -> None:
+        self.registry.drop_child(pid)
+        self.registry.save(self.paths.registry)
+
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until stopped. Raises AlreadyRunning / StateIncompatible / StartupFailed."""
         check_socket_path(self.paths.socket)  # before anything is touched

@@ -58,6 +58,12 @@ class Registry:
     supervisor: Identity | None = None
     children: list[Identity] = field(default_factory=list)
 
+    def set_child(self, identity: Identity) -> None:
+        self.children = [c for c in self.children if c.pid != identity.pid] + [identity]
+
+    def drop_child(self, pid: int) -> None:
+        self.children = [c for c in self.children if c.pid != pid]
+
     @classmethod
     def load(cls, path: Path) -> Registry:
         try:

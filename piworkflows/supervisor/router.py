@@ -14,15 +14,21 @@ code ``notAvailable`` and store nothing.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from piworkflows import canonical
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal import Reply
+from piworkflows.protocol.internal import Actor, BlobValue, ClientReceiptKey, Reply, Resolution, RunCreate
+from piworkflows.states import MEDIA_JSON
+from piworkflows.supervisor import resolver
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -33,6 +39,7 @@ class Router:
     def __init__(self, supervisor: Any) -> None:
         self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
+            "run.start": self.run_start,
             "server.status": self.server_status,
             "server.stop": self.server_stop,
             "protocol.schema": self.protocol_schema,
@@ -78,8 +85,83 @@ class Router:
             self.supervisor.request_stop("server.stop from a client")
         return from_reply(request, reply)
 
+    async def stored_answer(self, request: client_v1.Request) -> client_v1.Response | None:
+        """The answer stored for this exact request (adopted), a key conflict, or None."""
+        reply = await self.supervisor.writer.request(
+            "receipt.find", {"actor": {"actor_class": "server"}, "key": receipt_key(request)}
+        )
+        if reply.outcome != "accepted":
+            return from_reply(request, reply)
+        if not reply.receipt or not reply.receipt["found"]:
+            return None
+        answer = reply.receipt["answer"]
+        outcome = "adopted" if answer["outcome"] == "accepted" else answer["outcome"]
+        return client_v1.Response(
+            requestId=request.requestId,
+            outcome=outcome,
+            revision=answer["revision"],
+            receipt=answer["receipt"],
+            error=answer["error"],
+        )
+
+    async def run_start(self, request: client_v1.Request, payload: client_v1.RunStartPayload) -> client_v1.Response:
+        """Resolve and compile in a resolver child, then commit the run queued with its receipt."""
+        stored = await self.stored_answer(request)  # a retry adopts without resolving again
+        if stored is not None:
+            return stored
+        project_path = os.path.realpath(payload.projectPath)
+        resolution = await resolver.resolve(
+            self.supervisor, self.supervisor.settings, project_path, payload.workflowName, payload.input
+        )
+        if not resolution.ok:
+            code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
+            return refuse(request, CommandError(code, resolution.message or "the workflow cannot be used"))
+        mismatch = _source_mismatch(payload, resolution)
+        if mismatch:
+            return refuse(request, CommandError("workflowSourceChanged", mismatch))
+        assert resolution.snapshot is not None and resolution.max_steps is not None
+        create = RunCreate(
+            actor=Actor(actor_class="client", actor_id=request.clientId),
+            client_receipt=ClientReceiptKey(**receipt_key(request)),
+            run_id=request.runId or "run-" + uuid.uuid4().hex,
+            project_path=project_path,
+            workflow_name=resolution.workflow_name or payload.workflowName,
+            definition=BlobValue(
+                digest=hashlib.sha256(resolution.snapshot).digest(), media_type=MEDIA_JSON, data=resolution.snapshot
+            ),
+            source=resolution.source,
+            input=BlobValue.of_json(payload.input),
+            launch_options=BlobValue.of_json(payload.launchOptions) if payload.launchOptions is not None else None,
+            title=resolution.title,
+            max_steps=resolution.max_steps,
+            execution_mode=payload.executionMode,
+            origin_session_id=payload.originSessionId,
+        )
+        reply = await self.supervisor.writer.request("run.create", create.model_dump())
+        return from_reply(request, reply)
+
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=client_v1.schema_document())
+
+
+def _source_mismatch(payload: client_v1.RunStartPayload, resolution: Resolution) -> str | None:
+    """What an upstream client sent that differs from what the server resolved."""
+    assert resolution.snapshot is not None and resolution.source is not None
+    if payload.definitionDigest is not None and payload.definitionDigest != resolution.digest:
+        return "definitionDigest differs from the definition the server resolved"
+    if payload.definitionSnapshot is not None:
+        try:
+            sent = canonical.dumps_bytes(payload.definitionSnapshot)
+        except (TypeError, ValueError):
+            sent = b""
+        if sent != resolution.snapshot:
+            return "definitionSnapshot differs from the definition the server resolved"
+    source = resolution.source
+    if payload.workflowSource is not None and (
+        source.source_sha256 is None or hashlib.sha256(payload.workflowSource.encode()).digest() != source.source_sha256
+    ):
+        return "workflowSource differs from the source the server resolved"
+    return None
 
 
 def client_actor(request: client_v1.Request) -> dict[str, Any]:

@@ -130,6 +130,12 @@ def define_workflow(
     return workflow
 
 
+def case_key(value: Any) -> str:
+    """How a switch case and an output value are compared: a string as it is,
+    anything else as its canonical JSON text (True -> "true", None -> "null")."""
+    return value if isinstance(value, str) else canonical.dumps(value)
+
+
 def _check_name(name: Any, what: str) -> None:
     if not isinstance(name, str) or not NAME.match(name):
         raise WorkflowDefinitionError(f"{what} name {name!r} must match [A-Za-z_][A-Za-z0-9_-]*")
@@ -185,7 +191,7 @@ def _flatten(
                 )
             if not declared.cases:
                 raise WorkflowDefinitionError(f"switch from {declared.source!r} in {workflow.name!r} has no cases")
-            cases = {str(value): target_path(ref, text) for value, ref in declared.cases.items()}
+            cases = {case_key(value): target_path(ref, text) for value, ref in declared.cases.items()}
             routes[source] = Edge(source, on=declared.on, cases=cases)
         else:
             routes[source] = Edge(source, target_path(declared.target, text))

@@ -47,6 +47,7 @@ class SourceIdentity:
 @dataclass(frozen=True)
 class ResolvedSource:
     identity: SourceIdentity
+    command: str  # the name that was looked up: the file stem, even through a symlink
     path: Path
     data: bytes
 
@@ -69,7 +70,7 @@ def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -
             if candidate.is_file():
                 data = candidate.read_bytes()
                 identity = SourceIdentity("file", str(candidate.resolve()), hashlib.sha256(data).digest())
-                return ResolvedSource(identity, candidate.resolve(), data)
+                return ResolvedSource(identity, stem, candidate.resolve(), data)
     candidate = BUILTIN_DIR / (stem + SUFFIX)
     searched.append("built-ins")
     if candidate.is_file():
@@ -77,20 +78,20 @@ def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -
         revision = _declared_revision(data)
         if revision is None:
             raise WorkflowDefinitionError(f'built-in {stem!r} declares no REVISION = "..."')
-        return ResolvedSource(SourceIdentity("builtin", builtin_id=f"builtin:{stem}", builtin_revision=revision),
-                              candidate, data)  # fmt: skip
+        identity = SourceIdentity("builtin", builtin_id=f"builtin:{stem}", builtin_revision=revision)
+        return ResolvedSource(identity, stem, candidate, data)
     raise WorkflowNotFound(f"no workflow {name!r} (looked in {', '.join(searched)})")
 
 
 def load(source: ResolvedSource) -> Workflow:
     """Execute the source and return its ``workflow`` (named like the file stem)."""
-    module = _execute(source.path, source.data)
+    module = _execute(source.command, source.path, source.data)
+    file_name = source.command + SUFFIX
     workflow = getattr(module, "workflow", None)
     if not isinstance(workflow, Workflow):
-        raise WorkflowDefinitionError(f"{source.path.name}: the module defines no workflow = define_workflow(...)")
-    stem = source.path.name.removesuffix(SUFFIX)
-    if workflow.name != stem:
-        raise WorkflowDefinitionError(f"{source.path.name}: the workflow is named {workflow.name!r}, not {stem!r}")
+        raise WorkflowDefinitionError(f"{file_name}: the module defines no workflow = define_workflow(...)")
+    if workflow.name != source.command:
+        raise WorkflowDefinitionError(f"{file_name}: the workflow is named {workflow.name!r}, not {source.command!r}")
     return workflow
 
 
@@ -107,8 +108,8 @@ def _declared_revision(data: bytes) -> str | None:
     return None
 
 
-def _execute(path: Path, data: bytes) -> types.ModuleType:
-    module = types.ModuleType(f"piworkflows_source_{path.name.removesuffix(SUFFIX).replace('-', '_')}")
+def _execute(command: str, path: Path, data: bytes) -> types.ModuleType:
+    module = types.ModuleType(f"piworkflows_source_{command.replace('-', '_')}")
     module.__file__ = str(path)
     exec(compile(data, str(path), "exec"), module.__dict__)  # noqa: S102 - workflow code, in a child only
     return module

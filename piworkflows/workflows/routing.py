@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from piworkflows import canonical
-from piworkflows.workflows.compiler import CompiledWorkflow
+from piworkflows.workflows.compiler import CompiledWorkflow, case_key
 
 FAILURE_STATUS = {"failed": "failed", "timed_out": "timed_out", "cancelled": "cancelled"}
 
@@ -45,7 +44,7 @@ def route(compiled: CompiledWorkflow, node_path: str, outcome: str, output: Any 
             if not isinstance(value, dict) or field not in value:
                 return Route(routing_error=f"{node_path}: the output has no {edge.on}")
             value = value[field]
-    key = value if isinstance(value, str) else canonical.dumps(value)
+    key = case_key(value)
     if key not in edge.cases:
         return Route(routing_error=f"{node_path}: no case for {edge.on} = {key[:80]}")
     return Route(next_node=edge.cases[key])

@@ -226,7 +226,7 @@ def test_hello_comes_first_even_when_the_client_speaks_first(path: str) -> None:
 # --- malformed frames: only that connection closes ------------------------------------------
 
 
-def _padded(total: int, operation: str = "run.start") -> bytes:
+def _padded(total: int, operation: str = "resourceManager.apply") -> bytes:
     base = request_line(operation, payload={"pad": ""}, request_id="req-pad", key="key-pad")
     line = base.replace(b'"pad":""', b'"pad":"' + b"x" * (total - len(base)) + b'"')
     assert len(line) == total
@@ -297,7 +297,7 @@ def test_exactly_1_mib_frame_is_accepted(path: str, witness: Conn) -> None:
         conn.send(_padded(MIB))
         response = conn.read_message()
         assert response["requestId"] == "req-pad"
-        assert_refusal(response, "rejected", "notAvailable")  # run.start: parsed, then not served
+        assert_refusal(response, "rejected", "notAvailable")  # parsed, then not served
         assert_status_ok(conn)
     assert_status_ok(witness)
 
@@ -394,7 +394,7 @@ def test_every_unserved_operation_is_rejected_not_available_and_not_stored(serve
 
 def test_sender_payload_order_is_accepted_over_the_socket(path: str) -> None:
     with Conn(path) as conn:
-        line = canonical_line(envelope(operation="run.start", requestId="order")).replace(
+        line = canonical_line(envelope(operation="resourceManager.apply", requestId="order")).replace(
             b'"payload":{}', b'"payload":{"b":1,"a":{"z":1,"y":2},"1x":0}'
         )
         conn.send(line)

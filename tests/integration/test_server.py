@@ -692,7 +692,7 @@ def test_server_log_is_private_and_holds_no_payloads(cleanup: Cleanup, tmp_path:
     state_dir = tmp_path / "s"
     server = cleanup.server(state_dir).start()
     with WorkflowClient(state_dir, retry_for=5) as client:
-        refused = client.request("run.start", {"secret": "XYZZY-42"})
+        refused = client.request("resourceManager.apply", {"secret": "XYZZY-42"})
         assert refused.outcome == "rejected" and refused.receipt["code"] == "notAvailable"
         invalid = client.request("server.status", {"secret": "XYZZY-44"})
         assert invalid.outcome == "rejected" and invalid.receipt["code"] == "validationFailed"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import BlobPut, BlobRead, ProjectEnsure
+from piworkflows.protocol.internal import BlobPut, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.writer import records
 from piworkflows.writer.contract import Handler, Result, Tx
 
@@ -55,4 +55,21 @@ class ReadBlob(Handler[BlobRead]):
         )
 
 
-HANDLERS = (EnsureProject(), PutBlob(), ReadBlob())
+class FindReceipt(Handler[ReceiptFind]):
+    """A stored client answer; a key reused for another request is a conflict."""
+
+    kind = ReceiptFind.kind
+    model = ReceiptFind
+    actors = frozenset({"server"})
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ReceiptFind) -> Result:
+        stored = records.find_answer(tx.conn, cmd.key)
+        if stored is None:
+            return Result(receipt={"found": False})
+        answer = {"outcome": stored.outcome, "revision": stored.revision, "receipt": stored.receipt,
+                  "error": stored.error}  # fmt: skip
+        return Result(receipt={"found": True, "answer": answer})
+
+
+HANDLERS = (EnsureProject(), PutBlob(), ReadBlob(), FindReceipt())

@@ -1,0 +1,1 @@
+"""Runner children: the only processes that execute workflow code."""

@@ -1,0 +1,128 @@
+"""run.start through the socket: resolved in a child, committed queued with its receipt."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server_util import ServerProcess
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    proc = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000"}).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / ".pi" / "workflows").mkdir(parents=True)
+    return root
+
+
+def write_workflow(project: Path, name: str, body: str) -> Path:
+    path = project / ".pi" / "workflows" / f"{name}.workflow.py"
+    path.write_text("from piworkflows.workflows import *\n" + body)
+    return path
+
+
+def rows(server: ServerProcess, sql: str) -> list[tuple]:
+    conn = sqlite3.connect(f"file:{server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def start(server: ServerProcess, payload: dict, key: str | None = None, **kwargs):
+    with server.client(client_id="tests") as client:
+        return client.request("run.start", payload, idempotency_key=key, **kwargs)
+
+
+def test_a_builtin_run_is_committed_queued(server: ServerProcess, project: Path):
+    response = start(server, {"projectPath": str(project), "workflowName": "builtin:demo", "input": {"who": "x"}})
+    assert response.outcome == "accepted"
+    run_id = response.receipt["runId"]
+    assert response.receipt["status"] == "queued" and response.receipt["definitionDigest"].startswith("sha256:")
+    assert rows(server, "SELECT run_id, status, workflow_name, title FROM runs") == [
+        (run_id, "queued", "demo", "demo for x")
+    ]
+    assert rows(server, "SELECT queue_status FROM run_queue") == [("queued",)]
+    assert rows(server, "SELECT builtin_id, builtin_revision FROM run_sources") == [("builtin:demo", "1")]
+    digest = rows(server, "SELECT definition_digest FROM runs")[0][0]
+    assert "sha256:" + digest.hex() == response.receipt["definitionDigest"]
+    assert rows(server, "SELECT canonical_path FROM projects") == [(str(project.resolve()),)]
+
+
+def test_a_project_workflow_records_its_path_and_file_hash(server: ServerProcess, project: Path):
+    path = write_workflow(project, "hello", 'workflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n')
+    response = start(server, {"projectPath": str(project), "workflowName": "hello"})
+    assert response.outcome == "accepted"
+    assert rows(server, "SELECT source_kind, source_path, source_sha256 FROM run_sources") == [
+        ("file", str(path.resolve()), hashlib.sha256(path.read_bytes()).digest())
+    ]
+
+
+def test_a_retry_adopts_the_same_run_and_another_request_under_the_key_conflicts(server: ServerProcess, project):
+    payload = {"projectPath": str(project), "workflowName": "builtin:demo"}
+    first = start(server, payload, key="start-1")
+    again = start(server, payload, key="start-1")
+    assert (first.outcome, again.outcome) == ("accepted", "adopted")
+    assert again.receipt == first.receipt  # the server-assigned run id too
+    other = start(server, {**payload, "input": {"who": "else"}}, key="start-1")
+    assert other.outcome == "conflict" and other.receipt["code"] == "idempotencyKeyReused"
+    assert len(rows(server, "SELECT run_id FROM runs")) == 1
+
+
+def test_invalid_definitions_fail_before_anything_is_written(server: ServerProcess, project: Path):
+    write_workflow(project, "broken", 'workflow = define_workflow("broken", "a", {"a": compute(lambda c: 1)}, '
+                                      '[edge("a", "missing")])\n')  # fmt: skip
+    response = start(server, {"projectPath": str(project), "workflowName": "broken"})
+    assert response.outcome == "rejected" and response.receipt["code"] == "invalidDefinition"
+    assert "missing" in response.error and "a -> missing" in response.error
+    unknown = start(server, {"projectPath": str(project), "workflowName": "nope"})
+    assert unknown.outcome == "notFound" and unknown.receipt["code"] == "workflowNotFound"
+    write_workflow(project, "syntax", "this is not python\n")
+    syntax = start(server, {"projectPath": str(project), "workflowName": "syntax"})
+    assert syntax.outcome == "rejected" and syntax.receipt["code"] == "invalidDefinition"
+    for table in ("runs", "projects", "blobs", "host_commands"):
+        assert rows(server, f"SELECT count(*) FROM {table}") == [(0,)], table
+    assert rows(server, "SELECT resource_kind FROM resources") == [("server",)]
+
+
+def test_an_upstream_digest_that_differs_is_a_conflict(server: ServerProcess, project: Path):
+    payload = {"projectPath": str(project), "workflowName": "builtin:demo", "definitionDigest": "sha256:" + "0" * 64}
+    response = start(server, payload)
+    assert response.outcome == "conflict" and response.receipt["code"] == "workflowSourceChanged"
+    assert rows(server, "SELECT count(*) FROM runs") == [(0,)]
+
+
+def test_workflow_code_that_prints_or_hangs_cannot_harm_the_server(server: ServerProcess, project: Path):
+    noisy = 'print("hello from the module")\nworkflow = define_workflow("noisy", "a", {"a": compute(lambda c: 1)})\n'
+    write_workflow(project, "noisy", noisy)
+    assert start(server, {"projectPath": str(project), "workflowName": "noisy"}).outcome == "accepted"
+    write_workflow(project, "hangs", "import time\ntime.sleep(600)\n")
+    hung = start(server, {"projectPath": str(project), "workflowName": "hangs"})
+    assert hung.outcome == "rejected" and "too long" in hung.error
+    assert [c["role"] for c in server.registry()["children"]] == ["writer"]  # the resolver was ended
+    with server.client() as client:
+        assert client.request("server.status").outcome == "accepted"
+
+
+def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "start",
+         "builtin:shell-check", "--project", str(project), "--input", '{"command": "true"}'],
+        capture_output=True, text=True, timeout=60, env=server.env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
