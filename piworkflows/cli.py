@@ -171,6 +171,63 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
 
 
+@run_group.command("status")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the pi-workflows.run-view.v1 object as one line.")
+@click.pass_obj
+def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
+    """Show one run: status, current node, steps, display controls.
+
+    Example: pi-workflows run status run-0123abcd --json
+    """
+    view = _accepted(_request(paths, "run.status", {}, run_id=run_id))
+    if as_json:
+        click.echo(canonical.dumps(view))
+        return
+    run, display = view["run"], view["display"]
+    click.echo(f"{view['runId']}  {run['workflowName']}  {display['status']} ({display['activity']})")
+    if run["title"]:
+        click.echo(f"  title: {run['title']}")
+    click.echo(f"  project: {run['projectPath']}")
+    click.echo(f"  controls: {', '.join(display['controls']) or '-'}")
+    steps = view["steps"]["items"]
+    click.echo(f"  steps: {len(steps)}" + ("" if steps else " (none yet)"))
+    for step in steps:
+        click.echo(f"    {step['stepIndex']:>3} {step['nodePath']} [{step['nodeKind']}] {step['status']}")
+
+
+@main.command("runs")
+@click.option("--project", type=click.Path(file_okay=False), help="Only runs of this project directory.")
+@click.option("--limit", type=click.IntRange(1, 256), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the run-list page as one line of JSON.")
+@click.pass_obj
+def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first (metadata only).
+
+    Example: pi-workflows runs --project . --json
+    """
+    payload: dict[str, Any] = {"limit": limit}
+    if project is not None:
+        payload["projectPath"] = os.path.abspath(project)
+    page = _accepted(_request(paths, "run.list", payload))
+    if as_json:
+        click.echo(canonical.dumps(page))
+        return
+    if not page["items"]:
+        click.echo("no runs")
+    for item in page["items"]:
+        click.echo(f"{item['runId']}  {item['workflowName']:<20} {item['display']['status']:<10} {item['title'] or ''}")
+
+
+def _request(paths: StatePaths, operation: str, payload: Any, run_id: str | None = None) -> client_v1.Response:
+    try:
+        with WorkflowClient(paths.state_dir, retry_for=0) as client:
+            return client.request(operation, payload, run_id=run_id)
+    except (ServerNotRunning, OSError, ConnectionError):
+        fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
+        raise  # unreachable: fail exits
+
+
 @main.group()
 def protocol() -> None:
     """The client protocol pi-workflows.client.v1."""

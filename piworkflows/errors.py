@@ -48,6 +48,8 @@ CODES: dict[str, str] = {
     "unknownCommand": "rejected",
     "resourceExists": "rejected",
     "invalidDefinition": "rejected",
+    "presentationFailed": "rejected",
+    "internalError": "rejected",
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",

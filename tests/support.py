@@ -120,6 +120,15 @@ def run_group(executor: GroupExecutor, *items: Submitted):
     return [by_id[item.corr_id] for item in items]
 
 
+def demo_snapshot() -> dict[str, Any]:
+    """The built-in demo's real definition snapshot."""
+    from pathlib import Path
+
+    from piworkflows.workflows import discovery
+
+    return discovery.load(discovery.resolve("builtin:demo", Path("/"))).compile().snapshot
+
+
 def run_create(
     run_id: str,
     project: str = "/projects/p1",
@@ -128,13 +137,13 @@ def run_create(
     input_value: Any = None,
     receipt: dict[str, Any] | None = None,
 ) -> Submitted:
-    """A run.create of the built-in demo workflow's snapshot shape (any canonical JSON works)."""
+    """A run.create of the built-in demo workflow."""
     body: dict[str, Any] = {
         "actor": {"actor_class": "client", "actor_id": "client-1"},
         "run_id": run_id,
         "project_path": project,
         "workflow_name": "demo",
-        "definition": BlobValue.of_json({"schema": "pi-workflows.definition-snapshot.v1", "name": "demo"}).model_dump(),
+        "definition": BlobValue.of_json(demo_snapshot()).model_dump(),
         "source": {"source_kind": "builtin", "builtin_id": "builtin:demo", "builtin_revision": "1"},
         "input": BlobValue.of_json({"who": "tests"} if input_value is None else input_value).model_dump(),
         "title": "demo for tests",

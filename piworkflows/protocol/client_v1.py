@@ -244,8 +244,18 @@ class RunStartReceipt(BaseModel):
     definitionDigest: str
 
 
+class RunListPayload(Payload):
+    """run.list: newest first; ``cursor`` is the previous page's cursor."""
+
+    projectPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
+    limit: int = Field(default=50, ge=1, le=256)
+    cursor: dict[str, Any] | None = None
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "run.start": (RunStartPayload, RunStartReceipt),
+    "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)
+    "run.list": (RunListPayload, None),  # the receipt is a pi-workflows.run-list-page.v1 page
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document

@@ -316,6 +316,27 @@ class EffectSettle(Command):
         return self
 
 
+class RunListCursor(Model):
+    created_at: int
+    run_id: Id
+
+
+class RunList(ReadCommand):
+    """Run metadata, newest first, optionally of one project; never payload bodies."""
+
+    kind: ClassVar[str] = "run.list"
+    project_path: str | None = None
+    limit: int = Field(default=50, ge=1, le=256)
+    before: RunListCursor | None = None
+
+
+class RunGet(ReadCommand):
+    """One consistent run view (pi-workflows.run-view.v1)."""
+
+    kind: ClassVar[str] = "run.get"
+    run_id: Id
+
+
 class ResolveRequest(Model):
     """To a resolver child: find, load and compile a workflow; compute its title."""
 
@@ -357,6 +378,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         ServerRecordStop,
         ServerCounts,
         RunCreate,
+        RunList,
+        RunGet,
         ReceiptFind,
         EffectReserve,
         EffectClaim,

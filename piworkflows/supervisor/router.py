@@ -40,6 +40,8 @@ class Router:
         self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
             "run.start": self.run_start,
+            "run.status": self.run_status,
+            "run.list": self.run_list,
             "server.status": self.server_status,
             "server.stop": self.server_stop,
             "protocol.schema": self.protocol_schema,
@@ -139,6 +141,22 @@ class Router:
         )
         reply = await self.supervisor.writer.request("run.create", create.model_dump())
         return from_reply(request, reply)
+
+    async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "run.status names the run in runId"))
+        reply = await self.supervisor.writer.request(
+            "run.get", {"actor": client_actor(request), "run_id": request.runId}
+        )
+        return from_reply(request, reply)
+
+    async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
+        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit}
+        if payload.projectPath is not None:
+            body["project_path"] = os.path.realpath(payload.projectPath)
+        if payload.cursor is not None:
+            body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
+        return from_reply(request, await self.supervisor.writer.request("run.list", body))
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=client_v1.schema_document())

@@ -181,6 +181,13 @@ class GroupExecutor:
             log.error("%s violated a constraint: %s", handler.kind, exc)
             refusal = CommandError("constraintViolation", "the command would break a database constraint")
             answer = records.StoredAnswer(refusal.outcome, None, refusal.receipt(), refusal.message)
+        except sqlite3.Error:
+            raise  # the executor decides whether the whole group is lost
+        except Exception as exc:  # a handler bug answers this command only; not stored, so a fix can retry
+            conn.execute("ROLLBACK TO command")
+            conn.execute("RELEASE command")
+            log.error("%s failed inside the writer: %s", handler.kind, type(exc).__name__)
+            return _refusal(CommandError("internalError", "the server failed on this command"))
         if answer.outcome != "accepted":
             conn.execute("ROLLBACK TO command")
         if key is not None:

@@ -409,7 +409,7 @@ def test_sender_payload_order_is_accepted_over_the_socket(path: str) -> None:
 def test_pipelined_requests_are_all_answered_by_request_id(path: str) -> None:
     with Conn(path) as conn:
         conn.send(request_line(request_id="one") + request_line("protocol.schema", request_id="two")
-                  + request_line("run.list", request_id="three"))  # fmt: skip
+                  + request_line("resourceManager.list", request_id="three"))  # fmt: skip
         responses = {m["requestId"]: m for m in (conn.read_message() for _ in range(3))}
     assert set(responses) == {"one", "two", "three"}
     assert responses["one"]["outcome"] == "accepted"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -126,3 +127,27 @@ def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
+
+
+def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
+    started = start(server, {"projectPath": str(project), "workflowName": "builtin:demo", "input": {"who": "cli"}})
+    run_id = started.receipt["runId"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args],
+                              capture_output=True, text=True, timeout=60, env=server.env)  # fmt: skip
+
+    listed = cli("runs")
+    assert listed.returncode == 0 and run_id in listed.stdout and "demo for cli" in listed.stdout
+    shown = cli("run", "status", run_id)
+    assert shown.returncode == 0 and "queued" in shown.stdout and "pause, cancel" in shown.stdout
+    view = json.loads(cli("run", "status", run_id, "--json").stdout)
+    assert view["schema"] == "pi-workflows.run-view.v1" and view["runId"] == run_id
+    assert view["revision"] == 1 and view["runRevision"] == 1
+    page = json.loads(cli("runs", "--json", "--project", str(project)).stdout)
+    assert [item["runId"] for item in page["items"]] == [run_id]
+    missing = cli("run", "status", "run-nope")
+    assert missing.returncode == 1 and "runNotFound" in missing.stderr
+    with server.client() as client:
+        no_run_id = client.request("run.status", {})
+        assert no_run_id.outcome == "rejected" and no_run_id.receipt["code"] == "validationFailed"

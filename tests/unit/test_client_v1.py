@@ -570,7 +570,7 @@ def test_schema_document_names_every_operation_once() -> None:
     names = served + not_served
     assert len(names) == len(set(names))
     assert sorted(names) == sorted(PROTOCOL_OPERATIONS)
-    assert set(served) == {"run.start", "server.status", "server.stop", "protocol.schema"}
+    assert set(served) == {"run.start", "run.status", "run.list", "server.status", "server.stop", "protocol.schema"}
     for op, shape in doc["operations"].items():
         assert shape["stored"] is (op not in READ_ONLY_OPERATIONS)
         assert {"payload", "receipt", "stored"} <= set(shape)

@@ -311,3 +311,20 @@ def test_claims_of_an_older_server_epoch_are_dead(executor, claimed):
     assert old.outcome == "claimLost" and old.receipt["code"] == "staleServerEpoch"
     (current,) = run_group(executor, settle(claimed, 2, "tok", 1, server_epoch=2))
     assert current.outcome == "accepted"
+
+
+def test_a_handler_bug_answers_only_its_own_command(executor, monkeypatch):
+    """An unexpected exception in one handler leaves no trace and the group commits the rest."""
+    from piworkflows.writer.commands import REGISTRY
+
+    def broken(tx, cmd):
+        tx.conn.execute("INSERT INTO projects VALUES ('p-broken', '/broken', 0)")
+        raise KeyError("bug")
+
+    monkeypatch.setattr(REGISTRY["project.ensure"], "execute", broken)
+    good = submitted("blob.put", {"actor": {"actor_class": "server"}, "blob": BlobValue.of_json("ok").model_dump()})
+    bad = submitted("project.ensure", {"actor": {"actor_class": "server"}, "canonical_path": "/broken"})
+    r1, r2 = run_group(executor, bad, good)
+    assert r1.outcome == "rejected" and r1.receipt == {"code": "internalError"}
+    assert r2.outcome == "accepted"
+    assert executor.conn.execute("SELECT count(*) FROM projects").fetchone() == (0,)

@@ -6,9 +6,10 @@ no runner, together with its receipt.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCreate
+from piworkflows.protocol.internal import RunCreate, RunGet, RunList
 from piworkflows.writer import records
-from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
+from piworkflows.writer.views import runs as views
 
 
 class CreateRun(ResourceHandler[RunCreate]):
@@ -79,4 +80,31 @@ class CreateRun(ResourceHandler[RunCreate]):
         )
 
 
-HANDLERS = (CreateRun(),)
+READERS = frozenset({"server", "client", "operator"})
+
+
+class ListRuns(Handler[RunList]):
+    kind = RunList.kind
+    model = RunList
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: RunList) -> Result:
+        before = (cmd.before.created_at, cmd.before.run_id) if cmd.before else None
+        return Result(receipt=views.list_runs(tx.conn, tx.now, cmd.project_path, cmd.limit, before))
+
+
+class GetRun(Handler[RunGet]):
+    kind = RunGet.kind
+    model = RunGet
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: RunGet) -> Result:
+        view = views.run_view(tx.conn, tx.now, cmd.run_id)
+        if view is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Result(revision=view["revision"], receipt=view)
+
+
+HANDLERS = (CreateRun(), ListRuns(), GetRun())

@@ -1,0 +1,1 @@
+"""The read contract: run views and lists, computed from domain rows only."""

@@ -1,0 +1,101 @@
+"""Run views and lists: derived from rows; the display precedence of PROTOCOL.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from piworkflows.writer.views.display import RunFacts, display
+from tests.support import run_create, run_group, submitted
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def facts(**overrides) -> RunFacts:
+    base = dict(status="queued", paused=False, park_reason=None, ambiguous_effects=0, waiting_for=None,
+                live_runner=False, open_turn=False)  # fmt: skip
+    return RunFacts(**{**base, **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides, status, controls",
+    [
+        ({}, "queued", ["pause", "cancel"]),
+        ({"park_reason": "shutdown"}, "queued", ["pause", "cancel"]),  # a parked queue is not a pause
+        ({"live_runner": True}, "running", ["pause", "cancel"]),
+        ({"open_turn": True}, "running", ["pause", "cancel"]),
+        ({"waiting_for": "checkpoint", "live_runner": True}, "waiting", ["pause", "cancel", "answer"]),
+        ({"waiting_for": "agent"}, "waiting", ["pause", "cancel", "update", "submit"]),
+        ({"waiting_for": "human_decision"}, "waiting", ["pause", "cancel", "human-answer"]),
+        ({"paused": True, "waiting_for": "checkpoint"}, "paused", ["resume", "cancel"]),
+        ({"ambiguous_effects": 1, "paused": True}, "ambiguous", ["review"]),
+        ({"status": "completed", "ambiguous_effects": 1, "paused": True}, "completed", []),
+        ({"status": "cancelled", "open_turn": True}, "cancelled", []),
+    ],
+)
+def test_display_precedence(overrides, status, controls):
+    shown = display(facts(**overrides))
+    assert shown["status"] == status and shown["controls"] == controls
+
+
+def test_a_parked_run_names_its_reason():
+    assert display(facts(park_reason="runnerNoProgress"))["reason"] == "runnerNoProgress"
+
+
+def read(executor, kind, body):
+    (reply,) = run_group(executor, submitted(kind, {"actor": {"actor_class": "client"}, **body}))
+    return reply
+
+
+def test_run_view_of_a_queued_run(executor):
+    run_group(executor, run_create("run-1", input_value={"who": "view"}))
+    reply = read(executor, "run.get", {"run_id": "run-1"})
+    view = reply.receipt
+    assert reply.outcome == "accepted" and reply.revision == view["revision"] == 1
+    assert view["schema"] == "pi-workflows.run-view.v1" and view["runRevision"] == 1
+    assert view["run"]["status"] == "queued" and view["run"]["projectPath"] == "/projects/p1"
+    assert view["input"] == {"who": "view"}
+    assert view["source"] == {"kind": "builtin", "id": "builtin:demo", "revision": "1"}
+    assert view["steps"] == {"items": [], "cursor": None}
+    assert view["trace"]["items"][0]["event"] == "run.queued"
+    assert view["display"]["status"] == "queued"
+
+
+def test_a_live_claim_shows_running_but_a_stale_one_does_not(executor, clock):
+    run_group(executor, run_create("run-1"))
+    conn = executor.conn
+    conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'owner', zeroblob(32), 0, 0, ?)", (clock.now_ms() + 1000,))
+    conn.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-1'")
+    conn.execute("INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
+                 "created_at) VALUES ('run-1', 1, 1, 'start', 1, 0)")  # fmt: skip
+    assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "running"
+    clock.advance(1000)  # the claim expired: a stale owner is not shown as current
+    assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "queued"
+
+
+def test_large_inputs_are_not_inlined(executor):
+    run_group(executor, run_create("run-1", input_value={"big": "x" * 70_000}))
+    view = read(executor, "run.get", {"run_id": "run-1"}).receipt
+    assert view["input"]["omitted"]["byteLength"] > 64 * 1024
+
+
+def test_unknown_run(executor):
+    reply = read(executor, "run.get", {"run_id": "nope"})
+    assert reply.outcome == "notFound" and reply.receipt == {"code": "runNotFound", "runId": "nope"}
+
+
+def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
+    for n in range(5):
+        clock.advance(1)
+        run_group(executor, run_create(f"run-{n}", project="/p/a" if n % 2 else "/p/b"))
+    page = read(executor, "run.list", {"limit": 2}).receipt
+    assert [i["runId"] for i in page["items"]] == ["run-4", "run-3"]
+    cursor = page["cursor"]
+    rest = read(executor, "run.list", {"limit": 10, "before": {"created_at": cursor["createdAt"],
+                                                                "run_id": cursor["runId"]}}).receipt  # fmt: skip
+    assert [i["runId"] for i in rest["items"]] == ["run-2", "run-1", "run-0"] and rest["cursor"] is None
+    only_a = read(executor, "run.list", {"project_path": "/p/a"}).receipt
+    assert [i["runId"] for i in only_a["items"]] == ["run-3", "run-1"]
+    item = page["items"][0]
+    assert set(item) == {"runId", "workflowName", "title", "executionMode", "createdAt", "updatedAt", "finishedAt",
+                         "revision", "runRevision", "claim", "display"}  # fmt: skip
+    assert "input" not in item  # metadata only, never payload bodies
