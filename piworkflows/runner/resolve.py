@@ -2,19 +2,20 @@
 
 ::
 
-    supervisor ── ResolveRequest (one frame on stdin) ──> resolver child
-               <── Resolution (one frame on stdout) ────  discovery.resolve, load,
+    supervisor ── ResolveRequest (a frame on stdin) ──> resolver child
+               <── Resolution (a frame on stdout) ─────  discovery.resolve, load,
                                                           compile, title(ctx)
 
 Workflow code (the module, its title function) runs only here, never in the
-CLI, the supervisor or the writer. The child exits after one answer.
+CLI, the supervisor or the writer. Each module runs in a fresh namespace from
+the bytes that were hashed; the child answers requests until stdin closes,
+and the supervisor recycles it after a bounded number of them.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Resolution, ResolveRequest, RunSource
@@ -60,16 +61,13 @@ def resolve(request: ResolveRequest) -> Resolution:
 
 
 def main() -> int:
+    """Answer ResolveRequests on stdin, one Resolution each, until stdin closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frame
+    sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frames
     decoder = frames.FrameDecoder()
-    received: list[dict[str, Any]] = []
-    while not received:
-        data = stdin.read1(1 << 16)
-        if not data:
-            return 1
-        received = decoder.feed(data)
-    resolution = resolve(ResolveRequest.model_validate(received[0]["b"]))
-    stdout.write(frames.encode(RESOLUTION, received[0]["id"], resolution.model_dump()))
-    stdout.flush()
+    while data := stdin.read1(1 << 16):
+        for frame in decoder.feed(data):
+            resolution = resolve(ResolveRequest.model_validate(frame["b"]))
+            stdout.write(frames.encode(RESOLUTION, frame["id"], resolution.model_dump()))
+            stdout.flush()
     return 0

@@ -30,6 +30,7 @@ from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.lock import HostLock
 from piworkflows.supervisor.registry import Identity, Registry
+from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.router import Router
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
 from piworkflows.supervisor.writer_child import WriterChild
@@ -59,6 +60,7 @@ class Supervisor:
         self.lock = HostLock(paths)
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
+        self.resolvers = Resolvers(self, settings)
         self.router = Router(self)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -150,6 +152,7 @@ class Supervisor:
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
+        await self.resolvers.close()
         body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
         deadline = asyncio.get_running_loop().time() + self.settings.stop_grace_ms / 1000
         while True:

@@ -1,24 +1,34 @@
-"""Run a resolver child for run.start: workflow code never runs in the supervisor.
+"""Resolver children for run.start: workflow code never runs in the supervisor.
 
 ::
 
-    resolve(project, workflow, input) ── spawn `python -m piworkflows.runner resolve`
-        ── record identity (host.json) ── ResolveRequest on stdin
-        <── Resolution on stdout, or a timeout: the child is killed
+    Resolvers.resolve(project, workflow, input)
+        an idle child (`python -m piworkflows.runner resolve`, package imported)
+        or a new one ── ResolveRequest frame on stdin ──> <── Resolution frame
+        ── back to the idle set; killed instead on a timeout or a broken answer,
+           and recycled after ``MAX_USES`` requests
+
+A bare Python start costs well over 100 ms here, so children answer many
+requests. Every child is in host.json while it lives; an idle child exits by
+itself when the supervisor is gone (its stdin closes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import sys
 from typing import Any, Protocol
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import Resolution, ResolveRequest
+from piworkflows.protocol.internal import MAX_FRAME_BYTES, Resolution, ResolveRequest
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
 
 RESOLVER_MARKER = "piworkflows.runner"
+MAX_USES = 100
+MAX_IDLE = 2
+UNRESOLVED = Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
 
 
 class ChildRecorder(Protocol):
@@ -27,32 +37,65 @@ class ChildRecorder(Protocol):
     def forget_child(self, pid: int) -> None: ...
 
 
-async def resolve(
-    recorder: ChildRecorder, settings: Settings, project_path: str, workflow_name: str, input_value: Any
-) -> Resolution:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "piworkflows.runner", "resolve",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
-    try:
+class _Child:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.uses = 0
+
+
+class Resolvers:
+    def __init__(self, recorder: ChildRecorder, settings: Settings) -> None:
+        self.recorder = recorder
+        self.settings = settings
+        self._idle: list[_Child] = []
+
+    async def _spawn(self) -> _Child:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "piworkflows.runner", "resolve",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
+        return _Child(proc)
+
+    async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
+        child = self._idle.pop() if self._idle else await self._spawn()
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
-        out, _ = await asyncio.wait_for(
-            proc.communicate(frames.encode("resolve", 1, request.model_dump())),
-            timeout=settings.resolve_timeout_ms / 1000,
-        )
-        received = frames.FrameDecoder().feed(out)
-        if len(received) != 1:
-            return Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
+        try:
+            resolution = await asyncio.wait_for(
+                self._exchange(child, request), timeout=self.settings.resolve_timeout_ms / 1000
+            )
+        except TimeoutError:
+            await self._end(child)
+            return Resolution(ok=False, code="invalidDefinition", message="loading the workflow took too long")
+        except (OSError, EOFError, asyncio.IncompleteReadError, frames.FrameError, ValueError):
+            await self._end(child)
+            return UNRESOLVED
+        child.uses += 1
+        if child.uses >= MAX_USES or len(self._idle) >= MAX_IDLE:
+            await self._end(child)
+        else:
+            self._idle.append(child)
+        return resolution
+
+    async def _exchange(self, child: _Child, request: ResolveRequest) -> Resolution:
+        assert child.proc.stdin is not None and child.proc.stdout is not None
+        child.proc.stdin.write(frames.encode("resolve", child.uses + 1, request.model_dump()))
+        await child.proc.stdin.drain()
+        (length,) = struct.unpack(">I", await child.proc.stdout.readexactly(4))
+        if length > MAX_FRAME_BYTES:
+            raise frames.FrameError("oversized resolution")
+        payload = await child.proc.stdout.readexactly(length)
+        received = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
         return Resolution.model_validate(received[0]["b"])
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return Resolution(ok=False, code="invalidDefinition", message="loading the workflow took too long")
-    except frames.FrameError:
-        return Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        recorder.forget_child(proc.pid)
+
+    async def _end(self, child: _Child) -> None:
+        if child.proc.returncode is None:
+            child.proc.kill()
+            await child.proc.wait()
+        self.recorder.forget_child(child.proc.pid)
+
+    async def close(self) -> None:
+        """At shutdown: end the idle children."""
+        idle, self._idle = self._idle, []
+        for child in idle:
+            await self._end(child)

@@ -28,7 +28,6 @@ from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal import Actor, BlobValue, ClientReceiptKey, Reply, Resolution, RunCreate
 from piworkflows.states import MEDIA_JSON
-from piworkflows.supervisor import resolver
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -112,9 +111,7 @@ class Router:
         if stored is not None:
             return stored
         project_path = os.path.realpath(payload.projectPath)
-        resolution = await resolver.resolve(
-            self.supervisor, self.supervisor.settings, project_path, payload.workflowName, payload.input
-        )
+        resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
         if not resolution.ok:
             code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
             return refuse(request, CommandError(code, resolution.message or "the workflow cannot be used"))

@@ -151,3 +151,35 @@ def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
     with server.client() as client:
         no_run_id = client.request("run.status", {})
         assert no_run_id.outcome == "rejected" and no_run_id.receipt["code"] == "validationFailed"
+
+
+def _gone(proc) -> bool:
+    import psutil
+
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+@pytest.mark.parametrize("stop", ["graceful", "kill -9"])
+def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Path, project: Path, stop: str):
+    import psutil
+
+    from tests.server_util import wait_until
+
+    server = ServerProcess(tmp_path / "s").start()
+    payload = {"projectPath": str(project), "workflowName": "builtin:demo"}
+    try:
+        for _ in range(3):
+            assert start(server, payload).outcome == "accepted"
+        resolvers = [c for c in server.registry()["children"] if c["role"] == "resolver"]
+        assert len(resolvers) == 1  # one idle child answered all three
+        child = psutil.Process(resolvers[0]["pid"])
+        assert child.create_time() == resolvers[0]["createTime"]
+    finally:
+        if stop == "graceful":
+            server.stop()
+        else:
+            server.kill()
+    wait_until(lambda: _gone(child), what="resolver gone")
