@@ -39,8 +39,12 @@ class Settings(BaseModel):
     # Writer restart backoff after it died: first delay, doubling up to the max.
     writer_restart_min_ms: int = Field(default=100, ge=1)
     writer_restart_max_ms: int = Field(default=5_000, ge=1)
-    # How long a resolver child may take to load and compile a workflow.
+    # How long a resolver child may take to load and compile a workflow, and
+    # how many resolver children may exist at once (idle ones are kept).
     resolve_timeout_ms: int = Field(default=30_000, ge=100)
+    resolvers: int = Field(default=4, ge=1, le=64)
+    # Benchmarks only: append every SQL statement the writer runs to this file.
+    sql_trace_path: str | None = None
     # How long a stopping child gets between SIGTERM and SIGKILL.
     stop_grace_ms: int = Field(default=5_000, ge=10)
     # Client connections: requests in flight per connection, and how many

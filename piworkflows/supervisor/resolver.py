@@ -6,7 +6,8 @@
         an idle child (`python -m piworkflows.runner resolve`, package imported)
         or a new one ── ResolveRequest frame on stdin ──> <── Resolution frame
         ── back to the idle set; killed instead on a timeout or a broken answer,
-           and recycled after ``MAX_USES`` requests
+           and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
+           children exist, further requests wait for one
 
 A bare Python start costs well over 100 ms here, so children answer many
 requests. Every child is in host.json while it lives; an idle child exits by
@@ -27,7 +28,6 @@ from piworkflows.supervisor.registry import Identity
 
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 100
-MAX_IDLE = 2
 UNRESOLVED = Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
 
 
@@ -48,6 +48,7 @@ class Resolvers:
         self.recorder = recorder
         self.settings = settings
         self._idle: list[_Child] = []
+        self._slots = asyncio.Semaphore(settings.resolvers)
 
     async def _spawn(self) -> _Child:
         proc = await asyncio.create_subprocess_exec(
@@ -58,6 +59,10 @@ class Resolvers:
         return _Child(proc)
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
+        async with self._slots:
+            return await self._resolve(project_path, workflow_name, input_value)
+
+    async def _resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         child = self._idle.pop() if self._idle else await self._spawn()
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
         try:
@@ -71,7 +76,7 @@ class Resolvers:
             await self._end(child)
             return UNRESOLVED
         child.uses += 1
-        if child.uses >= MAX_USES or len(self._idle) >= MAX_IDLE:
+        if child.uses >= MAX_USES:
             await self._end(child)
         else:
             self._idle.append(child)

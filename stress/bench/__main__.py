@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from stress.bench import server, writer
+from stress.bench import runs, server, writer
 
-BENCHMARKS = {"writer": writer, "server": server}
+BENCHMARKS = {"writer": writer, "server": server, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
