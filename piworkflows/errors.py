@@ -50,6 +50,7 @@ CODES: dict[str, str] = {
     "invalidDefinition": "rejected",
     "presentationFailed": "rejected",
     "internalError": "rejected",
+    "responseTooLarge": "rejected",
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",

@@ -33,10 +33,10 @@ import psutil
 
 from piworkflows import faults
 from piworkflows.clock import Clock, SystemClock
-from piworkflows.errors import StateIncompatible
+from piworkflows.errors import CommandError, StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready
+from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready, Reply
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
 from piworkflows.writer import schema
@@ -132,7 +132,7 @@ class WriterLoop:
             leftover = batch[len(group) :]
             self._reopen()
         self.queue.extendleft(reversed(leftover))
-        self.sock.sendall(b"".join(frames.encode(REPLY, corr_id, reply.model_dump()) for corr_id, reply in replies))
+        self.sock.sendall(b"".join(_encode_reply(corr_id, reply) for corr_id, reply in replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
 
     def _reopen(self) -> None:
@@ -154,6 +154,16 @@ class WriterLoop:
             return psutil.Process(pid).create_time() == started_at
         except psutil.Error:
             return False
+
+
+def _encode_reply(corr_id: int, reply: Reply) -> bytes:
+    try:
+        return frames.encode(REPLY, corr_id, reply.model_dump())
+    except frames.FrameError:  # a read too large for one frame: refused, the writer carries on
+        log.error("a reply did not fit one frame")
+        too_large = CommandError("responseTooLarge", "the answer is larger than one message; ask for less")
+        return frames.encode(REPLY, corr_id, Reply(outcome="rejected", receipt=too_large.receipt(),
+                                                   error=too_large.message).model_dump())  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
