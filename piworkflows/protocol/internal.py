@@ -337,6 +337,53 @@ class RunGet(ReadCommand):
     run_id: Id
 
 
+class RunClaim(Command):
+    """Admission: a new claim generation on a claimable run, its runner epoch recorded before spawn."""
+
+    kind: ClassVar[str] = "run.claim"
+    run_id: Id
+    server_epoch: int = Field(ge=1)
+    owner_id: Id
+    claim_token_hash: Digest
+    ttl_ms: int = Field(ge=1)
+    launch_command: Literal["start", "resume", "continue", "restart"]
+
+
+class RunnerSpawned(Command):
+    """The runner process exists: its exact identity, right after the spawn."""
+
+    kind: ClassVar[str] = "runner.spawned"
+    run_id: Id
+    runner_epoch: int = Field(ge=1)
+    claim: Claim
+    pid: int = Field(ge=1)
+    process_started_at: int = Field(ge=0)
+
+
+class RunnerExited(Command):
+    """A runner ended: its outcome, and where the run goes (the respawn rules)."""
+
+    kind: ClassVar[str] = "runner.exited"
+    run_id: Id
+    runner_epoch: int = Field(ge=1)
+    outcome: Literal["exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"]
+    stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
+
+
+class ClaimableRuns(ReadCommand):
+    """Runs the scheduler may claim, in admission order."""
+
+    kind: ClassVar[str] = "run.claimable"
+    limit: int = Field(default=16, ge=1, le=256)
+
+
+class OrphanedRunners(ReadCommand):
+    """Runner records of older server epochs that never ended (startup recovery)."""
+
+    kind: ClassVar[str] = "runner.orphans"
+    server_epoch: int = Field(ge=1)
+
+
 class ResolveRequest(Model):
     """To a resolver child: find, load and compile a workflow; compute its title."""
 
@@ -380,6 +427,11 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunCreate,
         RunList,
         RunGet,
+        RunClaim,
+        RunnerSpawned,
+        RunnerExited,
+        ClaimableRuns,
+        OrphanedRunners,
         ReceiptFind,
         EffectReserve,
         EffectClaim,

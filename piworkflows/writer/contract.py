@@ -107,6 +107,7 @@ class Change:
     effects: list[EffectRequest] = field(default_factory=list)
     acquire_claim: NewClaim | None = None
     release_claim: bool = False
+    release_generation: int | None = None  # release the lease if it is still at this generation
     receipt: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,10 +115,14 @@ class ResourceHandler(Handler[C]):
     """A command on one resource; ``execute`` is the contract and is final.
 
     ``claim_required``: the command must carry the live claim. Otherwise a
-    resource with a live claim still only accepts that claim's owner.
+    resource with a live claim still only accepts that claim's owner, unless
+    ``fenced_by_transition``: a control command (a runner's exit record,
+    later pause and cancel) that fences itself in ``transition`` by an exact
+    record (runner epoch, generation) instead of the claim token.
     """
 
     claim_required: ClassVar[bool] = False
+    fenced_by_transition: ClassVar[bool] = False
 
     def target(self, tx: Tx, cmd: C) -> Target:
         raise NotImplementedError
@@ -146,7 +151,7 @@ class ResourceHandler(Handler[C]):
             generation = records.verify_and_renew_claim(conn, target.resource_id, target.claim, now).lease_generation
         elif self.claim_required:
             raise CommandError("validationFailed", f"{self.kind} requires a claim")
-        else:
+        elif not self.fenced_by_transition:
             lease = records.get_lease(conn, target.resource_id)
             if lease is not None and lease.live(now):
                 raise CommandError(
@@ -178,6 +183,8 @@ class ResourceHandler(Handler[C]):
         ]
         if change.release_claim and generation is not None:
             records.release_lease(conn, target.resource_id, generation)
+        if change.release_generation is not None:
+            records.release_lease(conn, target.resource_id, change.release_generation)
         receipt = dict(change.receipt)
         if effect_ids:
             receipt["effectIds"] = effect_ids

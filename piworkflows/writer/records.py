@@ -73,6 +73,23 @@ def increment_revision(conn: sqlite3.Connection, resource_id: str, expected: int
     return expected + 1
 
 
+# --- viewer projection ----------------------------------------------------------
+
+RETAINED_PRESENTATION_REVISIONS = 256
+
+
+def advance_presentation(conn: sqlite3.Connection, run_id: str, now: int) -> int:
+    """A transaction that changes what a run view shows advances its presentation revision."""
+    conn.execute(
+        "UPDATE viewer_runs SET presentation_revision = presentation_revision + 1, "
+        "retained_revision_floor = max(retained_revision_floor, presentation_revision + 1 - ?), updated_at = ? "
+        "WHERE run_id = ?",
+        (RETAINED_PRESENTATION_REVISIONS - 1, now, run_id),
+    )
+    row = conn.execute("SELECT presentation_revision FROM viewer_runs WHERE run_id = ?", (run_id,)).fetchone()
+    return int(row[0])
+
+
 # --- leases -------------------------------------------------------------------
 
 
@@ -117,11 +134,15 @@ def acquire_lease(
     return generation
 
 
+def verify_server_epoch(conn: sqlite3.Connection, server_epoch: int) -> None:
+    row = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone()
+    if row is None or row[0] != server_epoch:
+        raise CommandError("staleServerEpoch", "this belongs to an older server epoch")
+
+
 def verify_and_renew_claim(conn: sqlite3.Connection, resource_id: str, claim: Claim, now: int) -> Lease:
     """Verify the epoch, the exact still-live token and generation, then renew it."""
-    epoch = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone()
-    if epoch is None or epoch[0] != claim.server_epoch:
-        raise CommandError("staleServerEpoch", "the claim belongs to an older server epoch", resourceId=resource_id)
+    verify_server_epoch(conn, claim.server_epoch)
     lease = get_lease(conn, resource_id)
     if lease is None or lease.owner_id is None:
         raise CommandError("notClaimed", "the resource has no live claim", resourceId=resource_id)

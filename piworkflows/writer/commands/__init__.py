@@ -6,10 +6,16 @@
 
 from __future__ import annotations
 
-from piworkflows.writer.commands import content, effects, runs, server
+from piworkflows.writer.commands import content, effects, runners, runs, server
 from piworkflows.writer.contract import Handler
 
-HANDLERS: tuple[Handler, ...] = (*content.HANDLERS, *server.HANDLERS, *runs.HANDLERS, *effects.HANDLERS)
+HANDLERS: tuple[Handler, ...] = (
+    *content.HANDLERS,
+    *server.HANDLERS,
+    *runs.HANDLERS,
+    *runners.HANDLERS,
+    *effects.HANDLERS,
+)
 
 REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}
 assert len(REGISTRY) == len(HANDLERS), "two handlers claim one command kind"

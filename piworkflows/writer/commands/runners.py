@@ -1,0 +1,184 @@
+"""Runner lifecycle: admission, the runner's identity, and where a run goes when its runner ends.
+
+::
+
+    queued/queued ── run.claim ──> running/starting (new lease generation,
+                                   run_workers row with start_revision, before spawn)
+    runner.spawned: pid + create time recorded (claim-fenced)
+    runner.exited:  stopped by the server (pause, cancel, shutdown, supervisor crash)
+                        -> running/parked (shutdown) or paused, never "no progress"
+                    exited or died after the run advanced -> queued/queued
+                    exited or died before it advanced     -> running/parked (runnerNoProgress)
+                    (a terminal run keeps its state)
+
+Every transition releases or takes the lease in the same transaction and
+advances the run's presentation revision.
+"""
+
+from __future__ import annotations
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import ClaimableRuns, OrphanedRunners, RunClaim, RunnerExited, RunnerSpawned
+from piworkflows.states import TERMINAL_RUN_STATUSES
+from piworkflows.writer import records
+from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
+
+SERVER_ONLY = frozenset({"server"})
+# Parked for one of these, a run waits for an operator or a changed source, not for the scheduler.
+OPERATOR_PARK_REASONS = frozenset({"runnerNoProgress", "workflowSourceChanged", "effectAmbiguous"})
+
+_CLAIMABLE = """
+    FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
+    WHERE r.paused = 0 AND r.status IN ('queued', 'running')
+      AND (q.queue_status = 'queued' OR (q.queue_status = 'parked' AND r.park_reason = 'shutdown'))
+      AND (l.owner_id IS NULL OR l.expires_at <= :now)
+"""
+
+
+class ClaimRun(ResourceHandler[RunClaim]):
+    kind = RunClaim.kind
+    model = RunClaim
+    actors = SERVER_ONLY
+
+    def target(self, tx: Tx, cmd: RunClaim) -> Target:
+        run = records.get_resource(tx.conn, cmd.run_id)
+        if run is None or run.resource_kind != "run":
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Target(cmd.run_id, run.revision)
+
+    def transition(self, tx: Tx, cmd: RunClaim, resource: records.Resource | None) -> Change:
+        records.verify_server_epoch(tx.conn, cmd.server_epoch)
+        claimable = tx.conn.execute("SELECT 1 " + _CLAIMABLE + " AND r.run_id = :run_id",
+                                    {"now": tx.now, "run_id": cmd.run_id}).fetchone()  # fmt: skip
+        if claimable is None:
+            raise CommandError("invalidTransition", "the run is not waiting for a runner", runId=cmd.run_id)
+        conn, now = tx.conn, tx.now
+        change = Change(
+            event_type="run.claimed",
+            acquire_claim=NewClaim(cmd.owner_id, cmd.claim_token_hash, cmd.ttl_ms),
+            receipt={"runId": cmd.run_id},
+        )
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute("UPDATE run_queue SET queue_status = 'starting', updated_at = ? WHERE run_id = ?",
+                         (now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE runs SET status = 'running', park_reason = NULL, started_at = coalesce(started_at, ?), "
+                "updated_at = ? WHERE run_id = ?",
+                (now, now, cmd.run_id),
+            )
+            runner_epoch = conn.execute(
+                "INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (cmd.run_id, cmd.server_epoch, stamp.lease_generation, cmd.launch_command, stamp.revision, now),
+            ).lastrowid
+            records.advance_presentation(conn, cmd.run_id, now)
+            change.receipt.update(runnerEpoch=runner_epoch, leaseGeneration=stamp.lease_generation)
+
+        change.apply = apply
+        return change
+
+
+class RecordRunnerSpawned(Handler[RunnerSpawned]):
+    """Identity only: no run state changes, so no revision; fenced by the live claim."""
+
+    kind = RunnerSpawned.kind
+    model = RunnerSpawned
+    actors = SERVER_ONLY
+
+    def execute(self, tx: Tx, cmd: RunnerSpawned) -> Result:
+        records.verify_and_renew_claim(tx.conn, cmd.run_id, cmd.claim, tx.now)
+        updated = tx.conn.execute(
+            "UPDATE run_workers SET pid = ?, process_started_at = ?, spawned_at = ? "
+            "WHERE runner_epoch = ? AND run_id = ? AND lease_generation = ? AND ended_at IS NULL AND pid IS NULL",
+            (cmd.pid, cmd.process_started_at, tx.now, cmd.runner_epoch, cmd.run_id, cmd.claim.lease_generation),
+        ).rowcount
+        if updated != 1:
+            raise CommandError("invalidTransition", "no such live runner record", runnerEpoch=cmd.runner_epoch)
+        return Result(receipt={"runnerEpoch": cmd.runner_epoch})
+
+
+class RecordRunnerExited(ResourceHandler[RunnerExited]):
+    kind = RunnerExited.kind
+    model = RunnerExited
+    actors = SERVER_ONLY
+    fenced_by_transition = True  # the runner is gone and its claim may have expired: its runner epoch fences
+
+    def target(self, tx: Tx, cmd: RunnerExited) -> Target:
+        run = records.get_resource(tx.conn, cmd.run_id)
+        if run is None or run.resource_kind != "run":
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Target(cmd.run_id, run.revision)
+
+    def _worker(self, tx: Tx, cmd: RunnerExited) -> tuple[int, int]:
+        row = tx.conn.execute(
+            "SELECT lease_generation, start_revision FROM run_workers "
+            "WHERE runner_epoch = ? AND run_id = ? AND ended_at IS NULL",
+            (cmd.runner_epoch, cmd.run_id),
+        ).fetchone()
+        if row is None:
+            raise CommandError("invalidTransition", "no such live runner record", runnerEpoch=cmd.runner_epoch)
+        return row
+
+    def transition(self, tx: Tx, cmd: RunnerExited, resource: records.Resource | None) -> Change:
+        assert resource is not None
+        generation, start_revision = self._worker(tx, cmd)
+        status, paused = tx.conn.execute("SELECT status, paused FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        if status in TERMINAL_RUN_STATUSES:
+            queue, run_status, park = None, status, None
+            placement = "finished"
+        elif cmd.stopped_by_server:
+            queue, run_status, park = "parked", "running", ("paused" if paused else "shutdown")
+            placement = "parked"
+        elif resource.revision > start_revision:
+            queue, run_status, park = "queued", "queued", None
+            placement = "requeued"
+        else:
+            queue, run_status, park = "parked", "running", "runnerNoProgress"
+            placement = "parked"
+        conn, now = tx.conn, tx.now
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute("UPDATE run_workers SET outcome = ?, ended_at = ? WHERE runner_epoch = ?",
+                         (cmd.outcome, now, cmd.runner_epoch))  # fmt: skip
+            if queue is not None:
+                conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
+                             (queue, now, cmd.run_id))  # fmt: skip
+                conn.execute("UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
+                             (run_status, park, now, cmd.run_id))  # fmt: skip
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        receipt = {"runId": cmd.run_id, "placement": placement, **({"parkReason": park} if park else {})}
+        return Change(event_type="runner.exited", apply=apply, release_generation=generation, receipt=receipt)
+
+
+class ListClaimable(Handler[ClaimableRuns]):
+    kind = ClaimableRuns.kind
+    model = ClaimableRuns
+    actors = SERVER_ONLY
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ClaimableRuns) -> Result:
+        rows = tx.conn.execute(
+            "SELECT r.run_id " + _CLAIMABLE + " ORDER BY q.priority DESC, q.available_at, q.enqueued_at LIMIT :limit",
+            {"now": tx.now, "limit": cmd.limit},
+        ).fetchall()
+        return Result(receipt={"runIds": [row[0] for row in rows]})
+
+
+class ListOrphans(Handler[OrphanedRunners]):
+    kind = OrphanedRunners.kind
+    model = OrphanedRunners
+    actors = SERVER_ONLY
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: OrphanedRunners) -> Result:
+        rows = tx.conn.execute(
+            "SELECT run_id, runner_epoch FROM run_workers WHERE ended_at IS NULL AND server_epoch < ? "
+            "ORDER BY runner_epoch",
+            (cmd.server_epoch,),
+        ).fetchall()
+        return Result(receipt={"runners": [{"runId": r, "runnerEpoch": e} for r, e in rows]})
+
+
+HANDLERS = (ClaimRun(), RecordRunnerSpawned(), RecordRunnerExited(), ListClaimable(), ListOrphans())
