@@ -50,6 +50,7 @@ CODES: dict[str, str] = {
     "invalidDefinition": "rejected",
     "presentationFailed": "rejected",
     "internalError": "rejected",
+    "maxStepsExceeded": "rejected",
     "responseTooLarge": "rejected",
     # unavailable
     "unavailable": "unavailable",

@@ -370,6 +370,53 @@ class RunnerExited(Command):
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
 
 
+class NodeStart(Command):
+    """A runner begins a node: a new attempt and step, under the run's claim."""
+
+    kind: ClassVar[str] = "node.start"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    node_path: str = Field(min_length=1, max_length=1024)
+    node_kind: Literal[
+        "agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"
+    ]
+    visit_number: int = Field(ge=1)
+    attempt_number: int = Field(default=1, ge=1)
+
+    def attempt_id(self) -> str:
+        ident = canonical.dumps_bytes([self.run_id, self.node_path, self.visit_number, self.attempt_number])
+        return "attempt-" + hashlib.sha256(ident).hexdigest()[:32]
+
+
+class NodeFinish(Command):
+    """A runner ends a node: its outcome and output, and where the run goes next."""
+
+    kind: ClassVar[str] = "node.finish"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    attempt_id: Id
+    outcome: Literal["ok", "failed", "timed_out", "cancelled"]
+    output: BlobValue | None = None
+    error: BlobValue | None = None
+    error_code: str | None = Field(default=None, max_length=64)
+    next_node: str | None = Field(default=None, min_length=1, max_length=1024)
+    end_status: Literal["completed", "failed", "timed_out", "cancelled"] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> NodeFinish:
+        if (self.next_node is None) == (self.end_status is None):
+            raise ValueError("a finished node names either the next node or how the run ends")
+        if self.output is not None and self.output.media_type != MEDIA_JSON:
+            raise ValueError("a node output is JSON")
+        if self.error is not None and self.error.media_type != MEDIA_TEXT:
+            raise ValueError("a node error is text")
+        if self.outcome == "ok" and self.error is not None:
+            raise ValueError("a successful node carries no error")
+        return self
+
+
 class ClaimableRuns(ReadCommand):
     """Runs the scheduler may claim, in admission order."""
 
@@ -430,6 +477,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunClaim,
         RunnerSpawned,
         RunnerExited,
+        NodeStart,
+        NodeFinish,
         ClaimableRuns,
         OrphanedRunners,
         ReceiptFind,

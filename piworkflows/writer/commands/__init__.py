@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from piworkflows.writer.commands import content, effects, runners, runs, server
+from piworkflows.writer.commands import content, effects, nodes, runners, runs, server
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler, ...] = (
@@ -14,6 +14,7 @@ HANDLERS: tuple[Handler, ...] = (
     *server.HANDLERS,
     *runs.HANDLERS,
     *runners.HANDLERS,
+    *nodes.HANDLERS,
     *effects.HANDLERS,
 )
 

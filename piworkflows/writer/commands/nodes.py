@@ -1,0 +1,120 @@
+"""Node transitions a runner proposes; the writer verifies and commits them.
+
+Both are fenced by the run's claim (epoch, token, generation, expiry) and
+its expected execution revision, and deduplicated through worker_messages
+when the supervisor attaches the message key. A terminal node result ends
+the run, settles its queue row, ends the runner record and releases the
+claim in one transaction (the lifecycle table of WORKFLOWS.md holds after
+every commit; the runner process exits right after).
+"""
+
+from __future__ import annotations
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import NodeFinish, NodeStart
+from piworkflows.writer import records
+from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+
+RUNNER = frozenset({"runner", "server"})
+ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out", "cancelled": "cancelled"}
+QUEUE_AFTER = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
+
+
+class StartNode(ResourceHandler[NodeStart]):
+    kind = NodeStart.kind
+    model = NodeStart
+    actors = RUNNER
+    claim_required = True
+
+    def target(self, tx: Tx, cmd: NodeStart) -> Target:
+        return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
+
+    def transition(self, tx: Tx, cmd: NodeStart, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        status, max_steps, queue = conn.execute(
+            "SELECT r.status, r.max_steps, q.queue_status FROM runs r JOIN run_queue q ON q.run_id = r.run_id "
+            "WHERE r.run_id = ?",
+            (cmd.run_id,),
+        ).fetchone()
+        if status != "running" or queue not in ("starting", "running"):
+            raise CommandError("invalidTransition", f"a {status} run with a {queue} queue starts no node")
+        if conn.execute("SELECT 1 FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
+                        (cmd.run_id,)).fetchone():  # fmt: skip
+            raise CommandError("invalidTransition", "another node of the run is still active")
+        attempt_id = cmd.attempt_id()
+        if conn.execute("SELECT 1 FROM node_attempts WHERE attempt_id = ?", (attempt_id,)).fetchone():
+            raise CommandError("invalidTransition", "this node visit already has this attempt", attemptId=attempt_id)
+        (steps,) = conn.execute("SELECT count(*) FROM run_steps WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        if steps >= max_steps:
+            raise CommandError("maxStepsExceeded", f"the run reached its {max_steps} steps")
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+                "attempt_status, lease_generation, started_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                (attempt_id, cmd.run_id, cmd.node_path, cmd.node_kind, cmd.visit_number, cmd.attempt_number,
+                 stamp.lease_generation, now),
+            )  # fmt: skip
+            conn.execute("INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
+                         (cmd.run_id, steps, attempt_id))  # fmt: skip
+            conn.execute("UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?",
+                         (now, cmd.run_id))  # fmt: skip
+            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="node.started", apply=apply,
+                      receipt={"attemptId": attempt_id, "stepIndex": steps})  # fmt: skip
+
+
+class FinishNode(ResourceHandler[NodeFinish]):
+    kind = NodeFinish.kind
+    model = NodeFinish
+    actors = RUNNER
+    claim_required = True
+
+    def target(self, tx: Tx, cmd: NodeFinish) -> Target:
+        return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
+
+    def transition(self, tx: Tx, cmd: NodeFinish, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        row = conn.execute(
+            "SELECT attempt_status FROM node_attempts WHERE attempt_id = ? AND run_id = ?", (cmd.attempt_id, cmd.run_id)
+        ).fetchone()
+        if row is None or row[0] != "running":
+            raise CommandError("invalidTransition", "the attempt is not running", attemptId=cmd.attempt_id)
+        output = cmd.output.digest if cmd.output else None
+        error = cmd.error.digest if cmd.error else None
+        end = cmd.end_status
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = ?, outcome = ?, output_digest = ?, error_digest = ?, "
+                "error_code = ?, finished_at = ? WHERE attempt_id = ?",
+                (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, error, cmd.error_code, now, cmd.attempt_id),
+            )
+            if end is not None:
+                conn.execute(
+                    "UPDATE runs SET status = ?, finished_at = ?, output_digest = ?, error_digest = ?, error_code = ?, "
+                    "updated_at = ? WHERE run_id = ?",
+                    (end, now, output if end == "completed" else None, error, cmd.error_code, now, cmd.run_id),
+                )
+                conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
+                             (QUEUE_AFTER[end], now, cmd.run_id))  # fmt: skip
+                # The runner's work is over with the run: no live runner beside a terminal run.
+                conn.execute("UPDATE run_workers SET outcome = 'exited', ended_at = ? WHERE run_id = ? "
+                             "AND ended_at IS NULL", (now, cmd.run_id))  # fmt: skip
+            else:
+                conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        receipt = {"attemptId": cmd.attempt_id, **({"runStatus": end} if end else {"nextNode": cmd.next_node})}
+        return Change(
+            event_type="run.finished" if end else "node.finished",
+            apply=apply,
+            blobs=[b for b in (cmd.output, cmd.error) if b is not None],
+            release_claim=end is not None,
+            receipt=receipt,
+        )
+
+
+HANDLERS = (StartNode(), FinishNode())

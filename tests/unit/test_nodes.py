@@ -1,0 +1,118 @@
+"""Node transitions under the run's claim: start, finish, end of run; dedup and fencing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from piworkflows.protocol.internal import BlobValue
+from tests.support import run_create, run_group, submitted, take_epoch, token_hash
+from tests.unit.test_runners import claim, exited, state
+
+pytestmark = pytest.mark.timeout(60)
+
+RUNNER = {"actor_class": "runner"}
+
+
+def run_claim(generation=1, token="tok"):
+    return {"server_epoch": 1, "owner_id": "server-1", "claim_token_hash": token_hash(token),
+            "lease_generation": generation, "ttl_ms": 10_000}  # fmt: skip
+
+
+def start(revision, node="greet", visit=1, generation=1, message=None):
+    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(generation), "expected_revision": revision,
+            "node_path": node, "node_kind": "compute", "visit_number": visit}  # fmt: skip
+    if message:
+        body["worker_message"] = message
+    return submitted("node.start", body)
+
+
+def finish(revision, attempt_id, outcome="ok", output=None, next_node=None, end=None, error=None):
+    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(), "expected_revision": revision,
+            "attempt_id": attempt_id, "outcome": outcome}  # fmt: skip
+    if output is not None:
+        body["output"] = BlobValue.of_json(output).model_dump()
+    if error is not None:
+        body["error"] = BlobValue.of_text(error).model_dump()
+    if next_node:
+        body["next_node"] = next_node
+    if end:
+        body["end_status"] = end
+    return submitted("node.finish", body)
+
+
+@pytest.fixture
+def claimed(executor):
+    run_group(executor, take_epoch(), run_create("run-1"), claim())
+    return executor  # the run is at revision 2
+
+
+def test_a_run_walks_its_nodes_to_completion(claimed):
+    (started,) = run_group(claimed, start(2))
+    assert started.outcome == "accepted" and started.receipt["stepIndex"] == 0 and started.revision == 3
+    assert state(claimed) == (("running", "running", True, True), None)
+    first = started.receipt["attemptId"]
+    (done,) = run_group(claimed, finish(3, first, output={"greeting": "hi"}, next_node="progress"))
+    assert done.receipt == {"attemptId": first, "nextNode": "progress"}
+    (second,) = run_group(claimed, start(4, node="progress"))
+    (last,) = run_group(claimed, finish(5, second.receipt["attemptId"], output={"final": 1}, end="completed"))
+    assert last.receipt["runStatus"] == "completed"
+    conn = claimed.conn
+    assert conn.execute("SELECT status, finished_at IS NOT NULL, output_digest FROM runs").fetchone() == (
+        "completed", 1, hashlib.sha256(b'{"final":1}').digest())  # fmt: skip
+    assert conn.execute("SELECT owner_id FROM leases").fetchone() == (None,)  # claim released with the end
+    attempts = conn.execute("SELECT node_path, attempt_status, outcome FROM node_attempts ORDER BY node_path")
+    assert attempts.fetchall() == [("greet", "completed", "ok"), ("progress", "completed", "ok")]
+    assert conn.execute("SELECT step_index FROM run_steps ORDER BY 1").fetchall() == [(0,), (1,)]
+    assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (6,)
+    assert state(claimed) == (("completed", "done", False, False), None)
+    assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
+    (late,) = run_group(claimed, exited(1))  # the runner record ended with the run
+    assert late.outcome == "rejected" and state(claimed)[0][0] == "completed"
+
+
+def test_a_failed_node_fails_the_run_with_its_error(claimed):
+    (started,) = run_group(claimed, start(2))
+    (failed,) = run_group(claimed, finish(3, started.receipt["attemptId"], outcome="failed", error="boom",
+                                          end="failed"))  # fmt: skip
+    assert failed.receipt["runStatus"] == "failed"
+    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert claimed.conn.execute("SELECT status, error_digest FROM runs").fetchone() == (
+        "failed", hashlib.sha256(b"boom").digest())  # fmt: skip
+
+
+def test_node_transitions_are_fenced(claimed, clock):
+    (stale,) = run_group(claimed, start(1))
+    assert stale.outcome == "conflict" and stale.receipt["code"] == "staleRevision"
+    (old,) = run_group(claimed, start(2, generation=7))
+    assert old.outcome == "claimLost" and old.receipt["code"] == "staleGeneration"
+    (started,) = run_group(claimed, start(2))
+    (second,) = run_group(claimed, start(3, node="progress"))
+    assert second.outcome == "rejected" and second.receipt["code"] == "invalidTransition"
+    clock.advance(10_001)
+    (expired,) = run_group(claimed, finish(3, started.receipt["attemptId"], output=1, end="completed"))
+    assert expired.outcome == "claimLost" and expired.receipt["code"] == "claimExpired"
+
+
+def test_a_repeated_runner_message_is_harmless(claimed):
+    key = {"sender_scope": "run-1", "message_id": "greet:1:start", "fingerprint": token_hash("greet:1:start"),
+           "message_kind": "node.start", "run_id": "run-1"}  # fmt: skip
+    (first,) = run_group(claimed, start(2, message=key))
+    (again,) = run_group(claimed, start(2, message=key))
+    assert (first.outcome, again.outcome) == ("accepted", "adopted") and first.receipt == again.receipt
+    assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
+
+
+def test_max_steps_bounds_executed_nodes(claimed):
+    claimed.conn.execute("UPDATE runs SET max_steps = 1")
+    (started,) = run_group(claimed, start(2))
+    run_group(claimed, finish(3, started.receipt["attemptId"], output=1, next_node="progress"))
+    (refused,) = run_group(claimed, start(4, node="progress"))
+    assert refused.outcome == "rejected" and refused.receipt["code"] == "maxStepsExceeded"
+
+
+def test_a_finish_names_next_node_or_end_never_both(claimed):
+    (started,) = run_group(claimed, start(2))
+    (both,) = run_group(claimed, finish(3, started.receipt["attemptId"], output=1, next_node="x", end="completed"))
+    assert both.outcome == "rejected" and both.receipt["code"] == "validationFailed"
