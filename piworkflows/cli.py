@@ -190,6 +190,10 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
         click.echo(f"  title: {run['title']}")
     click.echo(f"  project: {run['projectPath']}")
     click.echo(f"  controls: {', '.join(display['controls']) or '-'}")
+    if view["output"] is not None:
+        click.echo(f"  output: {canonical.dumps(view['output'])[:500]}")
+    if view["error"] is not None:
+        click.echo(f"  error ({run['errorCode'] or 'failed'}): {view['error'][:500]}")
     steps = view["steps"]["items"]
     click.echo(f"  steps: {len(steps)}" + ("" if steps else " (none yet)"))
     for step in steps:

@@ -39,6 +39,10 @@ class Settings(BaseModel):
     # Writer restart backoff after it died: first delay, doubling up to the max.
     writer_restart_min_ms: int = Field(default=100, ge=1)
     writer_restart_max_ms: int = Field(default=5_000, ge=1)
+    # Runners: how many run at once (0: runs are accepted and stay queued),
+    # and how often the scheduler looks for claimable runs without a notice.
+    max_runners: int = Field(default=4, ge=0, le=256)
+    scheduler_tick_ms: int = Field(default=1000, ge=10)
     # How long a resolver child may take to load and compile a workflow, and
     # how many resolver children may exist at once (idle ones are kept).
     resolve_timeout_ms: int = Field(default=30_000, ge=100)

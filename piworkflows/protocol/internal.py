@@ -368,6 +368,7 @@ class RunnerExited(Command):
     runner_epoch: int = Field(ge=1)
     outcome: Literal["exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"]
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
+    park_reason: Literal["workflowSourceChanged"] | None = None  # the runner refused to run changed code
 
 
 class NodeStart(Command):
@@ -390,7 +391,11 @@ class NodeStart(Command):
 
 
 class NodeFinish(Command):
-    """A runner ends a node: its outcome and output, and where the run goes next."""
+    """A runner ends a node: its outcome and output, and where the run goes next.
+
+    ``error`` is the node's error when it failed, or the run's when a
+    successful node leads nowhere (a routing error, max_steps).
+    """
 
     kind: ClassVar[str] = "node.finish"
     run_id: Id
@@ -412,9 +417,24 @@ class NodeFinish(Command):
             raise ValueError("a node output is JSON")
         if self.error is not None and self.error.media_type != MEDIA_TEXT:
             raise ValueError("a node error is text")
-        if self.outcome == "ok" and self.error is not None:
-            raise ValueError("a successful node carries no error")
+        if self.outcome == "ok" and self.error is not None and self.end_status != "failed":
+            raise ValueError("a successful node carries no error (only a run that fails on its route does)")
         return self
+
+
+class ClaimRenew(Command):
+    """The supervisor keeps a runner's claim alive while workflow code blocks."""
+
+    kind: ClassVar[str] = "claim.renew"
+    resource_id: Id
+    claim: Claim
+
+
+class ResumeState(ReadCommand):
+    """What a runner needs to continue a run from its last durable boundary."""
+
+    kind: ClassVar[str] = "run.resume_state"
+    run_id: Id
 
 
 class ClaimableRuns(ReadCommand):
@@ -479,6 +499,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunnerExited,
         NodeStart,
         NodeFinish,
+        ClaimRenew,
+        ResumeState,
         ClaimableRuns,
         OrphanedRunners,
         ReceiptFind,
@@ -487,6 +509,19 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         EffectSettle,
     )
 }
+
+
+class RunnerLaunch(Model):
+    """pi-workflows.runner-launch.v1: everything a runner child needs, and nothing secret."""
+
+    run_id: Id
+    lease_generation: int
+    runner_epoch: int
+    project_path: str
+    source: RunSource
+    definition_digest: str  # "sha256:<hex>"
+    input: Any = None
+    steps: list[dict[str, Any]] = Field(default_factory=list)  # completed attempts, in order
 
 
 class Reply(Model):

@@ -32,6 +32,7 @@ from piworkflows.supervisor.lock import HostLock
 from piworkflows.supervisor.registry import Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.router import Router
+from piworkflows.supervisor.scheduler import Scheduler
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
 from piworkflows.supervisor.writer_child import WriterChild
 
@@ -61,6 +62,7 @@ class Supervisor:
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
         self.resolvers = Resolvers(self, settings)
+        self.scheduler = Scheduler(self)
         self.router = Router(self)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -106,6 +108,7 @@ class Supervisor:
             self.registry.save(self.paths.registry)
             await self.writer.start()
             await self._take_epoch()
+            await self.scheduler.start()
             await self.server.start()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -152,6 +155,7 @@ class Supervisor:
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
+        await self.scheduler.stop()
         await self.resolvers.close()
         body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
         deadline = asyncio.get_running_loop().time() + self.settings.stop_grace_ms / 1000

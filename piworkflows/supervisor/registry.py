@@ -37,6 +37,7 @@ class Identity:
 
     @classmethod
     def of(cls, role: str, pid: int, marker: str, process_group: bool = False) -> Identity:
+        """The identity of a live process (pid, psutil create time); ``process_group``: it leads one."""
         return cls(role, pid, psutil.Process(pid).create_time(), marker, process_group)
 
     def find(self) -> psutil.Process | None:

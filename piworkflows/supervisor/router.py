@@ -67,7 +67,7 @@ class Router:
             state=self.supervisor.state,
             socketAvailable=True,
             epoch=self.supervisor.epoch,
-            activeRunners=0,
+            activeRunners=len(self.supervisor.scheduler.active),
             **reply.receipt,
         )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
@@ -137,6 +137,8 @@ class Router:
             origin_session_id=payload.originSessionId,
         )
         reply = await self.supervisor.writer.request("run.create", create.model_dump())
+        if reply.outcome == "accepted":
+            self.supervisor.scheduler.wake()
         return from_reply(request, reply)
 
     async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:

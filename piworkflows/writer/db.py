@@ -141,7 +141,8 @@ class GroupExecutor:
 
         started = self.clock.monotonic_ms()
         done: list[tuple[int, Reply]] = []
-        self.conn.execute("BEGIN IMMEDIATE")
+        writes = any(not handler.read_only for _, handler, _ in decoded)
+        self.conn.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
         try:
             if self._schema_cookie() != self.schema_cookie:
                 raise GroupFailed("the database schema changed under the writer")
@@ -150,15 +151,17 @@ class GroupExecutor:
                     leftover = [it for it, _, _ in decoded[index:]] + leftover
                     break
                 done.append((item.corr_id, self._run_one(handler, cmd)))
-            faults.hit(faults.WRITER_BEFORE_COMMIT)
+            if writes:
+                faults.hit(faults.WRITER_BEFORE_COMMIT)
             self.conn.execute("COMMIT")
         except (sqlite3.Error, GroupFailed, faults.FaultInjected) as exc:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             log.error("group of %d commands not committed: %s", len(decoded), type(exc).__name__)
             raise GroupFailed(str(exc)) from exc
-        self.groups_committed += 1
-        faults.hit(faults.WRITER_AFTER_COMMIT)
+        if writes:
+            self.groups_committed += 1
+            faults.hit(faults.WRITER_AFTER_COMMIT)
         return replies + done, leftover
 
     def _run_one(self, handler: Handler, cmd: Any) -> Reply:

@@ -205,6 +205,14 @@ def put_blob(conn: sqlite3.Connection, blob: BlobValue, now: int) -> bool:
     return True
 
 
+def read_json(conn: sqlite3.Connection, digest: bytes) -> Any:
+    """A stored JSON value, read through its declared media type."""
+    row = conn.execute("SELECT media_type, bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()
+    if row is None or row[0] != "application/json":
+        raise CommandError("presentationFailed", "a stored JSON value is missing or has another media type")
+    return canonical.loads(row[1])
+
+
 # --- effects ------------------------------------------------------------------
 
 

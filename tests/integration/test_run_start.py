@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
 @pytest.fixture
 def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000"}).start()
+    # No runners: these tests look at runs as run.start committed them.
+    env = {"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000", "PI_WORKFLOWS_MAX_RUNNERS": "0"}
+    proc = ServerProcess(tmp_path / "s", env=env).start()
     yield proc
     proc.stop()
 
@@ -168,7 +170,7 @@ def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Pat
 
     from tests.server_util import wait_until
 
-    server = ServerProcess(tmp_path / "s").start()
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_MAX_RUNNERS": "0"}).start()
     payload = {"projectPath": str(project), "workflowName": "builtin:demo"}
     try:
         for _ in range(3):

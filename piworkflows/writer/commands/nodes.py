@@ -85,12 +85,14 @@ class FinishNode(ResourceHandler[NodeFinish]):
         output = cmd.output.digest if cmd.output else None
         error = cmd.error.digest if cmd.error else None
         end = cmd.end_status
+        node_error = error if cmd.outcome != "ok" else None
+        node_error_code = cmd.error_code if cmd.outcome != "ok" else None
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
                 "UPDATE node_attempts SET attempt_status = ?, outcome = ?, output_digest = ?, error_digest = ?, "
                 "error_code = ?, finished_at = ? WHERE attempt_id = ?",
-                (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, error, cmd.error_code, now, cmd.attempt_id),
+                (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, node_error, node_error_code, now, cmd.attempt_id),
             )
             if end is not None:
                 conn.execute(

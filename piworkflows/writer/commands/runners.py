@@ -18,7 +18,15 @@ advances the run's presentation revision.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import ClaimableRuns, OrphanedRunners, RunClaim, RunnerExited, RunnerSpawned
+from piworkflows.protocol.internal import (
+    ClaimableRuns,
+    ClaimRenew,
+    OrphanedRunners,
+    ResumeState,
+    RunClaim,
+    RunnerExited,
+    RunnerSpawned,
+)
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
@@ -127,6 +135,9 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         if status in TERMINAL_RUN_STATUSES:
             queue, run_status, park = None, status, None
             placement = "finished"
+        elif cmd.park_reason is not None:
+            queue, run_status, park = "parked", "running", cmd.park_reason
+            placement = "parked"
         elif cmd.stopped_by_server:
             queue, run_status, park = "parked", "running", ("paused" if paused else "shutdown")
             placement = "parked"
@@ -141,6 +152,12 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         def apply(stamp: Stamp) -> None:
             conn.execute("UPDATE run_workers SET outcome = ?, ended_at = ? WHERE runner_epoch = ?",
                          (cmd.outcome, now, cmd.runner_epoch))  # fmt: skip
+            # A node the runner was executing did not finish: the next runner starts a new attempt.
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = 'interrupted', outcome = 'cancelled', "
+                "error_code = 'runnerExited', finished_at = ? WHERE run_id = ? AND attempt_status = 'running'",
+                (now, cmd.run_id),
+            )
             if queue is not None:
                 conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
                              (queue, now, cmd.run_id))  # fmt: skip
@@ -182,3 +199,59 @@ class ListOrphans(Handler[OrphanedRunners]):
 
 
 HANDLERS = (ClaimRun(), RecordRunnerSpawned(), RecordRunnerExited(), ListClaimable(), ListOrphans())
+
+
+class RenewClaim(Handler[ClaimRenew]):
+    """Renew the exact live claim (no revision: nothing changed but its expiry)."""
+
+    kind = ClaimRenew.kind
+    model = ClaimRenew
+    actors = SERVER_ONLY
+
+    def execute(self, tx: Tx, cmd: ClaimRenew) -> Result:
+        records.verify_and_renew_claim(tx.conn, cmd.resource_id, cmd.claim, tx.now)
+        return Result(receipt={"expiresAt": tx.now + cmd.claim.ttl_ms})
+
+
+class ReadResumeState(Handler[ResumeState]):
+    """The run's input and completed attempts (outputs through their media type), in step order."""
+
+    kind = ResumeState.kind
+    model = ResumeState
+    actors = SERVER_ONLY
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ResumeState) -> Result:
+        conn = tx.conn
+        row = conn.execute(
+            "SELECT r.input_digest, r.definition_digest, r.max_steps, p.canonical_path FROM runs r "
+            "JOIN projects p ON p.project_id = r.project_id WHERE r.run_id = ?",
+            (cmd.run_id,),
+        ).fetchone()
+        if row is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        input_digest, definition_digest, max_steps, project_path = row
+        rows = conn.execute(
+            "SELECT a.node_path, a.visit_number, a.attempt_number, a.attempt_status, a.outcome, a.output_digest "
+            "FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id "
+            "WHERE s.run_id = ? AND a.finished_at IS NOT NULL ORDER BY s.step_index",
+            (cmd.run_id,),
+        ).fetchall()
+        steps = [
+            {"nodePath": path, "visit": visit, "attempt": attempt, "outcome": outcome,
+             "output": records.read_json(conn, output) if output else None,
+             "interrupted": status == "interrupted"}
+            for path, visit, attempt, status, outcome, output in rows
+        ]  # fmt: skip
+        return Result(
+            receipt={
+                "input": records.read_json(conn, input_digest),
+                "definitionDigest": "sha256:" + definition_digest.hex(),
+                "projectPath": project_path,
+                "maxSteps": max_steps,
+                "steps": steps,
+            }
+        )
+
+
+HANDLERS = (*HANDLERS, RenewClaim(), ReadResumeState())

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from piworkflows import canonical
 from piworkflows.errors import CommandError
+from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
 
 PAGE_ROWS = 256
@@ -76,7 +76,8 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
     row = conn.execute(
         f"""SELECT r.workflow_name, r.title, p.canonical_path, r.execution_mode, r.origin_session_id, r.max_steps,
                    r.lineage, r.parent_run_id, r.restart_number, r.created_at, r.started_at, r.finished_at,
-                   r.error_code, r.definition_digest, r.input_digest, v.presentation_revision, res.revision,
+                   r.error_code, r.definition_digest, r.input_digest, r.output_digest, r.error_digest,
+                   v.presentation_revision, res.revision,
                    s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {_FACTS}
             FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
             JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
@@ -86,9 +87,9 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
     if row is None:
         return None
     (name, title, project, mode, session, max_steps, lineage, parent, restart_number, created, started, finished,
-     error_code, definition_digest, input_digest, revision, run_revision, kind, path, sha256, builtin_id,
-     builtin_revision) = row[:22]  # fmt: skip
-    facts = _facts(row[22:])
+     error_code, definition_digest, input_digest, output_digest, error_digest, revision, run_revision, kind, path,
+     sha256, builtin_id, builtin_revision) = row[:24]  # fmt: skip
+    facts = _facts(row[24:])
     snapshot = _read_json(conn, definition_digest, limit=None)
     source = (
         {"kind": "file", "path": path, "sha256": sha256.hex()}
@@ -122,6 +123,8 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "definitionDigest": "sha256:" + definition_digest.hex(),
         "graph": {"startAt": snapshot["startAt"], "nodes": snapshot["nodes"], "edges": snapshot["edges"]},
         "input": _read_json(conn, input_digest, limit=INLINE_VALUE_BYTES),
+        "output": _read_json(conn, output_digest, limit=INLINE_VALUE_BYTES) if output_digest else None,
+        "error": _read_text(conn, error_digest, limit=INLINE_VALUE_BYTES) if error_digest else None,
         "steps": _steps(conn, run_id),
         "trace": _trace(conn, run_id),
         "display": display(facts),
@@ -136,8 +139,15 @@ def _read_json(conn: sqlite3.Connection, digest: bytes, limit: int | None) -> An
     length = row[1]
     if limit is not None and length > limit:
         return {"omitted": {"byteLength": length, "digest": "sha256:" + digest.hex()}}
-    data = conn.execute("SELECT bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()[0]
-    return canonical.loads(data)
+    return records.read_json(conn, digest)
+
+
+def _read_text(conn: sqlite3.Connection, digest: bytes, limit: int) -> str:
+    """A stored text value through its declared media type, cut at ``limit`` bytes."""
+    row = conn.execute("SELECT media_type, substr(bytes, 1, ?) FROM blobs WHERE digest = ?", (limit, digest)).fetchone()
+    if row is None or row[0] != "text/plain;charset=utf-8":
+        raise CommandError("presentationFailed", "a stored text value is missing or has another media type")
+    return bytes(row[1]).decode("utf-8", "replace")
 
 
 def _steps(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:

@@ -1,0 +1,237 @@
+"""The scheduler: admits claimable runs up to the runner capacity and serves their runners.
+
+::
+
+    wake (run.start, runner exit, tick) ── run.claimable ── run.claim (token in memory,
+      hash in leases; runner epoch recorded before spawn) ── run.resume_state
+      ── spawn `python -m piworkflows.runner run` in its own process group
+      ── host.json (group leader identity) ── runner.spawned (pid, create time)
+      ── launch ── runner messages: claim + expected revision + message key attached,
+         forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules)
+    renewal: claim.renew for every live runner every claim_renew_ms, even while
+             workflow code blocks (the runner does not take part)
+
+At startup, runners recorded by older epochs are closed as orphaned (stopped
+by the server: their runs become claimable again with a new generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from piworkflows import canonical
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource
+from piworkflows.supervisor.logs import log_failure
+from piworkflows.supervisor.registry import Identity
+
+log = logging.getLogger("piworkflows.supervisor")
+
+RUNNER_MARKER = "piworkflows.runner"
+SERVER = {"actor_class": "server"}
+
+
+@dataclass
+class RunnerHandle:
+    run_id: str
+    runner_epoch: int
+    claim: dict[str, Any]
+    revision: int
+    proc: asyncio.subprocess.Process | None = None
+    stopping: bool = False
+    park_reason: str | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Scheduler:
+    def __init__(self, supervisor: Any) -> None:
+        self.supervisor = supervisor
+        self.settings = supervisor.settings
+        self.active: dict[str, RunnerHandle] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
+        reply: Reply = await self.supervisor.writer.request(kind, {"actor": SERVER, **body})
+        return reply
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        orphans = await self.request("runner.orphans", {"server_epoch": self.supervisor.epoch})
+        for orphan in (orphans.receipt or {}).get("runners", []):
+            await self.request("runner.exited", {"run_id": orphan["runId"], "runner_epoch": orphan["runnerEpoch"],
+                                                 "outcome": "orphaned", "stopped_by_server": True})  # fmt: skip
+        self._tasks = [asyncio.create_task(self._admission(), name="admission"),
+                       asyncio.create_task(self._renewal(), name="claim-renewal")]  # fmt: skip
+        self.wake()
+
+    async def _admission(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scheduler_tick_ms / 1000)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            free = self.settings.max_runners - len(self.active)
+            if free <= 0 or self._stopping:
+                continue
+            reply = await self.request("run.claimable", {"limit": free})
+            for run_id in (reply.receipt or {}).get("runIds", []):
+                if run_id not in self.active and not self._stopping:
+                    try:
+                        await self._launch(run_id)
+                    except Exception as exc:  # one run's launch failure never stops the scheduler
+                        log_failure(log, f"launching a runner for {run_id} failed", exc)
+
+    async def _launch(self, run_id: str) -> None:
+        token = secrets.token_bytes(32)
+        epoch = self.supervisor.epoch
+        claim = {"server_epoch": epoch, "owner_id": f"server-{epoch}",
+                 "claim_token_hash": hashlib.sha256(token).digest(), "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
+        claimed = await self.request(
+            "run.claim",
+            {"run_id": run_id, "server_epoch": epoch, "owner_id": claim["owner_id"], "launch_command": "start",
+             "claim_token_hash": claim["claim_token_hash"], "ttl_ms": claim["ttl_ms"]},
+        )  # fmt: skip
+        if claimed.outcome != "accepted" or claimed.receipt is None or claimed.revision is None:
+            return
+        claim["lease_generation"] = claimed.receipt["leaseGeneration"]
+        handle = RunnerHandle(run_id, claimed.receipt["runnerEpoch"], claim, claimed.revision)
+        self.active[run_id] = handle
+        handle.task = asyncio.create_task(self._serve(handle), name=f"runner-{run_id}")
+
+    async def _serve(self, handle: RunnerHandle) -> None:
+        outcome = "crashed"
+        try:
+            state = await self.request("run.resume_state", {"run_id": handle.run_id})
+            source = await self.supervisor.writer.request("run.get", {"actor": SERVER, "run_id": handle.run_id})
+            if state.outcome != "accepted" or source.outcome != "accepted":
+                return
+            handle.proc = proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "piworkflows.runner", "run",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopping the run stops the whole group
+            )  # fmt: skip
+            self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+            created = int(Identity.of("runner", proc.pid, RUNNER_MARKER).createTime * 1000)
+            await self.request("runner.spawned", {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch,
+                                                  "claim": handle.claim, "pid": proc.pid,
+                                                  "process_started_at": created})  # fmt: skip
+            launch = RunnerLaunch(
+                run_id=handle.run_id,
+                lease_generation=handle.claim["lease_generation"],
+                runner_epoch=handle.runner_epoch,
+                project_path=state.receipt["projectPath"],
+                source=_source(source.receipt["source"]),
+                definition_digest=state.receipt["definitionDigest"],
+                input=state.receipt["input"],
+                steps=state.receipt["steps"],
+            )
+            outcome = await self._relay(handle, proc, launch)
+        except Exception as exc:
+            log_failure(log, f"the runner of {handle.run_id} failed", exc)
+        finally:
+            await self._finish(handle, outcome)
+
+    async def _relay(self, handle: RunnerHandle, proc: asyncio.subprocess.Process, launch: RunnerLaunch) -> str:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(frames.encode("launch", 0, launch.model_dump()))
+        await proc.stdin.drain()
+        decoder = frames.FrameDecoder()
+        while data := await proc.stdout.read(1 << 16):
+            for frame in decoder.feed(data):
+                if frame["k"] == "exiting":
+                    handle.park_reason = (frame["b"] or {}).get("parkReason") or handle.park_reason
+                    continue
+                reply = await self._forward(handle, frame)
+                proc.stdin.write(frames.encode("reply", frame["id"], reply.model_dump()))
+                await proc.stdin.drain()
+        code = await proc.wait()
+        if handle.stopping:
+            return "cancelled"
+        return "exited" if code == 0 else "crashed"
+
+    async def _forward(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        kind, body = frame["k"], dict(frame["b"])
+        if kind not in ("node.start", "node.finish"):
+            return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
+        message = canonical.dumps_bytes({"kind": kind, "body": {k: v for k, v in body.items()
+                                                              if not isinstance(v, (bytes, dict))}})  # fmt: skip
+        body.update(
+            actor={"actor_class": "runner", "actor_id": f"runner-{handle.runner_epoch}"},
+            run_id=handle.run_id,
+            claim=handle.claim,
+            expected_revision=handle.revision,
+            worker_message={"sender_scope": handle.run_id, "message_kind": kind, "run_id": handle.run_id,
+                            "message_id": f"{handle.runner_epoch}:{frame['id']}",
+                            "fingerprint": hashlib.sha256(message).digest()},
+        )  # fmt: skip
+        reply: Reply = await self.supervisor.writer.request(kind, body)
+        if reply.outcome in ("accepted", "adopted") and reply.revision is not None:
+            handle.revision = reply.revision
+        return reply
+
+    async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
+        proc = handle.proc
+        if proc is not None:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            self.supervisor.forget_child(proc.pid)
+        body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
+                "stopped_by_server": handle.stopping}  # fmt: skip
+        if handle.park_reason == "workflowSourceChanged":
+            body["park_reason"] = handle.park_reason
+        reply = await self.request("runner.exited", body)
+        if reply.outcome not in ("accepted", "rejected"):
+            log.warning("the exit of a runner was not recorded: %s", reply.outcome)
+        self.active.pop(handle.run_id, None)
+        self.wake()
+
+    async def _renewal(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+            for handle in list(self.active.values()):
+                reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
+                if reply.outcome == "claimLost" and handle.proc is not None and handle.proc.returncode is None:
+                    _signal_group(handle.proc.pid, signal.SIGKILL)  # a runner without its claim must not write
+
+    async def stop(self) -> None:
+        """Shutdown: stop every runner group; their runs park at the last durable boundary."""
+        self._stopping = True
+        self._wake.set()
+        for handle in list(self.active.values()):
+            handle.stopping = True
+            if handle.proc is not None and handle.proc.returncode is None:
+                _signal_group(handle.proc.pid, signal.SIGTERM)
+        tasks = [h.task for h in self.active.values() if h.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000)
+        for task in self._tasks:
+            task.cancel()
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """The group of a runner this supervisor spawned itself (its own handle, not a pid from disk)."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _source(view_source: dict[str, Any]) -> RunSource:
+    if view_source["kind"] == "file":
+        return RunSource(source_kind="file", source_path=view_source["path"],
+                         source_sha256=bytes.fromhex(view_source["sha256"]))  # fmt: skip
+    return RunSource(source_kind="builtin", builtin_id=view_source["id"], builtin_revision=view_source["revision"])

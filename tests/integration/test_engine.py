@@ -1,0 +1,197 @@
+"""Runs executed end to end: scheduler, claims, runner children, routing, recovery."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.server_util import ServerProcess, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+
+FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
+
+TENSTEP = """
+from piworkflows.workflows import compute, define_workflow, edge, notify
+def add(i):
+    return lambda ctx: {"sum": (ctx.outputs.get(f"n{i - 1}") or {"sum": 0})["sum"] + i}
+nodes = {f"n{i}": compute(add(i)) for i in range(9)}
+nodes["done"] = notify(kind="final", message=lambda ctx: f"sum={ctx.outputs['n8']['sum']}")
+edges = [edge(f"n{i}", f"n{i + 1}") for i in range(8)] + [edge("n8", "done")]
+workflow = define_workflow("tenstep", "n0", nodes, edges)
+"""
+
+# The second node waits for a flag file (polling with a deadline), so a test can act while it runs.
+BLOCKING = """
+import os, time
+from piworkflows.workflows import compute, define_workflow, edge
+def wait_for_flag(ctx):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ctx.input["flag"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no flag")
+        time.sleep(0.02)
+    return {"waited": True}
+workflow = define_workflow("blocking", "first", {
+    "first": compute(lambda ctx: {"first": True}),
+    "wait": compute(wait_for_flag),
+    "last": compute(lambda ctx: {"done": ctx.outputs["wait"]["waited"]}),
+}, [edge("first", "wait"), edge("wait", "last")])
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / ".pi" / "workflows").mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    proc = ServerProcess(tmp_path / "s", env=FAST).start()
+    yield proc
+    proc.stop()
+
+
+def write(project: Path, name: str, source: str) -> None:
+    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
+
+
+def start(server: ServerProcess, project: Path, name: str, input_value=None) -> str:
+    with server.client() as client:
+        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
+                                                "input": input_value or {}})  # fmt: skip
+    assert response.outcome == "accepted", response
+    return response.receipt["runId"]
+
+
+def view(server: ServerProcess, run_id: str) -> dict:
+    with server.client() as client:
+        response = client.request("run.status", {}, run_id=run_id)
+    assert response.outcome == "accepted", response
+    return response.receipt
+
+
+def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict:
+    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
+                      what=f"run {statuses}")  # fmt: skip
+
+
+def check_database(state_dir: Path) -> None:
+    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        # Terminal runs have settled queues, no claim and no live runner.
+        assert conn.execute(
+            "SELECT count(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l "
+            "ON l.resource_id = r.run_id WHERE r.finished_at IS NOT NULL AND (q.queue_status NOT IN "
+            "('done', 'failed', 'cancelled') OR l.owner_id IS NOT NULL OR EXISTS (SELECT 1 FROM run_workers w "
+            "WHERE w.run_id = r.run_id AND w.ended_at IS NULL))"
+        ).fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+def test_a_ten_node_workflow_completes_with_its_output(server, project):
+    write(project, "tenstep", TENSTEP)
+    run_id = start(server, project, "tenstep")
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]
+    assert done["output"] == {"kind": "final", "message": "sum=36"}
+    assert [s["nodePath"] for s in done["steps"]["items"]] == [f"n{i}" for i in range(9)] + ["done"]
+    assert all(s["status"] == "completed" for s in done["steps"]["items"])
+    check_database(server.state_dir)
+
+
+def test_failures_and_routing_errors_fail_the_run(server, project):
+    write(project, "boom", 'from piworkflows.workflows import *\n'
+                           'workflow = define_workflow("boom", "a", {"a": compute(lambda ctx: 1 / 0)})\n')  # fmt: skip
+    write(project, "lost", 'from piworkflows.workflows import *\n'
+                           'workflow = define_workflow("lost", "a", {"a": compute(lambda ctx: {"r": "x"}), '
+                           '"b": compute(lambda ctx: 1)}, [switch("a", on="$.r", cases={"y": "b"})])\n')  # fmt: skip
+    boom = wait_status(server, start(server, project, "boom"), "completed", "failed")
+    assert boom["display"]["status"] == "failed" and "ZeroDivisionError" in boom["error"]
+    lost = wait_status(server, start(server, project, "lost"), "completed", "failed")
+    assert lost["display"]["status"] == "failed" and lost["run"]["errorCode"] == "routingError"
+    check_database(server.state_dir)
+
+
+def test_max_steps_fails_a_looping_run(server, project):
+    write(project, "loop", 'from piworkflows.workflows import *\n'
+                           'workflow = define_workflow("loop", "a", {"a": compute(lambda ctx: 1), '
+                           '"b": compute(lambda ctx: 2)}, [edge("a", "b"), edge("b", "a")], '
+                           'max_steps=5)\n')  # fmt: skip
+    done = wait_status(server, start(server, project, "loop"), "completed", "failed")
+    assert done["run"]["errorCode"] == "maxStepsExceeded" and len(done["steps"]["items"]) == 5
+
+
+def _waiting(server: ServerProcess, run_id: str) -> bool:
+    steps = view(server, run_id)["steps"]["items"]
+    return bool(steps) and steps[-1]["nodePath"] == "wait" and steps[-1]["status"] == "running"
+
+
+def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path, project):
+    write(project, "blocking", BLOCKING)
+    flag = tmp_path / "flag"
+    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    run_id = start(server, project, "blocking", {"flag": str(flag)})
+    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    assert server.stop() == 0
+    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    try:
+        flag.write_text("go")
+        done = wait_status(server, run_id, "completed", "failed")
+        assert done["display"]["status"] == "completed", done["error"]
+        nodes = [(s["nodePath"], s["status"]) for s in done["steps"]["items"]]
+        assert nodes == [("first", "completed"), ("wait", "interrupted"), ("wait", "completed"),
+                         ("last", "completed")]  # fmt: skip
+    finally:
+        server.stop()
+    check_database(server.state_dir)
+
+
+def test_kill_9_of_the_supervisor_mid_run_resumes_without_repeating_finished_nodes(tmp_path, project):
+    write(project, "blocking", BLOCKING)
+    flag = tmp_path / "flag"
+    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    run_id = start(server, project, "blocking", {"flag": str(flag)})
+    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
+    server.kill()
+    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    try:
+        # The takeover ended the old runner's process group (its identity matched).
+        wait_until(lambda: not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status()
+                   == psutil.STATUS_ZOMBIE, what="old runner gone")  # fmt: skip
+        flag.write_text("go")
+        done = wait_status(server, run_id, "completed", "failed")
+        assert done["display"]["status"] == "completed", done["error"]
+        firsts = [s for s in done["steps"]["items"] if s["nodePath"] == "first"]
+        assert len(firsts) == 1  # a finished node is never executed again
+    finally:
+        server.stop()
+    check_database(server.state_dir)
+
+
+def test_a_changed_source_parks_the_run(tmp_path, project):
+    write(project, "blocking", BLOCKING)
+    write(project, "tenstep", TENSTEP)
+    flag = tmp_path / "flag"
+    server = ServerProcess(tmp_path / "s", env={**FAST, "PI_WORKFLOWS_MAX_RUNNERS": "1"}).start()
+    try:
+        first = start(server, project, "blocking", {"flag": str(flag)})
+        wait_until(lambda: _waiting(server, first), what="the wait node running")
+        second = start(server, project, "tenstep")  # queued: the only runner slot is busy
+        write(project, "tenstep", TENSTEP + "\n# edited after the run started\n")
+        flag.write_text("go")
+        parked = wait_until(lambda: (v := view(server, second))["run"]["parkReason"] == "workflowSourceChanged" and v,
+                            what="parked")  # fmt: skip
+        assert parked["display"]["status"] == "queued" and parked["steps"]["items"] == []
+        assert wait_status(server, first, "completed")["display"]["status"] == "completed"
+    finally:
+        server.stop()
