@@ -200,6 +200,25 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
         click.echo(f"    {step['stepIndex']:>3} {step['nodePath']} [{step['nodeKind']}] {step['status']}")
 
 
+@main.command("answer")
+@click.argument("run_id")
+@click.argument("node")
+@click.argument("answer_json")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def answer(paths: StatePaths, run_id: str, node: str, answer_json: str, as_json: bool) -> None:
+    """Answer the checkpoint NODE of a waiting run; the answer becomes the node's output.
+
+    Example: pi-workflows answer run-0123abcd ask '{"continue": true}'
+    """
+    try:
+        value = json.loads(answer_json)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc}); pass e.g. '{{\"continue\": true}}'") from None
+    receipt = _accepted(_request(paths, "checkpoint.answer", {"nodePath": node, "answer": value}, run_id=run_id))
+    click.echo(canonical.dumps(receipt) if as_json else f"answered; {run_id} continues")
+
+
 @main.command("runs")
 @click.option("--project", type=click.Path(file_okay=False), help="Only runs of this project directory.")
 @click.option("--limit", type=click.IntRange(1, 256), default=50, show_default=True)

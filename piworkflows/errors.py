@@ -21,6 +21,7 @@ CODES: dict[str, str] = {
     "idempotencyKeyReused": "conflict",
     "effectKeyConflict": "conflict",
     "winnerDecided": "conflict",
+    "notWaiting": "conflict",
     "workflowSourceChanged": "conflict",
     "requestInFlight": "conflict",
     "leaseHeld": "conflict",

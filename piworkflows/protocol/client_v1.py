@@ -252,7 +252,23 @@ class RunListPayload(Payload):
     cursor: dict[str, Any] | None = None
 
 
+class CheckpointAnswerPayload(Payload):
+    """checkpoint.answer, the run in the envelope's runId: the answer becomes the node's output."""
+
+    nodePath: str = Field(min_length=1, max_length=1024)
+    answer: Any
+    coordinatorEpoch: int | None = None  # sent by session clients; not part of the fingerprint
+
+
+class CheckpointAnswerReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    attemptId: str
+    status: Literal["queued"]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
+    "checkpoint.answer": (CheckpointAnswerPayload, CheckpointAnswerReceipt),
     "run.start": (RunStartPayload, RunStartReceipt),
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)
     "run.list": (RunListPayload, None),  # the receipt is a pi-workflows.run-list-page.v1 page

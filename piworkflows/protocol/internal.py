@@ -422,6 +422,27 @@ class NodeFinish(Command):
         return self
 
 
+class NodeWait(Command):
+    """A checkpoint asks for input: the run waits with no runner and no claim."""
+
+    kind: ClassVar[str] = "node.wait"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    attempt_id: Id
+    request: BlobValue  # what the answerer sees (JSON: summary)
+
+
+class CheckpointAnswer(Command):
+    """The answer to a waiting checkpoint: it becomes the node's output, in the same run."""
+
+    kind: ClassVar[str] = "checkpoint.answer"
+    run_id: Id
+    expected_revision: int | None = Field(default=None, ge=1)
+    node_path: str = Field(min_length=1, max_length=1024)
+    answer: BlobValue
+
+
 class ClaimRenew(Command):
     """The supervisor keeps a runner's claim alive while workflow code blocks."""
 
@@ -499,6 +520,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunnerExited,
         NodeStart,
         NodeFinish,
+        NodeWait,
+        CheckpointAnswer,
         ClaimRenew,
         ResumeState,
         ClaimableRuns,

@@ -26,7 +26,7 @@ from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
 from piworkflows.workflows import CompiledWorkflow, discovery, routing
 from piworkflows.workflows.context import NodeContext
-from piworkflows.workflows.nodes import ComputeNode, NotifyNode
+from piworkflows.workflows.nodes import CheckpointNode, ComputeNode, NotifyNode
 
 LAUNCH, EXITING = "launch", "exiting"
 
@@ -124,6 +124,13 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         visits[path] = visit
         executed += 1
         finish: dict[str, Any] = {"attempt_id": started.receipt["attemptId"]}
+        if isinstance(node, CheckpointNode):
+            ctx = NodeContext(input=launch.input, outputs=dict(outputs), results=dict(results))
+            request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
+            if node.run is not None:
+                request["details"] = node.run(ctx)
+            channel.request("node.wait", {**finish, "request": BlobValue.of_json(request).model_dump()})
+            return {}  # the run waits with no runner; the answer completes the node and requeues the run
         try:
             output = execute(node, NodeContext(input=launch.input, outputs=dict(outputs), results=dict(results)))
             value = BlobValue.of_json(output)

@@ -38,6 +38,7 @@ class Router:
     def __init__(self, supervisor: Any) -> None:
         self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
+            "checkpoint.answer": self.checkpoint_answer,
             "run.start": self.run_start,
             "run.status": self.run_status,
             "run.list": self.run_list,
@@ -156,6 +157,29 @@ class Router:
         if payload.cursor is not None:
             body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
         return from_reply(request, await self.supervisor.writer.request("run.list", body))
+
+    async def checkpoint_answer(
+        self, request: client_v1.Request, payload: client_v1.CheckpointAnswerPayload
+    ) -> client_v1.Response:
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "checkpoint.answer names the run in runId"))
+        try:
+            answer = BlobValue.of_json(payload.answer)
+        except (TypeError, ValueError):
+            return refuse(request, CommandError("validationFailed", "the answer is not JSON a run can store"))
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "run_id": request.runId,
+            "node_path": payload.nodePath,
+            "answer": answer.model_dump(),
+        }
+        if request.expectedRevision is not None:
+            body["expected_revision"] = request.expectedRevision
+        reply = await self.supervisor.writer.request("checkpoint.answer", body)
+        if reply.outcome == "accepted":
+            self.supervisor.scheduler.wake()
+        return from_reply(request, reply)
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=client_v1.schema_document())

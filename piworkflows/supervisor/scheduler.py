@@ -164,7 +164,7 @@ class Scheduler:
 
     async def _forward(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         kind, body = frame["k"], dict(frame["b"])
-        if kind not in ("node.start", "node.finish"):
+        if kind not in ("node.start", "node.finish", "node.wait"):
             return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
         message = canonical.dumps_bytes({"kind": kind, "body": {k: v for k, v in body.items()
                                                               if not isinstance(v, (bytes, dict))}})  # fmt: skip

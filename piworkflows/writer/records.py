@@ -90,6 +90,13 @@ def advance_presentation(conn: sqlite3.Connection, run_id: str, now: int) -> int
     return int(row[0])
 
 
+def end_live_runner(conn: sqlite3.Connection, run_id: str, now: int) -> None:
+    """The runner's work ended with this transaction (the run finished or waits); it exits next."""
+    conn.execute(
+        "UPDATE run_workers SET outcome = 'exited', ended_at = ? WHERE run_id = ? AND ended_at IS NULL", (now, run_id)
+    )
+
+
 # --- leases -------------------------------------------------------------------
 
 

@@ -195,3 +195,60 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
         assert wait_status(server, first, "completed")["display"]["status"] == "completed"
     finally:
         server.stop()
+
+
+CHECKPOINT = """
+from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
+workflow = define_workflow("ask", "prepare", {
+    "prepare": compute(lambda ctx: {"question": "go on?"}),
+    "ask": checkpoint(summary=lambda ctx: ctx.outputs["prepare"]["question"]),
+    "yes": compute(lambda ctx: {"answered": ctx.outputs["ask"]["go"]}),
+    "no": compute(lambda ctx: {"answered": False}),
+}, [edge("prepare", "ask"), switch("ask", on="$.go", cases={"true": "yes", "false": "no"})])
+"""
+
+
+def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    waiting = wait_status(server, run_id, "waiting")
+    assert waiting["display"]["controls"] == ["pause", "cancel", "answer"]
+    conn = sqlite3.connect(f"file:{server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        phases = conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id)")
+        assert phases.fetchone() == ("waiting", "parked")
+        assert conn.execute("SELECT count(*) FROM leases WHERE owner_id IS NOT NULL").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM run_workers WHERE ended_at IS NULL").fetchone() == (0,)
+    finally:
+        conn.close()
+    with server.client() as client:
+        first = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
+        second = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": False}}, run_id=run_id)
+        repeat = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id,
+                                idempotency_key="k-1")  # fmt: skip
+    assert first.outcome == "accepted" and first.receipt["status"] == "queued"
+    assert second.outcome == "conflict" and second.receipt["code"] == "winnerDecided"
+    assert repeat.outcome == "conflict"
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["output"] == {"answered": True}
+    asks = [s for s in done["steps"]["items"] if s["nodePath"] == "ask"]
+    assert len(asks) == 1 and asks[0]["status"] == "completed"  # answered checkpoints count once
+    check_database(server.state_dir)
+
+
+def test_the_cli_answers_a_checkpoint(server, project):
+    import subprocess
+    import sys
+
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    result = subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "answer",
+                             run_id, "ask", '{"go": false}'], capture_output=True, text=True, timeout=60,
+                            env=server.env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert wait_status(server, run_id, "completed")["output"] == {"answered": False}
+    again = subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "answer",
+                            run_id, "ask", '{"go": true}'], capture_output=True, text=True, timeout=60,
+                           env=server.env)  # fmt: skip
+    assert again.returncode == 1 and "winnerDecided" in again.stderr

@@ -11,7 +11,7 @@ every commit; the runner process exits right after).
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import NodeFinish, NodeStart
+from piworkflows.protocol.internal import CheckpointAnswer, NodeFinish, NodeStart, NodeWait
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 
@@ -102,9 +102,7 @@ class FinishNode(ResourceHandler[NodeFinish]):
                 )
                 conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
                              (QUEUE_AFTER[end], now, cmd.run_id))  # fmt: skip
-                # The runner's work is over with the run: no live runner beside a terminal run.
-                conn.execute("UPDATE run_workers SET outcome = 'exited', ended_at = ? WHERE run_id = ? "
-                             "AND ended_at IS NULL", (now, cmd.run_id))  # fmt: skip
+                records.end_live_runner(conn, cmd.run_id, now)  # no live runner beside a terminal run
             else:
                 conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             records.advance_presentation(conn, cmd.run_id, now)
@@ -120,3 +118,83 @@ class FinishNode(ResourceHandler[NodeFinish]):
 
 
 HANDLERS = (StartNode(), FinishNode())
+
+
+class WaitNode(ResourceHandler[NodeWait]):
+    """waiting | parked | no claim | no runner: the runner exits after this commit."""
+
+    kind = NodeWait.kind
+    model = NodeWait
+    actors = RUNNER
+    claim_required = True
+
+    def target(self, tx: Tx, cmd: NodeWait) -> Target:
+        return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
+
+    def transition(self, tx: Tx, cmd: NodeWait, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        row = conn.execute("SELECT attempt_status, node_kind FROM node_attempts WHERE attempt_id = ? AND run_id = ?",
+                           (cmd.attempt_id, cmd.run_id)).fetchone()  # fmt: skip
+        if row is None or row != ("running", "checkpoint"):
+            raise CommandError("invalidTransition", "only a running checkpoint waits", attemptId=cmd.attempt_id)
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute("UPDATE node_attempts SET attempt_status = 'waiting', receipt_digest = ? WHERE attempt_id = ?",
+                         (cmd.request.digest, cmd.attempt_id))  # fmt: skip
+            conn.execute("UPDATE runs SET status = 'waiting', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            conn.execute("UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?",
+                         (now, cmd.run_id))  # fmt: skip
+            records.end_live_runner(conn, cmd.run_id, now)
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="node.waiting", apply=apply, blobs=[cmd.request], release_claim=True,
+                      receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"})  # fmt: skip
+
+
+class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
+    """One winner: the first answer completes the node; a later one is a conflict naming it."""
+
+    kind = CheckpointAnswer.kind
+    model = CheckpointAnswer
+    actors = frozenset({"client", "operator", "human"})
+
+    def target(self, tx: Tx, cmd: CheckpointAnswer) -> Target:
+        run = records.get_resource(tx.conn, cmd.run_id)
+        if run is None or run.resource_kind != "run":
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Target(cmd.run_id, cmd.expected_revision if cmd.expected_revision is not None else run.revision)
+
+    def transition(self, tx: Tx, cmd: CheckpointAnswer, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        waiting = conn.execute(
+            "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND node_path = ? AND node_kind = 'checkpoint' "
+            "AND attempt_status = 'waiting'",
+            (cmd.run_id, cmd.node_path),
+        ).fetchone()
+        if waiting is None:
+            answered = conn.execute(
+                "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND node_path = ? AND node_kind = 'checkpoint' "
+                "AND attempt_status = 'completed' ORDER BY finished_at DESC LIMIT 1",
+                (cmd.run_id, cmd.node_path),
+            ).fetchone()
+            if answered is not None:
+                raise CommandError("winnerDecided", "the checkpoint was already answered", attemptId=answered[0])
+            raise CommandError("notWaiting", "the run does not wait at this checkpoint", nodePath=cmd.node_path)
+        attempt_id = waiting[0]
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = 'completed', outcome = 'ok', output_digest = ?, "
+                "finished_at = ? WHERE attempt_id = ?",
+                (cmd.answer.digest, now, attempt_id),
+            )
+            conn.execute("UPDATE runs SET status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?",
+                         (now, cmd.run_id))  # fmt: skip
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="checkpoint.answered", apply=apply, blobs=[cmd.answer],
+                      receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"})  # fmt: skip
+
+
+HANDLERS = (*HANDLERS, WaitNode(), AnswerCheckpoint())
