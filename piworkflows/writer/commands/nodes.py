@@ -13,6 +13,7 @@ from __future__ import annotations
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import CheckpointAnswer, NodeFinish, NodeStart, NodeWait
 from piworkflows.writer import records
+from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 
 RUNNER = frozenset({"runner", "server"})
@@ -117,9 +118,6 @@ class FinishNode(ResourceHandler[NodeFinish]):
         )
 
 
-HANDLERS = (StartNode(), FinishNode())
-
-
 class WaitNode(ResourceHandler[NodeWait]):
     """waiting | parked | no claim | no runner: the runner exits after this commit."""
 
@@ -159,10 +157,7 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
     actors = frozenset({"client", "operator", "human"})
 
     def target(self, tx: Tx, cmd: CheckpointAnswer) -> Target:
-        run = records.get_resource(tx.conn, cmd.run_id)
-        if run is None or run.resource_kind != "run":
-            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
-        return Target(cmd.run_id, cmd.expected_revision if cmd.expected_revision is not None else run.revision)
+        return run_target(tx, cmd.run_id, cmd.expected_revision)
 
     def transition(self, tx: Tx, cmd: CheckpointAnswer, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
@@ -197,4 +192,4 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
                       receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"})  # fmt: skip
 
 
-HANDLERS = (*HANDLERS, WaitNode(), AnswerCheckpoint())
+HANDLERS = (StartNode(), FinishNode(), WaitNode(), AnswerCheckpoint())

@@ -29,6 +29,7 @@ from piworkflows.protocol.internal import (
 )
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
+from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
 
 SERVER_ONLY = frozenset({"server"})
@@ -49,10 +50,7 @@ class ClaimRun(ResourceHandler[RunClaim]):
     actors = SERVER_ONLY
 
     def target(self, tx: Tx, cmd: RunClaim) -> Target:
-        run = records.get_resource(tx.conn, cmd.run_id)
-        if run is None or run.resource_kind != "run":
-            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
-        return Target(cmd.run_id, run.revision)
+        return run_target(tx, cmd.run_id)
 
     def transition(self, tx: Tx, cmd: RunClaim, resource: records.Resource | None) -> Change:
         records.verify_server_epoch(tx.conn, cmd.server_epoch)
@@ -113,10 +111,7 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
     fenced_by_transition = True  # the runner is gone and its claim may have expired: its runner epoch fences
 
     def target(self, tx: Tx, cmd: RunnerExited) -> Target:
-        run = records.get_resource(tx.conn, cmd.run_id)
-        if run is None or run.resource_kind != "run":
-            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
-        return Target(cmd.run_id, run.revision)
+        return run_target(tx, cmd.run_id)
 
     def _worker(self, tx: Tx, cmd: RunnerExited) -> tuple[int, int]:
         row = tx.conn.execute(
@@ -198,9 +193,6 @@ class ListOrphans(Handler[OrphanedRunners]):
         return Result(receipt={"runners": [{"runId": r, "runnerEpoch": e} for r, e in rows]})
 
 
-HANDLERS = (ClaimRun(), RecordRunnerSpawned(), RecordRunnerExited(), ListClaimable(), ListOrphans())
-
-
 class RenewClaim(Handler[ClaimRenew]):
     """Renew the exact live claim (no revision: nothing changed but its expiry)."""
 
@@ -254,4 +246,12 @@ class ReadResumeState(Handler[ResumeState]):
         )
 
 
-HANDLERS = (*HANDLERS, RenewClaim(), ReadResumeState())
+HANDLERS = (
+    ClaimRun(),
+    RecordRunnerSpawned(),
+    RecordRunnerExited(),
+    RenewClaim(),
+    ReadResumeState(),
+    ListClaimable(),
+    ListOrphans(),
+)

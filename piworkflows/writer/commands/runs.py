@@ -12,6 +12,14 @@ from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result
 from piworkflows.writer.views import runs as views
 
 
+def run_target(tx: Tx, run_id: str, expected_revision: int | None = None) -> Target:
+    """A command on an existing run, at the client's expected revision or (server commands) the current one."""
+    run = records.get_resource(tx.conn, run_id)
+    if run is None or run.resource_kind != "run":
+        raise CommandError("runNotFound", "no such run", runId=run_id)
+    return Target(run_id, expected_revision if expected_revision is not None else run.revision)
+
+
 class CreateRun(ResourceHandler[RunCreate]):
     kind = RunCreate.kind
     model = RunCreate
