@@ -38,6 +38,20 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, what: s
         time.sleep(interval)
 
 
+def check_state(state_dir: Path) -> None:
+    """The spec's invariants plus SQLite's integrity and foreign-key checks, read-only."""
+    import sqlite3
+
+    from piworkflows.writer import invariants
+
+    conn = sqlite3.connect(f"file:{Path(state_dir) / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        assert invariants.integrity(conn) == []
+        assert invariants.violations(conn, int(time.time() * 1000)) == {}
+    finally:
+        conn.close()
+
+
 class ServerProcess:
     """``python -m piworkflows.supervisor --foreground`` on a temporary state dir."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.server_util import ServerProcess, wait_until
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -82,19 +82,7 @@ def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict:
 
 
 def check_database(state_dir: Path) -> None:
-    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-        # Terminal runs have settled queues, no claim and no live runner.
-        assert conn.execute(
-            "SELECT count(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l "
-            "ON l.resource_id = r.run_id WHERE r.finished_at IS NOT NULL AND (q.queue_status NOT IN "
-            "('done', 'failed', 'cancelled') OR l.owner_id IS NOT NULL OR EXISTS (SELECT 1 FROM run_workers w "
-            "WHERE w.run_id = r.run_id AND w.ended_at IS NULL))"
-        ).fetchone() == (0,)
-    finally:
-        conn.close()
+    check_state(state_dir)
 
 
 def test_a_ten_node_workflow_completes_with_its_output(server, project):

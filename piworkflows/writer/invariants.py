@@ -1,0 +1,86 @@
+"""The spec's state invariants: one module owns the queries (spec, State verification).
+
+Each check returns the run ids (or other ids) that violate it; an empty
+report means the state is consistent. Verification never repairs anything.
+The explicit non-contradictions of the spec are honoured: queued, starting,
+running and parked queue phases beside live execution states during
+admission; a terminal run whose queue settlement effect is still pending;
+expired claims (recovery facts, not proof of completed work).
+
+Used by the tests today; ``state status``/``state verify`` and the stress
+harness will use the same functions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+# name -> a query returning one id per violation
+CHECKS: dict[str, str] = {
+    # A terminal run's queue is settled (done/failed/cancelled), unless its settlement effect is pending.
+    "terminalQueueMismatch": """
+        SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+        WHERE r.finished_at IS NOT NULL
+          AND q.queue_status NOT IN ('done', 'failed', 'cancelled')
+          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.run_id AND e.effect_class = 'local'
+                          AND e.effect_status IN ('pending', 'applying'))""",
+    # A settled queue belongs to a terminal run.
+    "settledQueueOfLiveRun": """
+        SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+        WHERE r.finished_at IS NULL AND q.queue_status IN ('done', 'failed', 'cancelled')""",
+    # A waiting run waits on something: a waiting attempt or a pending request.
+    "waitingRunWithoutResponse": """
+        SELECT r.run_id FROM runs r WHERE r.status = 'waiting'
+          AND NOT EXISTS (SELECT 1 FROM node_attempts a WHERE a.run_id = r.run_id AND a.attempt_status = 'waiting')
+          AND NOT EXISTS (SELECT 1 FROM interactive_requests i WHERE i.run_id = r.run_id
+                          AND i.request_status IN ('pending', 'validating'))""",
+    # A pending request belongs to an attempt that is still active.
+    "pendingRequestOnInactiveAttempt": """
+        SELECT i.run_id FROM interactive_requests i JOIN node_attempts a ON a.attempt_id = i.attempt_id
+        WHERE i.request_status IN ('pending', 'validating') AND a.attempt_status NOT IN ('running', 'waiting')""",
+    # An accepted request names a submission that exists and was accepted.
+    "missingAcceptedSubmission": """
+        SELECT i.run_id FROM interactive_requests i
+        WHERE i.request_status = 'accepted' AND NOT EXISTS (
+            SELECT 1 FROM interactive_submissions s WHERE s.submission_id = i.accepted_submission_id
+              AND s.request_id = i.request_id AND s.outcome IN ('accepted', 'adopted'))""",
+    # An open active-time interval belongs to an active attempt, and ends after it starts.
+    "invalidActiveClock": """
+        SELECT a.run_id FROM attempt_active_intervals t JOIN node_attempts a ON a.attempt_id = t.attempt_id
+        WHERE (t.ended_at IS NULL AND a.attempt_status NOT IN ('running', 'waiting'))
+           OR t.last_observed_at < t.started_at OR (t.ended_at IS NOT NULL AND t.ended_at < t.started_at)""",
+    # An open Pi turn belongs to a nonterminal run.
+    "conflictingPiTurn": """
+        SELECT t.run_id FROM workflow_turns t JOIN runs r ON r.run_id = t.run_id
+        WHERE t.turn_state = 'open' AND r.finished_at IS NOT NULL""",
+    # A claim or a live runner never stands beside a terminal, waiting or queued-and-idle run.
+    "claimOrRunnerOfIdleRun": """
+        SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+        WHERE (r.finished_at IS NOT NULL OR r.status = 'waiting' OR q.queue_status IN ('queued', 'parked'))
+          AND (EXISTS (SELECT 1 FROM leases l WHERE l.resource_id = r.run_id AND l.owner_id IS NOT NULL
+                       AND l.expires_at > :now)
+               OR EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL))""",
+    # A running queue phase has its runner record.
+    "runningQueueWithoutRunner": """
+        SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+        WHERE q.queue_status IN ('starting', 'running')
+          AND NOT EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL)""",
+}
+
+
+def violations(conn: sqlite3.Connection, now: int) -> dict[str, list[str]]:
+    """Every violated invariant with the ids involved (empty: consistent)."""
+    found = {}
+    for name, query in CHECKS.items():
+        params = {"now": now} if ":now" in query else {}
+        ids = sorted({row[0] for row in conn.execute(query, params)})
+        if ids:
+            found[name] = ids
+    return found
+
+
+def integrity(conn: sqlite3.Connection) -> list[str]:
+    """SQLite's own checks: 'ok' from integrity_check and no foreign key violation, else the problems."""
+    problems = [row[0] for row in conn.execute("PRAGMA integrity_check") if row[0] != "ok"]
+    problems += [f"foreign key: {row[0]} row {row[1]} -> {row[2]}" for row in conn.execute("PRAGMA foreign_key_check")]
+    return problems

@@ -1,0 +1,63 @@
+"""Each invariant is detected when planted, and not reported in the allowed states."""
+
+from __future__ import annotations
+
+import pytest
+
+from piworkflows.writer import invariants
+from tests.support import run_create, run_group, take_epoch
+from tests.unit.test_runners import claim
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def conn(executor):
+    run_group(executor, take_epoch(), run_create("run-1"))
+    return executor.conn
+
+
+def test_a_fresh_queued_run_is_consistent(conn, clock):
+    assert invariants.violations(conn, clock.now_ms()) == {}
+    assert invariants.integrity(conn) == []
+
+
+def test_admission_is_not_a_contradiction(executor, conn, clock):
+    run_group(executor, claim())  # running/starting with claim and runner: the admission window
+    assert invariants.violations(conn, clock.now_ms()) == {}
+
+
+@pytest.mark.parametrize(
+    "name, plant",
+    [
+        ("terminalQueueMismatch", ["UPDATE runs SET status = 'completed', finished_at = 1"]),
+        ("settledQueueOfLiveRun", ["UPDATE run_queue SET queue_status = 'done'"]),
+        ("waitingRunWithoutResponse", ["UPDATE runs SET status = 'waiting'",
+                                       "UPDATE run_queue SET queue_status = 'parked'"]),
+        ("runningQueueWithoutRunner", ["UPDATE runs SET status = 'running'",
+                                       "UPDATE run_queue SET queue_status = 'running'"]),
+        ("claimOrRunnerOfIdleRun", ["INSERT INTO leases VALUES ('run-1', 1, 'o', zeroblob(32), 0, 0, 9e15)"]),
+    ],
+)  # fmt: skip
+def test_each_planted_violation_is_reported_with_its_run(conn, clock, name, plant):
+    for statement in plant:
+        conn.execute(statement)
+    assert invariants.violations(conn, clock.now_ms()) == {name: ["run-1"]}
+
+
+def test_an_expired_claim_is_a_recovery_fact_not_a_violation(conn, clock):
+    conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'o', zeroblob(32), 0, 0, ?)", (clock.now_ms() - 1,))
+    assert invariants.violations(conn, clock.now_ms()) == {}
+
+
+def test_a_pending_settlement_effect_explains_an_unsettled_terminal_queue(executor, conn, clock):
+    conn.execute("UPDATE runs SET status = 'completed', finished_at = 1")
+    conn.execute("INSERT INTO resources VALUES ('effect-settle', 'effect', 1, NULL, 0, 0)")
+    conn.execute(
+        "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
+        "request_fingerprint, payload_digest, effect_class, recovery_policy, owner_scope, run_id, effect_status, "
+        "available_at, max_attempts, created_at, updated_at) SELECT 'effect-settle', 'run-1', 1, 'run.settle_queue', "
+        "'run-1:settle', zeroblob(32), input_digest, 'local', 'idempotent', 'run', 'run-1', 'pending', 0, 1, 0, 0 "
+        "FROM runs"
+    )
+    assert invariants.violations(conn, clock.now_ms()) == {}
