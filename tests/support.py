@@ -144,7 +144,7 @@ def run_create(
         "project_path": project,
         "workflow_name": "demo",
         "definition": BlobValue.of_json(demo_snapshot()).model_dump(),
-        "source": {"source_kind": "builtin", "builtin_id": "builtin:demo", "builtin_revision": "1"},
+        "source": {"source_kind": "builtin", "builtin_id": "builtin:demo", "builtin_revision": "2"},
         "input": BlobValue.of_json({"who": "tests"} if input_value is None else input_value).model_dump(),
         "title": "demo for tests",
         "max_steps": 20,

@@ -91,6 +91,29 @@ def execute(node: Any, ctx: NodeContext) -> Any:
     raise NotImplementedError(f"{node.kind} nodes are not executable by this build's runner yet")
 
 
+def _scope(path: str) -> str:
+    """The mount scope of a full node path: "a/b/node" -> "a/b/", "node" -> ""."""
+    return path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+
+
+def make_context(
+    compiled: CompiledWorkflow, run_input: Any, outputs: dict[str, Any], results: dict[str, Any], scope: str
+) -> NodeContext:
+    """A node sees its own workflow: sibling outputs by local name, its include's input."""
+    if scope:
+        mount = scope[:-1]
+        include = compiled.mounts[mount]
+        parent = make_context(compiled, run_input, outputs, results, _scope(mount))
+        scoped_input = include.input(parent) if include.input is not None else {}
+    else:
+        scoped_input = run_input
+    return NodeContext(
+        input=scoped_input,
+        outputs={k[len(scope) :]: v for k, v in outputs.items() if k.startswith(scope)},
+        results={k[len(scope) :]: v for k, v in results.items() if k.startswith(scope)},
+    )
+
+
 def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
     """Execute the run from its last durable boundary; returns the exiting message."""
     compiled = load_checked(launch)
@@ -124,15 +147,15 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         visits[path] = visit
         executed += 1
         finish: dict[str, Any] = {"attempt_id": started.receipt["attemptId"]}
+        ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
         if isinstance(node, CheckpointNode):
-            ctx = NodeContext(input=launch.input, outputs=dict(outputs), results=dict(results))
             request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
             if node.run is not None:
                 request["details"] = node.run(ctx)
             channel.request("node.wait", {**finish, "request": BlobValue.of_json(request).model_dump()})
             return {}  # the run waits with no runner; the answer completes the node and requeues the run
         try:
-            output = execute(node, NodeContext(input=launch.input, outputs=dict(outputs), results=dict(results)))
+            output = execute(node, ctx)
             value = BlobValue.of_json(output)
             finish.update(outcome="ok", output=value.model_dump())
             outputs[path] = results[path] = output

@@ -240,3 +240,14 @@ def test_the_cli_answers_a_checkpoint(server, project):
                             run_id, "ask", '{"go": true}'], capture_output=True, text=True, timeout=60,
                            env=server.env)  # fmt: skip
     assert again.returncode == 1 and "winnerDecided" in again.stderr
+
+
+def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "piworkflows.demo", "--who", "tests"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'completed: output {"kind":"final","message":"demo finished: 2 words"}' in result.stdout
+    assert "summary/describe [compute] completed" in result.stdout

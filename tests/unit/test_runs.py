@@ -30,7 +30,7 @@ def test_a_new_run_is_queued_with_no_claim_and_no_runner(executor):
     ]
     project = conn.execute("SELECT canonical_path FROM projects").fetchall()
     assert project == [("/projects/p1",)]
-    assert conn.execute("SELECT builtin_id, builtin_revision FROM run_sources").fetchall() == [("builtin:demo", "1")]
+    assert conn.execute("SELECT builtin_id, builtin_revision FROM run_sources").fetchall() == [("builtin:demo", "2")]
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
 
 

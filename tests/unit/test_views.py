@@ -54,7 +54,7 @@ def test_run_view_of_a_queued_run(executor):
     assert view["schema"] == "pi-workflows.run-view.v1" and view["runRevision"] == 1
     assert view["run"]["status"] == "queued" and view["run"]["projectPath"] == "/projects/p1"
     assert view["input"] == {"who": "view"}
-    assert view["source"] == {"kind": "builtin", "id": "builtin:demo", "revision": "1"}
+    assert view["source"] == {"kind": "builtin", "id": "builtin:demo", "revision": "2"}
     assert view["steps"] == {"items": [], "cursor": None}
     assert view["trace"]["items"][0]["event"] == "run.queued"
     assert view["display"]["status"] == "queued"

@@ -1047,23 +1047,21 @@ def test_builtin_demo_resolves_loads_and_covers_every_kind(project: Path, user: 
     assert kinds == {
         "greet": "compute",
         "progress": "notify",
-        "echo": "shell",
         "ask": "checkpoint",
         "finish": "notify",
         "stop": "notify",
         "summary/count": "compute",
         "summary/describe": "compute",
     }
-    assert {"compute", "notify", "shell", "checkpoint"} <= set(kinds.values())
+    assert {"compute", "notify", "checkpoint"} <= set(kinds.values())
     assert compiled.snapshot["mounts"] == {"summary": {"workflow": "demo-summary"}}
     assert set(compiled.mounts) == {"summary"}
     assert compiled.snapshot["startAt"] == "greet"
     assert compiled.snapshot["maxSteps"] == 20
-    assert compiled.snapshot["nodes"]["echo"]["effectType"] == "demo.echo"
     assert canonical.dumps(compiled.snapshot)
     _assert_plain_json(compiled.snapshot)
     # The include is wired: into the mount's entry and out of its exit.
-    assert route(compiled, "echo", "ok") == Route(next_node="summary/count")
+    assert route(compiled, "progress", "ok") == Route(next_node="summary/count")
     assert route(compiled, "summary/count", "ok") == Route(next_node="summary/describe")
     assert route(compiled, "summary/describe", "ok") == Route(next_node="ask")
     assert route(compiled, "ask", "ok", {"continue": True}) == Route(next_node="finish")

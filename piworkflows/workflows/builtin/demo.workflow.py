@@ -1,8 +1,8 @@
-"""builtin:demo: every node kind available so far, end to end.
+"""builtin:demo: every node kind the runner executes so far, end to end.
 
-compute -> notify -> shell (an idempotent effect) -> an included child
-workflow -> checkpoint (answer it with `pi-workflows answer RUN_ID ask JSON`)
--> a switch on the answer -> a final notification.
+compute -> notify -> an included child workflow -> checkpoint (answer it with
+`pi-workflows answer RUN_ID ask JSON`) -> a switch on the answer -> a final
+notification. (Shell and action nodes join when the runner performs effects.)
 """
 
 from piworkflows.workflows import (
@@ -10,14 +10,12 @@ from piworkflows.workflows import (
     compute,
     define_workflow,
     edge,
-    idempotent_effect,
     include_workflow,
     notify,
-    shell,
     switch,
 )
 
-REVISION = "1"
+REVISION = "2"
 
 summarise = define_workflow(
     name="demo-summary",
@@ -37,19 +35,14 @@ workflow = define_workflow(
     nodes={
         "greet": compute(run=lambda ctx: {"greeting": f"hello {ctx.input.get('who', 'you')}"}),
         "progress": notify(kind="progress", message=lambda ctx: ctx.outputs["greet"]["greeting"]),
-        "echo": shell(
-            effect=idempotent_effect("demo.echo"),
-            exec=lambda ctx: {"command": "echo", "args": [ctx.outputs["greet"]["greeting"]]},
-        ),
         "ask": checkpoint(summary='Continue the demo? Answer {"continue": true} or {"continue": false}.'),
         "finish": notify(kind="final", message=lambda ctx: "demo finished: " + ctx.outputs["summary/describe"]["line"]),
         "stop": notify(kind="final", message="demo stopped at the checkpoint"),
     },
-    includes={"summary": include_workflow(summarise, input=lambda ctx: {"text": ctx.outputs["echo"]["stdout"]})},
+    includes={"summary": include_workflow(summarise, input=lambda ctx: {"text": ctx.outputs["greet"]["greeting"]})},
     edges=[
         edge("greet", "progress"),
-        edge("progress", "echo"),
-        edge("echo", "summary"),
+        edge("progress", "summary"),
         edge("summary.done", "ask"),
         switch("ask", on="$.continue", cases={"true": "finish", "false": "stop"}),
     ],

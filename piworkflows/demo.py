@@ -1,0 +1,64 @@
+"""``python -m piworkflows.demo``: the main job on a fresh temporary state dir.
+
+Starts a real server, runs the built-in demo workflow through the public
+client (exactly what `pi-workflows run start builtin:demo` does), answers
+its checkpoint like an operator would, prints the run view as it finishes,
+and stops the server. Nothing outside the temporary directory is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from piworkflows import canonical
+from piworkflows.client import WorkflowClient, start_server
+from piworkflows.paths import StatePaths
+
+
+def wait_for(client: WorkflowClient, run_id: str, statuses: set[str], timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        view = client.request("run.status", {}, run_id=run_id).receipt
+        if view["display"]["status"] in statuses:
+            return view
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the run did not reach {sorted(statuses)} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m piworkflows.demo")
+    parser.add_argument("--who", default="you")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="piw-demo-") as tmp:
+        paths = StatePaths.resolve(Path(tmp) / "state")
+        print(f"state dir: {paths.state_dir}")
+        start_server(paths)
+        try:
+            with WorkflowClient(paths.state_dir) as client:
+                started = client.request("run.start", {"projectPath": tmp, "workflowName": "builtin:demo",
+                                                       "input": {"who": args.who}})  # fmt: skip
+                run_id = started.receipt["runId"]
+                print(f"run.start -> {started.outcome}: {run_id}")
+                waiting = wait_for(client, run_id, {"waiting", "failed"})
+                print(f"{run_id} is {waiting['display']['status']}; controls {waiting['display']['controls']}")
+                answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"continue": True}},
+                                          run_id=run_id)  # fmt: skip
+                print(f"checkpoint.answer -> {answered.outcome}")
+                done = wait_for(client, run_id, {"completed", "failed", "cancelled", "timed_out"})
+                print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
+                for step in done["steps"]["items"]:
+                    print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']}")
+                client.request("server.stop")
+        finally:
+            while WorkflowClient(paths.state_dir, retry_for=0).running():
+                time.sleep(0.05)
+    return 0 if done["display"]["status"] == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
