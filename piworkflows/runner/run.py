@@ -6,7 +6,7 @@
     runner ── node.start ──> supervisor (claim + expected revision attached) ──> writer
            <── reply ──────
     runner ── node.finish (outcome, output or error, next node or end) ──> ... ──> writer
-    runner ── exiting ──> and exits
+    runner ── exiting ──> and waits for the next launch (the supervisor recycles it)
 
 The runner holds no claim token and never opens SQLite. It refuses changed
 code: a source whose SHA-256 (or built-in revision) or definition digest
@@ -182,10 +182,11 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
 
 
 def main() -> int:
+    """Serve launches one after another (one run each) until stdin closes."""
     channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the channel
-    first = channel.receive()
-    if first["k"] != LAUNCH:
-        return 2
-    channel.send(EXITING, run(channel, RunnerLaunch.model_validate(first["b"])))
-    return 0
+    while True:
+        frame = channel.receive()  # SystemExit(0) when the supervisor closes stdin
+        if frame["k"] != LAUNCH:
+            return 2
+        channel.send(EXITING, run(channel, RunnerLaunch.model_validate(frame["b"])))

@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from piworkflows import canonical
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource
@@ -36,6 +38,7 @@ from piworkflows.supervisor.registry import Identity
 log = logging.getLogger("piworkflows.supervisor")
 
 RUNNER_MARKER = "piworkflows.runner"
+RUNS_PER_PROCESS = 50  # a runner process is recycled after this many runs
 SERVER = {"actor_class": "server"}
 
 
@@ -48,6 +51,7 @@ class RunnerHandle:
     proc: asyncio.subprocess.Process | None = None
     stopping: bool = False
     park_reason: str | None = None
+    done: bool = False  # the runner said it is exiting this run (its process may serve another)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -59,6 +63,13 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        # Runner children kept waiting (package imported) for the next launch: a Python start
+        # costs well over 100 ms here. A process serves runs one at a time, is recycled after
+        # RUNS_PER_PROCESS, and is ended when a run of it was stopped or it failed.
+        self._ready: list[asyncio.subprocess.Process] = []
+        self._uses: dict[int, int] = {}  # runs served per waiting process
+        self._spare_needed = asyncio.Event()
+        self._spares = self.settings.max_runners
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         reply: Reply = await self.supervisor.writer.request(kind, {"actor": SERVER, **body})
@@ -73,7 +84,8 @@ class Scheduler:
             await self.request("runner.exited", {"run_id": orphan["runId"], "runner_epoch": orphan["runnerEpoch"],
                                                  "outcome": "orphaned", "stopped_by_server": True})  # fmt: skip
         self._tasks = [asyncio.create_task(self._admission(), name="admission"),
-                       asyncio.create_task(self._renewal(), name="claim-renewal")]  # fmt: skip
+                       asyncio.create_task(self._renewal(), name="claim-renewal"),
+                       asyncio.create_task(self._keep_spares(), name="runner-spares")]  # fmt: skip
         self.wake()
 
     async def _admission(self) -> None:
@@ -118,12 +130,8 @@ class Scheduler:
             source = await self.supervisor.writer.request("run.get", {"actor": SERVER, "run_id": handle.run_id})
             if state.outcome != "accepted" or source.outcome != "accepted":
                 return
-            handle.proc = proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "piworkflows.runner", "run",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stopping the run stops the whole group
-            )  # fmt: skip
-            self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+            handle.proc = proc = await self._take_runner()
+            self._spare_needed.set()
             created = int(Identity.of("runner", proc.pid, RUNNER_MARKER).createTime * 1000)
             await self.request("runner.spawned", {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch,
                                                   "claim": handle.claim, "pid": proc.pid,
@@ -144,6 +152,33 @@ class Scheduler:
         finally:
             await self._finish(handle, outcome)
 
+    async def _take_runner(self) -> asyncio.subprocess.Process:
+        """A waiting runner process that is still alive, else a new one."""
+        while self._ready:
+            proc = self._ready.pop()
+            if proc.returncode is None and psutil.pid_exists(proc.pid):
+                return proc
+            self._uses.pop(proc.pid, None)
+            self.supervisor.forget_child(proc.pid)
+        return await self._spawn_runner()
+
+    async def _spawn_runner(self) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "piworkflows.runner", "run",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stopping the run stops the whole group
+        )  # fmt: skip
+        self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+        return proc
+
+    async def _keep_spares(self) -> None:
+        """After a launch took a waiting process, start another (none before the first run)."""
+        while not self._stopping:
+            await self._spare_needed.wait()
+            self._spare_needed.clear()
+            while len(self._ready) < self._spares and not self._stopping:
+                self._ready.append(await self._spawn_runner())
+
     async def _relay(self, handle: RunnerHandle, proc: asyncio.subprocess.Process, launch: RunnerLaunch) -> str:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(frames.encode("launch", 0, launch.model_dump()))
@@ -153,7 +188,8 @@ class Scheduler:
             for frame in decoder.feed(data):
                 if frame["k"] == "exiting":
                     handle.park_reason = (frame["b"] or {}).get("parkReason") or handle.park_reason
-                    continue
+                    handle.done = True
+                    return "cancelled" if handle.stopping else "exited"
                 reply = await self._forward(handle, frame)
                 proc.stdin.write(frames.encode("reply", frame["id"], reply.model_dump()))
                 await proc.stdin.drain()
@@ -185,10 +221,16 @@ class Scheduler:
     async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
         proc = handle.proc
         if proc is not None:
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-                await proc.wait()
-            self.supervisor.forget_child(proc.pid)
+            uses = self._uses.pop(proc.pid, 0) + 1
+            reusable = handle.done and not handle.stopping and not self._stopping and proc.returncode is None
+            if reusable and uses < RUNS_PER_PROCESS and len(self._ready) < 2 * self._spares:
+                self._uses[proc.pid] = uses
+                self._ready.append(proc)  # its workflow code is done; it waits for the next launch
+            else:
+                if proc.returncode is None:
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    await proc.wait()
+                self.supervisor.forget_child(proc.pid)
         body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
                 "stopped_by_server": handle.stopping}  # fmt: skip
         if handle.park_reason == "workflowSourceChanged":
@@ -203,9 +245,13 @@ class Scheduler:
         while not self._stopping:
             await asyncio.sleep(self.settings.claim_renew_ms / 1000)
             for handle in list(self.active.values()):
+                if handle.done:
+                    continue  # its run ended or waits: the claim was released with that commit
                 reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
-                if reply.outcome == "claimLost" and handle.proc is not None and handle.proc.returncode is None:
-                    _signal_group(handle.proc.pid, signal.SIGKILL)  # a runner without its claim must not write
+                proc = handle.proc
+                if reply.outcome == "claimLost" and not handle.done and proc is not None and proc.returncode is None:
+                    handle.stopping = True  # a runner without its claim must not write; never reused
+                    _signal_group(proc.pid, signal.SIGKILL)
 
     async def stop(self) -> None:
         """Shutdown: stop every runner group; their runs park at the last durable boundary."""
@@ -220,6 +266,11 @@ class Scheduler:
             await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000)
         for task in self._tasks:
             task.cancel()
+        spares, self._ready = self._ready, []
+        for proc in spares:  # waiting for a launch: nothing to park
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            self.supervisor.forget_child(proc.pid)
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -155,6 +155,9 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
     kind = CheckpointAnswer.kind
     model = CheckpointAnswer
     actors = frozenset({"client", "operator", "human"})
+    # A waiting checkpoint means no runner holds the run; a later answer meets the
+    # winner (or the runner that continues after it) and must say so, not leaseHeld.
+    fenced_by_transition = True
 
     def target(self, tx: Tx, cmd: CheckpointAnswer) -> Target:
         return run_target(tx, cmd.run_id, cmd.expected_revision)
