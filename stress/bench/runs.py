@@ -11,9 +11,12 @@ in-process on a plain sqlite3 connection with the same pragmas on the same
 filesystem, one ``BEGIN IMMEDIATE ... COMMIT`` per command.
 
 ``ratio_run_start`` = the first over the second (target >= 1.0: group commit
-must pay for all of the server's overhead). The engine issue's second part,
-``workflows_per_s``/``nodes_per_s`` against DBOS Transact, needs runners and
-is not measured yet.
+must pay for all of the server's overhead).
+
+``workflows_per_s`` / ``nodes_per_s``: ``--workflows`` runs (default 200) of a
+10-node compute workflow started back to back by one client and executed by
+4 runners, measured from the first start to the last completion. The DBOS
+Transact comparison (``ratio_vs_dbos``) is not measured yet.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from stress.bench.fs import bench_dir, cleanup, filesystem_of
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--starts", type=int, default=100, help="run.start requests per client")
+    parser.add_argument("--workflows", type=int, default=200, help="10-node workflow runs")
     parser.add_argument("--dir", help="where to create the temporary state dirs (a disk, not tmpfs)")
 
 
@@ -55,11 +59,12 @@ def _client(state_dir: str, project: str, starts: int, go: Any, out: Any) -> Non
 
 
 def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) -> float:
-    os.environ["PI_WORKFLOWS_SQL_TRACE_PATH"] = str(trace)
+    # Runs are only started here (no runners: execution is measured separately).
+    os.environ.update(PI_WORKFLOWS_SQL_TRACE_PATH=str(trace), PI_WORKFLOWS_MAX_RUNNERS="0")
     try:
         start_server(paths)
     finally:
-        del os.environ["PI_WORKFLOWS_SQL_TRACE_PATH"]
+        del os.environ["PI_WORKFLOWS_SQL_TRACE_PATH"], os.environ["PI_WORKFLOWS_MAX_RUNNERS"]
     ctx = multiprocessing.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
     project = str(paths.state_dir.parent)
@@ -77,6 +82,41 @@ def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) ->
     while WorkflowClient(paths.state_dir, retry_for=0).running():
         time.sleep(0.05)
     return total / elapsed
+
+
+TEN_NODES = """
+from piworkflows.workflows import compute, define_workflow, edge
+def step(i):
+    return lambda ctx: {"sum": (ctx.outputs.get(f"n{i - 1}") or {"sum": 0})["sum"] + i}
+workflow = define_workflow("ten-nodes", "n0", {f"n{i}": compute(step(i)) for i in range(10)},
+                           [edge(f"n{i}", f"n{i + 1}") for i in range(9)])
+"""
+
+
+def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float]:
+    project = paths.state_dir.parent / "project"
+    (project / ".pi" / "workflows").mkdir(parents=True)
+    (project / ".pi" / "workflows" / "ten-nodes.workflow.py").write_text(TEN_NODES)
+    start_server(paths)
+    with WorkflowClient(paths.state_dir) as client:
+        payload = {"projectPath": str(project), "workflowName": "ten-nodes"}
+        began = time.perf_counter()
+        for _ in range(count):
+            if client.request("run.start", payload).outcome != "accepted":
+                raise SystemExit("run.start failed")
+        while True:
+            page = client.request("run.list", {"limit": 256}).receipt
+            done = [i for i in page["items"] if i["display"]["status"] in ("completed", "failed")]
+            if len(done) >= count:
+                break
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - began
+        if any(i["display"]["status"] != "completed" for i in done):
+            raise SystemExit("a benchmark run failed")
+        client.request("server.stop")
+    while WorkflowClient(paths.state_dir, retry_for=0).running():
+        time.sleep(0.05)
+    return count / elapsed, count * 10 / elapsed
 
 
 def run_create_commands(trace: Path) -> list[list[str]]:
@@ -119,6 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server_rate = measure_server(StatePaths.resolve(base / "s"), args.clients, args.starts, trace)
         commands = run_create_commands(trace)
         raw_rate = measure_raw(StatePaths.resolve(base / "raw"), commands)
+        workflows, nodes = measure_workflows(StatePaths.resolve(base / "w" / "s"), min(args.workflows, 256))
         fstype = filesystem_of(base)
     finally:
         cleanup(base)
@@ -130,6 +171,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "raw_same_statements_per_s": round(raw_rate, 1),
         "ratio_run_start": round(server_rate / raw_rate, 2),
         "statements_per_run_start": round(sum(map(len, commands)) / len(commands), 1),
+        "workflows": min(args.workflows, 256),
+        "runners": 4,
+        "workflows_per_s": round(workflows, 1),
+        "nodes_per_s": round(nodes, 1),
+        "ratio_vs_dbos": None,  # not measured yet
         "filesystem": fstype,
         "sqlite": sqlite3.sqlite_version,
     }
