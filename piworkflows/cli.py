@@ -200,6 +200,18 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
         click.echo(f"    {step['stepIndex']:>3} {step['nodePath']} [{step['nodeKind']}] {step['status']}")
 
 
+@run_group.command("cancel")
+@click.argument("run_id")
+@click.pass_obj
+def run_cancel(paths: StatePaths, run_id: str) -> None:
+    """Cancel a run: it ends cancelled, then its runner is stopped.
+
+    Example: pi-workflows run cancel run-0123abcd
+    """
+    _accepted(_request(paths, "run.cancel", {}, run_id=run_id))
+    click.echo(f"{run_id} cancelled")
+
+
 @main.command("answer")
 @click.argument("run_id")
 @click.argument("node")

@@ -267,7 +267,14 @@ class CheckpointAnswerReceipt(BaseModel):
     status: Literal["queued"]
 
 
+class RunCancelReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    status: Literal["cancelled"]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
+    "run.cancel": (EmptyPayload, RunCancelReceipt),  # the run in the envelope's runId
     "checkpoint.answer": (CheckpointAnswerPayload, CheckpointAnswerReceipt),
     "run.start": (RunStartPayload, RunStartReceipt),
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)

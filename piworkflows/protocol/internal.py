@@ -443,6 +443,14 @@ class CheckpointAnswer(Command):
     answer: BlobValue
 
 
+class RunCancel(Command):
+    """Cancel a run: the terminal state and its receipt commit before the runner is stopped."""
+
+    kind: ClassVar[str] = "run.cancel"
+    run_id: Id
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
 class ClaimRenew(Command):
     """The supervisor keeps a runner's claim alive while workflow code blocks."""
 
@@ -522,6 +530,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         NodeFinish,
         NodeWait,
         CheckpointAnswer,
+        RunCancel,
         ClaimRenew,
         ResumeState,
         ClaimableRuns,

@@ -39,6 +39,7 @@ class Router:
         self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
             "checkpoint.answer": self.checkpoint_answer,
+            "run.cancel": self.run_cancel,
             "run.start": self.run_start,
             "run.status": self.run_status,
             "run.list": self.run_list,
@@ -179,6 +180,19 @@ class Router:
         reply = await self.supervisor.writer.request("checkpoint.answer", body)
         if reply.outcome == "accepted":
             self.supervisor.scheduler.wake()
+        return from_reply(request, reply)
+
+    async def run_cancel(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """The terminal state and receipt commit first; then the runner's group is stopped."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "run.cancel names the run in runId"))
+        body: dict[str, Any] = {"actor": client_actor(request), "client_receipt": receipt_key(request),
+                                "run_id": request.runId}  # fmt: skip
+        if request.expectedRevision is not None:
+            body["expected_revision"] = request.expectedRevision
+        reply = await self.supervisor.writer.request("run.cancel", body)
+        if reply.outcome in ("accepted", "adopted"):
+            self.supervisor.scheduler.stop_run(request.runId)
         return from_reply(request, reply)
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:

@@ -253,6 +253,13 @@ class Scheduler:
                     handle.stopping = True  # a runner without its claim must not write; never reused
                     _signal_group(proc.pid, signal.SIGKILL)
 
+    def stop_run(self, run_id: str) -> None:
+        """After a committed cancel: stop the run's runner group (it is never reused)."""
+        handle = self.active.get(run_id)
+        if handle is not None and handle.proc is not None and handle.proc.returncode is None:
+            handle.stopping = True
+            _signal_group(handle.proc.pid, signal.SIGTERM)
+
     async def stop(self) -> None:
         """Shutdown: stop every runner group; their runs park at the last durable boundary."""
         self._stopping = True

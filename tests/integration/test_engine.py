@@ -251,3 +251,44 @@ def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'completed: output {"kind":"final","message":"demo finished: 2 words"}' in result.stdout
     assert "summary/describe [compute] completed" in result.stdout
+
+
+def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project):
+    write(project, "blocking", BLOCKING)
+    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    try:
+        run_id = start(server, project, "blocking", {"flag": str(tmp_path / "never")})
+        wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+        runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
+        with server.client() as client:
+            cancelled = client.request("run.cancel", {}, run_id=run_id, idempotency_key="cancel-1")
+            repeat = client.request("run.cancel", {}, run_id=run_id, idempotency_key="cancel-1")
+            late = client.request("run.cancel", {}, run_id=run_id)
+        assert cancelled.outcome == "accepted" and cancelled.receipt == {"runId": run_id, "status": "cancelled"}
+        assert repeat.outcome == "adopted" and repeat.receipt == cancelled.receipt
+        assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
+        wait_until(lambda: not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status()
+                   == psutil.STATUS_ZOMBIE, what="runner group stopped")  # fmt: skip
+        done = view(server, run_id)
+        assert done["display"]["status"] == "cancelled"
+        assert [s["status"] for s in done["steps"]["items"]] == ["completed", "cancelled"]
+    finally:
+        server.stop()
+    check_database(server.state_dir)
+
+
+def test_cancel_of_a_waiting_or_finished_run(server, project):
+    write(project, "ask", CHECKPOINT)
+    write(project, "tenstep", TENSTEP)
+    waiting = start(server, project, "ask")
+    wait_status(server, waiting, "waiting")
+    finished = start(server, project, "tenstep")
+    wait_status(server, finished, "completed")
+    with server.client() as client:
+        assert client.request("run.cancel", {}, run_id=waiting).outcome == "accepted"
+        late = client.request("run.cancel", {}, run_id=finished)
+        answer = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=waiting)
+    assert late.outcome == "conflict" and late.receipt["status"] == "completed"
+    assert answer.outcome == "conflict"  # the cancelled checkpoint no longer waits
+    assert view(server, waiting)["display"]["status"] == "cancelled"
+    check_database(server.state_dir)

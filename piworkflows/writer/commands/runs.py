@@ -6,7 +6,8 @@ no runner, together with its receipt.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCreate, RunGet, RunList
+from piworkflows.protocol.internal import RunCancel, RunCreate, RunGet, RunList
+from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import runs as views
@@ -115,4 +116,53 @@ class GetRun(Handler[RunGet]):
         return Result(revision=view["revision"], receipt=view)
 
 
-HANDLERS = (CreateRun(), ListRuns(), GetRun())
+class CancelRun(ResourceHandler[RunCancel]):
+    """One transaction: run cancelled, active attempts cancelled, pending effects cancelled,
+    applying effects ambiguous, queue cancelled, claim released, runner record ended.
+
+    Fenced by the run's state, not the runner's claim: cancellation wins over a running
+    runner, which the supervisor stops after this commit. A finished run keeps its
+    outcome (a later cancel is a conflict naming it).
+    """
+
+    kind = RunCancel.kind
+    model = RunCancel
+    actors = frozenset({"client", "operator", "server"})
+    fenced_by_transition = True
+
+    def target(self, tx: Tx, cmd: RunCancel) -> Target:
+        return run_target(tx, cmd.run_id, cmd.expected_revision)
+
+    def transition(self, tx: Tx, cmd: RunCancel, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        (status,) = conn.execute("SELECT status FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        if status in TERMINAL_RUN_STATUSES:
+            raise CommandError("winnerDecided", f"the run already ended {status}", runId=cmd.run_id, status=status)
+        lease = records.get_lease(conn, cmd.run_id)
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = 'cancelled', outcome = 'cancelled', finished_at = ? "
+                "WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
+                (now, cmd.run_id),
+            )
+            conn.execute("UPDATE effects SET effect_status = 'cancelled', settled_at = ?, updated_at = ? "
+                         "WHERE run_id = ? AND effect_status = 'pending'", (now, now, cmd.run_id))  # fmt: skip
+            conn.execute("UPDATE effects SET effect_status = 'ambiguous', updated_at = ? "
+                         "WHERE run_id = ? AND effect_status = 'applying'", (now, cmd.run_id))  # fmt: skip
+            conn.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, updated_at = ? WHERE run_id = ?",
+                         (now, now, cmd.run_id))  # fmt: skip
+            conn.execute("UPDATE run_queue SET queue_status = 'cancelled', updated_at = ? WHERE run_id = ?",
+                         (now, cmd.run_id))  # fmt: skip
+            records.end_live_runner(conn, cmd.run_id, now)
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(
+            event_type="run.cancelled",
+            apply=apply,
+            release_generation=lease.lease_generation if lease is not None and lease.owner_id else None,
+            receipt={"runId": cmd.run_id, "status": "cancelled"},
+        )
+
+
+HANDLERS = (CreateRun(), ListRuns(), GetRun(), CancelRun())
