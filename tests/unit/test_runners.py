@@ -128,8 +128,10 @@ def test_a_runner_stopped_by_the_server_never_counts_as_no_progress(queued, outc
     assert reply.receipt["parkReason"] == "shutdown"
     assert state(queued) == (("running", "parked", False, False), "shutdown")
     assert claimable(queued) == ["run-1"]  # resumed by the next start
-    (resumed,) = run_group(queued, claim("tok2", command="resume"))
+    (resumed,) = run_group(queued, claim("tok2", command="start"))
     assert resumed.outcome == "accepted" and state(queued)[1] is None
+    launches = queued.conn.execute("SELECT launch_command FROM run_workers ORDER BY runner_epoch").fetchall()
+    assert launches == [("start",), ("resume",)]  # a run that ran before resumes
 
 
 def test_a_paused_run_parks_paused_and_is_not_claimed(queued):

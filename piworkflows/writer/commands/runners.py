@@ -59,6 +59,9 @@ class ClaimRun(ResourceHandler[RunClaim]):
         if claimable is None:
             raise CommandError("invalidTransition", "the run is not waiting for a runner", runId=cmd.run_id)
         conn, now = tx.conn, tx.now
+        (started_at,) = conn.execute("SELECT started_at FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        # A run that ran before continues from its last durable boundary.
+        launch_command = "resume" if started_at is not None and cmd.launch_command == "start" else cmd.launch_command
         change = Change(
             event_type="run.claimed",
             acquire_claim=NewClaim(cmd.owner_id, cmd.claim_token_hash, cmd.ttl_ms),
@@ -76,7 +79,7 @@ class ClaimRun(ResourceHandler[RunClaim]):
             runner_epoch = conn.execute(
                 "INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
                 "created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (cmd.run_id, cmd.server_epoch, stamp.lease_generation, cmd.launch_command, stamp.revision, now),
+                (cmd.run_id, cmd.server_epoch, stamp.lease_generation, launch_command, stamp.revision, now),
             ).lastrowid
             records.advance_presentation(conn, cmd.run_id, now)
             change.receipt.update(runnerEpoch=runner_epoch, leaseGeneration=stamp.lease_generation)
