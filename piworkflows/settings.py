@@ -71,5 +71,5 @@ class Settings(BaseModel):
         return cls.model_validate(values)
 
     def to_env(self) -> dict[str, str]:
-        """The environment that makes a child process see these settings."""
-        return {ENV_PREFIX + name.upper(): str(value) for name, value in self.model_dump().items()}
+        """The environment that makes a child process see these settings (unset ones stay unset)."""
+        return {ENV_PREFIX + name.upper(): str(value) for name, value in self.model_dump().items() if value is not None}
