@@ -116,3 +116,31 @@ def test_a_finish_names_next_node_or_end_never_both(claimed):
     (started,) = run_group(claimed, start(2))
     (both,) = run_group(claimed, finish(3, started.receipt["attemptId"], output=1, next_node="x", end="completed"))
     assert both.outcome == "rejected" and both.receipt["code"] == "validationFailed"
+
+
+def test_cancel_settles_everything_in_one_commit(claimed):
+    """Attempts cancelled, pending effects cancelled, applying ones ambiguous, claim and runner released."""
+    from tests.support import claim_effect, effect_request
+
+    (started,) = run_group(claimed, start(2))
+    # Two effects of the run: one stays pending, one is being applied by a worker.
+    effects = [effect_request("k-pending"), effect_request("k-applying")]
+    body = {"actor": RUNNER, "source_resource_id": "run-1", "expected_revision": 3, "claim": run_claim(),
+            "effects": effects}  # fmt: skip
+    reserve = submitted("effect.reserve", body)
+    (reserved,) = run_group(claimed, reserve)
+    pending_id, applying_id = reserved.receipt["effectIds"]
+    (taken,) = run_group(claimed, claim_effect("worker-token", applying_id))
+    assert taken.outcome == "accepted"
+    claimed.conn.execute("UPDATE effects SET run_id = 'run-1'")  # owned by the run (the runner's reserve sets it)
+    cancel = submitted("run.cancel", {"actor": {"actor_class": "client"}, "run_id": "run-1"})
+    (reply,) = run_group(claimed, cancel)
+    assert reply.outcome == "accepted" and reply.receipt == {"runId": "run-1", "status": "cancelled"}
+    conn = claimed.conn
+    statuses = dict(conn.execute("SELECT effect_id, effect_status FROM effects").fetchall())
+    assert statuses == {pending_id: "cancelled", applying_id: "ambiguous"}
+    assert conn.execute("SELECT attempt_status, outcome FROM node_attempts WHERE attempt_id = ?",
+                        (started.receipt["attemptId"],)).fetchone() == ("cancelled", "cancelled")  # fmt: skip
+    assert state(claimed) == (("cancelled", "cancelled", False, False), None)
+    (late,) = run_group(claimed, cancel)
+    assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
