@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import click
 
 from piworkflows import canonical
-from piworkflows.client import ServerNotRunning, StartFailed, WorkflowClient, start_server
+from piworkflows.client import ClientError, ServerNotRunning, StartFailed, WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
-from piworkflows.supervisor.registry import Registry
 
 EXIT_RUNTIME = 1
 
@@ -115,23 +113,13 @@ def server_stop(paths: StatePaths, timeout: float) -> None:
 
     Example: pi-workflows server stop
     """
-    supervisor = Registry.load(paths.registry).supervisor  # read before it is cleared
-    client = WorkflowClient(paths.state_dir, retry_for=0)
     try:
-        response = client.request("server.stop")
-    except (ServerNotRunning, OSError, ConnectionError):
+        stopped = stop_server(paths, timeout)
+    except ClientError as exc:
+        fail(str(exc))
+    if not stopped:
         click.echo(f"not running ({paths.state_dir})")
         return
-    finally:
-        client.close()
-    _accepted(response)
-    deadline = time.monotonic() + timeout
-    # Stopped means the process is gone (lock released), not just the socket closed.
-    while (supervisor is not None and supervisor.find() is not None) or client.running():
-        client.close()
-        if time.monotonic() > deadline:
-            fail(f"the server did not stop within {timeout:g} s")
-        time.sleep(0.05)
     click.echo("server stopped")
 
 

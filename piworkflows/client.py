@@ -188,3 +188,32 @@ def _read_line_with_timeout(stream: Any, timeout: float) -> str:
     if not readable:
         raise StartFailed("the server did not become ready in time")
     return stream.readline().decode("utf-8", "replace").strip()
+
+
+def stop_server(paths: StatePaths, timeout: float = 60.0) -> bool:
+    """Ask the server to stop and wait until its supervisor process is gone (lock released).
+
+    Returns False if no server was running. Raises ClientError if the stop was
+    refused or the server did not exit within ``timeout`` seconds.
+    """
+    from piworkflows.supervisor.registry import Registry  # host.json: the supervisor's identity
+
+    supervisor = Registry.load(paths.registry).supervisor  # read before the server clears it
+    client = WorkflowClient(paths.state_dir, retry_for=0)
+    try:
+        response = client.request("server.stop")
+    except (ServerNotRunning, OSError, ConnectionError):
+        return False
+    finally:
+        client.close()
+    if response.outcome not in ("accepted", "adopted"):
+        raise ClientError(f"server.stop answered {response.outcome}: {response.error}")
+    deadline = time.monotonic() + timeout
+    # Stopped means the process is gone (lock released), not just the socket closed.
+    while (supervisor is not None and supervisor.find() is not None) or client.running():
+        client.close()
+        if time.monotonic() > deadline:
+            raise ClientError(f"the server did not stop within {timeout:g} s")
+        time.sleep(0.05)
+    client.close()
+    return True

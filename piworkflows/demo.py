@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from piworkflows import canonical
-from piworkflows.client import WorkflowClient, start_server
+from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 
 
@@ -53,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
                 for step in done["steps"]["items"]:
                     print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']}")
-                client.request("server.stop")
         finally:
-            while WorkflowClient(paths.state_dir, retry_for=0).running():
-                time.sleep(0.05)
+            stop_server(paths)  # waits until the server process is gone, before the directory goes
     return 0 if done["display"]["status"] == "completed" else 1
 
 

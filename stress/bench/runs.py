@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from piworkflows.client import WorkflowClient, start_server
+from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.clock import SystemClock
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
@@ -77,10 +77,7 @@ def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) ->
     elapsed = time.perf_counter() - began
     for p in procs:
         p.join()
-    with WorkflowClient(paths.state_dir) as client:
-        client.request("server.stop")
-    while WorkflowClient(paths.state_dir, retry_for=0).running():
-        time.sleep(0.05)
+    stop_server(paths)
     return total / elapsed
 
 
@@ -113,9 +110,7 @@ def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float]:
         elapsed = time.perf_counter() - began
         if any(i["display"]["status"] != "completed" for i in done):
             raise SystemExit("a benchmark run failed")
-        client.request("server.stop")
-    while WorkflowClient(paths.state_dir, retry_for=0).running():
-        time.sleep(0.05)
+    stop_server(paths)
     return count / elapsed, count * 10 / elapsed
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from piworkflows.client import WorkflowClient, start_server
+from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from stress.bench.fs import bench_dir, cleanup, filesystem_of
 
@@ -70,10 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             many = _measure(paths.state_dir, args.clients, args.requests)
             single = _measure(paths.state_dir, 1, args.requests)
         finally:
-            with WorkflowClient(paths.state_dir) as client:
-                client.request("server.stop")
-            while WorkflowClient(paths.state_dir, retry_for=0).running():
-                time.sleep(0.05)
+            stop_server(paths)
         fstype = filesystem_of(base)
     finally:
         cleanup(base)
