@@ -10,6 +10,8 @@ every commit; the runner process exits right after).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import CheckpointAnswer, NodeFinish, NodeStart, NodeWait
 from piworkflows.writer import records
@@ -21,14 +23,22 @@ ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out
 QUEUE_AFTER = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
 
 
-class StartNode(ResourceHandler[NodeStart]):
-    kind = NodeStart.kind
-    model = NodeStart
+RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait)
+
+
+class RunnerTransition(ResourceHandler[RunnerCommand]):
+    """A runner's proposal: on its run, at its expected revision, under its live claim."""
+
     actors = RUNNER
     claim_required = True
 
-    def target(self, tx: Tx, cmd: NodeStart) -> Target:
+    def target(self, tx: Tx, cmd: RunnerCommand) -> Target:
         return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
+
+
+class StartNode(RunnerTransition[NodeStart]):
+    kind = NodeStart.kind
+    model = NodeStart
 
     def transition(self, tx: Tx, cmd: NodeStart, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
@@ -67,14 +77,9 @@ class StartNode(ResourceHandler[NodeStart]):
                       receipt={"attemptId": attempt_id, "stepIndex": steps})  # fmt: skip
 
 
-class FinishNode(ResourceHandler[NodeFinish]):
+class FinishNode(RunnerTransition[NodeFinish]):
     kind = NodeFinish.kind
     model = NodeFinish
-    actors = RUNNER
-    claim_required = True
-
-    def target(self, tx: Tx, cmd: NodeFinish) -> Target:
-        return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
 
     def transition(self, tx: Tx, cmd: NodeFinish, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
@@ -118,16 +123,11 @@ class FinishNode(ResourceHandler[NodeFinish]):
         )
 
 
-class WaitNode(ResourceHandler[NodeWait]):
+class WaitNode(RunnerTransition[NodeWait]):
     """waiting | parked | no claim | no runner: the runner exits after this commit."""
 
     kind = NodeWait.kind
     model = NodeWait
-    actors = RUNNER
-    claim_required = True
-
-    def target(self, tx: Tx, cmd: NodeWait) -> Target:
-        return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
 
     def transition(self, tx: Tx, cmd: NodeWait, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
