@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import click
@@ -125,7 +126,7 @@ def server_stop(paths: StatePaths, timeout: float) -> None:
 
 @main.group("run")
 def run_group() -> None:
-    """Start workflow runs.
+    """Start, inspect and control workflow runs.
 
     Example: pi-workflows run start builtin:demo --input '{"who": "me"}'
     """
@@ -137,8 +138,9 @@ def run_group() -> None:
               help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
 @click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed.")
 @click.pass_obj
-def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool) -> None:
+def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool, wait: bool) -> None:
     """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
 
     The server is started on demand. Example: pi-workflows run start shell-check --input '{"command": "true"}'
@@ -157,6 +159,33 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         fail(str(exc))
     receipt = _accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
+    if wait:
+        view = _wait_until_settled(paths, receipt["runId"])
+        display = view["display"]
+        click.echo(f"{view['runId']} {display['status']}" + (f" ({display['reason']})" if display["reason"] else ""))
+        if view["output"] is not None:
+            click.echo(f"  output: {canonical.dumps(view['output'])[:2000]}")
+        if view["error"] is not None:
+            click.echo(f"  error: {view['error'][:2000]}")
+        if display["status"] != "completed":
+            sys.exit(EXIT_RUNTIME)
+
+
+# Display statuses after which a run moves on only when someone acts.
+SETTLED = frozenset({"completed", "failed", "timed_out", "cancelled", "waiting", "paused", "ambiguous"})
+
+
+def _wait_until_settled(paths: StatePaths, run_id: str) -> dict[str, Any]:
+    """Poll run.status (live views come with view.run.watch) until the run is settled."""
+    delay = 0.02
+    with WorkflowClient(paths.state_dir) as client:
+        while True:
+            view = _accepted(client.request("run.status", {}, run_id=run_id))
+            parked = view["display"]["activity"] == "parked" and view["display"]["reason"] != "shutdown"
+            if view["display"]["status"] in SETTLED or parked:
+                return view  # type: ignore[no-any-return]
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
 
 
 @run_group.command("status")
@@ -198,6 +227,45 @@ def run_cancel(paths: StatePaths, run_id: str) -> None:
     """
     _accepted(_request(paths, "run.cancel", {}, run_id=run_id))
     click.echo(f"{run_id} cancelled")
+
+
+@run_group.command("pause")
+@click.argument("run_id")
+@click.pass_obj
+def run_pause(paths: StatePaths, run_id: str) -> None:
+    """Pause a run at its last durable boundary (an applying effect settles first).
+
+    Example: pi-workflows run pause run-0123abcd
+    """
+    _accepted(_request(paths, "run.pause", {}, run_id=run_id))
+    click.echo(f"{run_id} paused")
+
+
+@run_group.command("resume")
+@click.argument("run_id")
+@click.pass_obj
+def run_resume(paths: StatePaths, run_id: str) -> None:
+    """Resume a paused run (or one parked for runnerNoProgress or workflowSourceChanged).
+
+    Example: pi-workflows run resume run-0123abcd
+    """
+    receipt = _accepted(_request(paths, "run.resume", {}, run_id=run_id))
+    click.echo(f"{run_id} resumed ({receipt['status']})")
+
+
+@run_group.command("restart")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def run_restart(paths: StatePaths, run_id: str, as_json: bool) -> None:
+    """Start a finished run again as a new child run (same definition and input); print its id.
+
+    Example: pi-workflows run restart run-0123abcd
+    """
+    view = _accepted(_request(paths, "run.status", {}, run_id=run_id))
+    response = _request(paths, "run.restart", {}, run_id=run_id, expected_revision=view["runRevision"])
+    receipt = _accepted(response)
+    click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
 
 
 @main.command("answer")
@@ -242,10 +310,12 @@ def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> N
         click.echo(f"{item['runId']}  {item['workflowName']:<20} {item['display']['status']:<10} {item['title'] or ''}")
 
 
-def _request(paths: StatePaths, operation: str, payload: Any, run_id: str | None = None) -> client_v1.Response:
+def _request(
+    paths: StatePaths, operation: str, payload: Any, run_id: str | None = None, expected_revision: int | None = None
+) -> client_v1.Response:
     try:
         with WorkflowClient(paths.state_dir, retry_for=0) as client:
-            return client.request(operation, payload, run_id=run_id)
+            return client.request(operation, payload, run_id=run_id, expected_revision=expected_revision)
     except (ServerNotRunning, OSError, ConnectionError):
         fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
         raise  # unreachable: fail exits

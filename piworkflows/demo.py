@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         start_server(paths)
         try:
             with WorkflowClient(paths.state_dir) as client:
+                demo_input = {"who": args.who, "noteFile": str(Path(tmp) / "note.txt")}
                 started = client.request("run.start", {"projectPath": tmp, "workflowName": "builtin:demo",
-                                                       "input": {"who": args.who}})  # fmt: skip
+                                                       "input": demo_input})  # fmt: skip
                 run_id = started.receipt["runId"]
                 print(f"run.start -> {started.outcome}: {run_id}")
                 waiting = wait_for(client, run_id, {"waiting", "failed"})

@@ -116,6 +116,7 @@ def run_group(executor: GroupExecutor, *items: Submitted):
     """Run one group; return the replies in submission order."""
     replies, leftover = executor.run(list(items))
     assert not leftover
+    executor.apply_local_effects()  # as the writer loop does right after sending the replies
     by_id = dict(replies)
     return [by_id[item.corr_id] for item in items]
 

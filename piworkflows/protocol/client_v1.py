@@ -273,8 +273,36 @@ class RunCancelReceipt(BaseModel):
     status: Literal["cancelled"]
 
 
+class RunPauseReceipt(BaseModel):
+    """run.pause and run.resume: the run's status after the change and its pause flag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    status: Literal["queued", "running", "waiting"]
+    paused: bool
+
+
+class RunRestartReceipt(BaseModel):
+    """run.restart: the child run (lineage restart), committed queued."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    parentRunId: str
+    rootRunId: str
+    restartNumber: int
+    status: Literal["queued"]
+
+
+class RunRestartPayload(Payload):
+    coordinatorEpoch: int | None = None  # sent by session clients; not part of the fingerprint
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
-    "run.cancel": (EmptyPayload, RunCancelReceipt),  # the run in the envelope's runId
+    # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
+    "run.pause": (EmptyPayload, RunPauseReceipt),
+    "run.resume": (EmptyPayload, RunPauseReceipt),
+    "run.restart": (RunRestartPayload, RunRestartReceipt),
+    "run.cancel": (EmptyPayload, RunCancelReceipt),
     "checkpoint.answer": (CheckpointAnswerPayload, CheckpointAnswerReceipt),
     "run.start": (RunStartPayload, RunStartReceipt),
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)

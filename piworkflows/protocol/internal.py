@@ -113,6 +113,11 @@ class Claim(Model):
     ttl_ms: int = Field(ge=1)
 
 
+def server_owner_id(server_epoch: int) -> str:
+    """The owner id of every claim a server epoch takes (runs, and effects its runners perform)."""
+    return f"server-{server_epoch}"
+
+
 class Command(Model):
     kind: ClassVar[str]
     actor: Actor
@@ -316,6 +321,32 @@ class EffectSettle(Command):
         return self
 
 
+class EffectAbandon(Command):
+    """The claimant of an applying effect is gone (its runner died): the attempt is uncertain."""
+
+    kind: ClassVar[str] = "effect.abandon"
+    effect_id: Id
+    claim: Claim
+
+
+class NodeEffectReserve(Command):
+    """A runner reserves its action or shell node's effect, or adopts it after a crash.
+
+    The key is deterministic: run id, effect type, full compiled node path and
+    node visit number; every attempt of one visit shares it.
+    """
+
+    kind: ClassVar[str] = "node.reserve_effect"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    attempt_id: Id
+    effect_type: str = Field(min_length=1, max_length=128)
+    recovery_policy: Literal["idempotent", "manual"]
+    payload: BlobValue
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+
+
 class RunListCursor(Model):
     created_at: int
     run_id: Id
@@ -368,7 +399,8 @@ class RunnerExited(Command):
     runner_epoch: int = Field(ge=1)
     outcome: Literal["exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"]
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
-    park_reason: Literal["workflowSourceChanged"] | None = None  # the runner refused to run changed code
+    # the runner refused to run changed code, or met an effect only an operator can resolve
+    park_reason: Literal["workflowSourceChanged", "effectAmbiguous"] | None = None
 
 
 class NodeStart(Command):
@@ -451,6 +483,31 @@ class RunCancel(Command):
     expected_revision: int | None = Field(default=None, ge=1)
 
 
+class RunPause(Command):
+    """Pause: park at the last durable boundary, release the claim, stop the runner, with the receipt."""
+
+    kind: ClassVar[str] = "run.pause"
+    run_id: Id
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
+class RunResume(Command):
+    """Resume a paused run (or one parked for runnerNoProgress/workflowSourceChanged): queued again."""
+
+    kind: ClassVar[str] = "run.resume"
+    run_id: Id
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
+class RunRestart(Command):
+    """A finished run gets a child run (lineage restart) with the same definition and input."""
+
+    kind: ClassVar[str] = "run.restart"
+    run_id: Id
+    expected_revision: int = Field(ge=1)
+    child_run_id: Id
+
+
 class ClaimRenew(Command):
     """The supervisor keeps a runner's claim alive while workflow code blocks."""
 
@@ -531,6 +588,9 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         NodeWait,
         CheckpointAnswer,
         RunCancel,
+        RunPause,
+        RunResume,
+        RunRestart,
         ClaimRenew,
         ResumeState,
         ClaimableRuns,
@@ -539,6 +599,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         EffectReserve,
         EffectClaim,
         EffectSettle,
+        EffectAbandon,
+        NodeEffectReserve,
     )
 }
 

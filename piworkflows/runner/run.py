@@ -22,11 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from piworkflows import canonical, performers
+from piworkflows.performers import Outcome
+from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
 from piworkflows.workflows import CompiledWorkflow, discovery, routing
 from piworkflows.workflows.context import NodeContext
-from piworkflows.workflows.nodes import CheckpointNode, ComputeNode, NotifyNode
+from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, NotifyNode, ShellNode
 
 LAUNCH, EXITING = "launch", "exiting"
 
@@ -80,6 +83,84 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
             return None
     compiled = discovery.load(resolved).compile()
     return compiled if compiled.digest == launch.definition_digest else None
+
+
+EFFECT_AMBIGUOUS = "effectAmbiguous"
+Ended = tuple[str, Any, "str | None", "str | None"]  # node outcome, output, error text, error code
+
+
+def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt_id: str) -> Ended | str | None:
+    """An action or shell node: reserve its effect, then adopt how it stands or perform one attempt.
+
+    Returns how the node ended, ``EFFECT_AMBIGUOUS`` (the run parks for an
+    operator), or None (fenced, or the effect is still applying elsewhere).
+    """
+    shell = isinstance(node, ShellNode)
+    try:
+        payload = (
+            shell_performer.payload(node.exec(ctx), node.max_output_chars, node.allow_non_zero_exit) if shell else {}
+        )
+        payload_value = BlobValue.of_json(payload)
+    except Exception as exc:  # the request could not be built: nothing was reserved
+        return "failed", None, _error_text(exc), None
+    effect = node.effect
+    reserved = channel.request("effect.reserve", {"attempt_id": attempt_id, "effect_type": effect.effect_type,
+                                                  "recovery_policy": effect.recovery_policy,
+                                                  "payload": payload_value.model_dump()})  # fmt: skip
+    if reserved.outcome not in ("accepted", "adopted") or reserved.receipt is None:
+        return None
+    receipt = reserved.receipt
+    status = receipt["effectStatus"]
+    if status == "applied":
+        outcome = Outcome("applied", result=receipt.get("result"))
+    elif status == "rejected":
+        outcome = Outcome("rejected", error=receipt.get("error"), error_code=receipt.get("errorCode"))
+    elif status == "ambiguous":
+        return EFFECT_AMBIGUOUS
+    elif status == "applying" and "attemptNumber" in receipt:  # the supervisor claimed it for this runner
+        if shell:
+
+            def spawned(pid: int) -> bool:
+                return channel.request("command.spawned", {"pid": pid}).outcome == "accepted"
+
+            outcome = shell_performer.ShellPerformer().perform(payload, receipt["idempotencyKey"],
+                                                               effect.recovery_policy, spawned)  # fmt: skip
+        else:
+            outcome = _run_action(node, ctx)
+        settle: dict[str, Any] = {"effect_id": receipt["effectId"], "settlement": outcome.settlement}
+        if outcome.result is not None:
+            settle["result"] = BlobValue.of_json(outcome.result).model_dump()
+        if outcome.error is not None:
+            settle.update(error=BlobValue.of_text(outcome.error).model_dump(), error_code=outcome.error_code)
+        settled = channel.request("effect.settle", settle)
+        if settled.outcome not in ("accepted", "adopted"):
+            return None
+        if outcome.settlement == "ambiguous":
+            return EFFECT_AMBIGUOUS
+    else:
+        return None
+    node_outcome, output, error = performers.node_result(outcome)
+    if shell and node.parse is not None and node_outcome == "ok":
+        try:
+            output = node.parse(output)
+        except Exception as exc:
+            return "failed", None, _error_text(exc), None
+    return node_outcome, output, error, outcome.error_code
+
+
+def _run_action(node: ActionNode, ctx: NodeContext) -> Outcome:
+    """An action body acts itself: what it returns is the result; an exception is a definite failure."""
+    try:
+        output = node.run(ctx)
+        canonical.dumps(output)
+    except Exception as exc:
+        return Outcome("rejected", error=_error_text(exc), error_code="actionFailed")
+    return Outcome("applied", result={"output": output, "nodeOutcome": "ok"})
+
+
+def _error_text(exc: BaseException) -> str:
+    """A node's error is text, never a traceback."""
+    return f"{type(exc).__name__}: {exc}"[:4000]
 
 
 def execute(node: Any, ctx: NodeContext) -> Any:
@@ -154,16 +235,32 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
                 request["details"] = node.run(ctx)
             channel.request("node.wait", {**finish, "request": BlobValue.of_json(request).model_dump()})
             return {}  # the run waits with no runner; the answer completes the node and requeues the run
-        try:
-            output = execute(node, ctx)
-            value = BlobValue.of_json(output)
-            finish.update(outcome="ok", output=value.model_dump())
+        if isinstance(node, ActionNode):
+            ended = perform_effect(channel, node, ctx, started.receipt["attemptId"])
+            if ended is None:
+                return {}
+            if ended == EFFECT_AMBIGUOUS:
+                return {"parkReason": EFFECT_AMBIGUOUS}
+            node_outcome, output, error, error_code = ended
+        else:
+            try:
+                node_outcome, output, error, error_code = "ok", execute(node, ctx), None, None
+            except Exception as exc:
+                node_outcome, output, error, error_code = "failed", None, _error_text(exc), None
+        if node_outcome == "ok":
+            try:
+                finish.update(outcome="ok", output=BlobValue.of_json(output).model_dump())
+            except Exception as exc:  # not JSON
+                node_outcome, error = "failed", _error_text(exc)
+        if node_outcome == "ok":
             outputs[path] = results[path] = output
             route = routing.route(compiled, path, "ok", output)
-        except Exception as exc:  # the node failed; its error is text, never a traceback
-            finish.update(outcome="failed", error=BlobValue.of_text(f"{type(exc).__name__}: {exc}"[:4000]).model_dump())
-            results[path] = {"outcome": "failed"}
-            route = routing.route(compiled, path, "failed")
+        else:
+            finish.pop("output", None)
+            finish.update(outcome=node_outcome, error=BlobValue.of_text(error or node_outcome).model_dump(),
+                          **({"error_code": error_code} if error_code else {}))  # fmt: skip
+            results[path] = {"outcome": node_outcome}
+            route = routing.route(compiled, path, node_outcome)
         if route.routing_error is not None:
             finish.update(end_status="failed", error_code="routingError",
                           error=BlobValue.of_text(route.routing_error).model_dump())  # fmt: skip

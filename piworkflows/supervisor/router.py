@@ -40,6 +40,9 @@ class Router:
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
             "checkpoint.answer": self.checkpoint_answer,
             "run.cancel": self.run_cancel,
+            "run.pause": self.run_pause,
+            "run.resume": self.run_resume,
+            "run.restart": self.run_restart,
             "run.start": self.run_start,
             "run.status": self.run_status,
             "run.list": self.run_list,
@@ -182,17 +185,52 @@ class Router:
             self.supervisor.scheduler.wake()
         return from_reply(request, reply)
 
-    async def run_cancel(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
-        """The terminal state and receipt commit first; then the runner's group is stopped."""
+    async def run_control(self, request: client_v1.Request, extra: dict[str, Any] | None = None) -> Reply | None:
+        """A control command on the envelope's run, stored with its receipt; None if the request is incomplete."""
         if request.runId is None:
-            return refuse(request, CommandError("validationFailed", "run.cancel names the run in runId"))
+            return None
         body: dict[str, Any] = {"actor": client_actor(request), "client_receipt": receipt_key(request),
-                                "run_id": request.runId}  # fmt: skip
+                                "run_id": request.runId, **(extra or {})}  # fmt: skip
         if request.expectedRevision is not None:
             body["expected_revision"] = request.expectedRevision
-        reply = await self.supervisor.writer.request("run.cancel", body)
+        reply: Reply = await self.supervisor.writer.request(request.operation, body)
+        return reply
+
+    async def run_cancel(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """The terminal state and receipt commit first; then the runner's group is stopped."""
+        reply = await self.run_control(request)
+        if reply is None:
+            return refuse(request, CommandError("validationFailed", "run.cancel names the run in runId"))
         if reply.outcome in ("accepted", "adopted"):
             self.supervisor.scheduler.stop_run(request.runId)
+        return from_reply(request, reply)
+
+    async def run_pause(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """Parked and claim released with the receipt; then the runner stops (an applying effect settles first)."""
+        reply = await self.run_control(request)
+        if reply is None:
+            return refuse(request, CommandError("validationFailed", "run.pause names the run in runId"))
+        if reply.outcome in ("accepted", "adopted"):
+            self.supervisor.scheduler.stop_run(request.runId, let_effect_settle=True)
+        return from_reply(request, reply)
+
+    async def run_resume(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        reply = await self.run_control(request)
+        if reply is None:
+            return refuse(request, CommandError("validationFailed", "run.resume names the run in runId"))
+        if reply.outcome == "accepted":
+            self.supervisor.scheduler.wake()
+        return from_reply(request, reply)
+
+    async def run_restart(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """A child run of a finished run; the expected revision is the parent's runRevision."""
+        if request.runId is None or request.expectedRevision is None:
+            message = "run.restart names the run in runId and its runRevision in expectedRevision"
+            return refuse(request, CommandError("validationFailed", message))
+        reply = await self.run_control(request, {"child_run_id": "run-" + uuid.uuid4().hex})
+        assert reply is not None
+        if reply.outcome == "accepted":
+            self.supervisor.scheduler.wake()
         return from_reply(request, reply)
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:

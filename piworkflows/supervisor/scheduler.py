@@ -31,7 +31,7 @@ import psutil
 
 from piworkflows import canonical
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource
+from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, server_owner_id
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import Identity
 
@@ -53,6 +53,16 @@ class RunnerHandle:
     park_reason: str | None = None
     done: bool = False  # the runner said it is exiting this run (its process may serve another)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    effect: EffectInFlight | None = None  # the effect this runner is applying, claimed on its behalf
+    commands: list[Identity] = field(default_factory=list)  # process groups its performer started
+    stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
+
+
+@dataclass
+class EffectInFlight:
+    effect_id: str
+    claim: dict[str, Any]
+    revision: int
 
 
 class Scheduler:
@@ -109,7 +119,7 @@ class Scheduler:
     async def _launch(self, run_id: str) -> None:
         token = secrets.token_bytes(32)
         epoch = self.supervisor.epoch
-        claim = {"server_epoch": epoch, "owner_id": f"server-{epoch}",
+        claim = {"server_epoch": epoch, "owner_id": server_owner_id(epoch),
                  "claim_token_hash": hashlib.sha256(token).digest(), "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
         claimed = await self.request(
             "run.claim",
@@ -199,9 +209,74 @@ class Scheduler:
         return "exited" if code == 0 else "crashed"
 
     async def _forward(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
-        kind, body = frame["k"], dict(frame["b"])
+        kind = frame["k"]
+        if kind == "command.spawned":
+            return self._record_command(handle, frame["b"]["pid"])
+        if kind == "effect.settle":
+            return await self._settle_effect(handle, dict(frame["b"]))
+        if kind == "effect.reserve":
+            reply = await self._forward_run_message(handle, frame, "node.reserve_effect")
+            if (
+                reply.outcome in ("accepted", "adopted")
+                and reply.receipt
+                and reply.receipt["effectStatus"] == "pending"
+            ):
+                return await self._claim_effect(handle, reply.receipt["effectId"])
+            return reply
         if kind not in ("node.start", "node.finish", "node.wait"):
             return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
+        return await self._forward_run_message(handle, frame, kind)
+
+    async def _claim_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
+        """The runner performs its node's effect: claim it for it (a numbered attempt, before it acts)."""
+        token = secrets.token_bytes(32)
+        epoch = self.supervisor.epoch
+        claim = {"server_epoch": epoch, "owner_id": server_owner_id(epoch),
+                 "claim_token_hash": hashlib.sha256(token).digest(), "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
+        reply = await self.request("effect.claim", {"effect_id": effect_id, "owner_id": claim["owner_id"],
+                                                    "claim_token_hash": claim["claim_token_hash"],
+                                                    "ttl_ms": claim["ttl_ms"]})  # fmt: skip
+        if reply.outcome == "accepted" and reply.receipt is not None and reply.revision is not None:
+            claim["lease_generation"] = reply.receipt["leaseGeneration"]
+            handle.effect = EffectInFlight(effect_id, claim, reply.revision)
+            return Reply(outcome="accepted", receipt={**reply.receipt, "effectStatus": "applying"})
+        return reply
+
+    def _record_command(self, handle: RunnerHandle, pid: int) -> Reply:
+        """A performer's command group, recorded in host.json before it runs anything."""
+        if handle.effect is None or handle.stopping:
+            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no effect is applying")
+        try:
+            identity = Identity.of("command", pid, "", process_group=True)
+        except psutil.Error:
+            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="the command is gone")
+        handle.commands.append(identity)
+        self.supervisor.record_child(identity)
+        return Reply(outcome="accepted")
+
+    async def _settle_effect(self, handle: RunnerHandle, body: dict[str, Any]) -> Reply:
+        effect = handle.effect
+        if effect is None or body.get("effect_id") != effect.effect_id:
+            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no such effect in flight")
+        body.update(claim=effect.claim, expected_revision=effect.revision)
+        reply = await self.request("effect.settle", body)
+        if reply.outcome in ("accepted", "adopted"):
+            handle.effect = None
+            self._end_commands(handle)
+            if handle.stop_after_effect:
+                self._stop_handle(handle)
+        return reply
+
+    def _end_commands(self, handle: RunnerHandle) -> None:
+        """Kill what is left of the performer's command groups (identity-checked) and forget them."""
+        for identity in handle.commands:
+            if identity.find() is not None:
+                _signal_group(identity.pid, signal.SIGKILL)
+            self.supervisor.forget_child(identity.pid)
+        handle.commands.clear()
+
+    async def _forward_run_message(self, handle: RunnerHandle, frame: dict[str, Any], kind: str) -> Reply:
+        body = dict(frame["b"])
         message = canonical.dumps_bytes({"kind": kind, "body": {k: v for k, v in body.items()
                                                               if not isinstance(v, (bytes, dict))}})  # fmt: skip
         body.update(
@@ -219,6 +294,13 @@ class Scheduler:
         return reply
 
     async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
+        self._end_commands(handle)
+        if handle.effect is not None:  # the runner died applying it: the attempt is uncertain
+            abandoned = await self.request("effect.abandon", {"effect_id": handle.effect.effect_id,
+                                                              "claim": handle.effect.claim})  # fmt: skip
+            if abandoned.outcome != "accepted":
+                log.warning("an abandoned effect was not recorded: %s", abandoned.outcome)
+            handle.effect = None
         proc = handle.proc
         if proc is not None:
             uses = self._uses.pop(proc.pid, 0) + 1
@@ -233,7 +315,7 @@ class Scheduler:
                 self.supervisor.forget_child(proc.pid)
         body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
                 "stopped_by_server": handle.stopping}  # fmt: skip
-        if handle.park_reason == "workflowSourceChanged":
+        if handle.park_reason in ("workflowSourceChanged", "effectAmbiguous"):
             body["park_reason"] = handle.park_reason
         reply = await self.request("runner.exited", body)
         if reply.outcome not in ("accepted", "rejected"):
@@ -247,17 +329,33 @@ class Scheduler:
             for handle in list(self.active.values()):
                 if handle.done:
                     continue  # its run ended or waits: the claim was released with that commit
+                if handle.effect is not None:
+                    await self.request("claim.renew", {"resource_id": handle.effect.effect_id,
+                                                       "claim": handle.effect.claim})  # fmt: skip
+                if handle.stop_after_effect:
+                    continue  # paused: the run's claim was released with the pause
                 reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
                 proc = handle.proc
                 if reply.outcome == "claimLost" and not handle.done and proc is not None and proc.returncode is None:
                     handle.stopping = True  # a runner without its claim must not write; never reused
                     _signal_group(proc.pid, signal.SIGKILL)
 
-    def stop_run(self, run_id: str) -> None:
-        """After a committed cancel: stop the run's runner group (it is never reused)."""
+    def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
+        """After a committed cancel or pause: stop the run's runner group (it is never reused)
+        and its command groups. A pause lets an applying effect settle first."""
         handle = self.active.get(run_id)
-        if handle is not None and handle.proc is not None and handle.proc.returncode is None:
-            handle.stopping = True
+        if handle is None:
+            return
+        if let_effect_settle and handle.effect is not None:
+            handle.stop_after_effect = True
+            return
+        handle.effect = None  # a cancel's commit already made its applying effect ambiguous
+        self._stop_handle(handle)
+
+    def _stop_handle(self, handle: RunnerHandle) -> None:
+        handle.stopping = True
+        self._end_commands(handle)
+        if handle.proc is not None and handle.proc.returncode is None:
             _signal_group(handle.proc.pid, signal.SIGTERM)
 
     async def stop(self) -> None:
@@ -265,9 +363,7 @@ class Scheduler:
         self._stopping = True
         self._wake.set()
         for handle in list(self.active.values()):
-            handle.stopping = True
-            if handle.proc is not None and handle.proc.returncode is None:
-                _signal_group(handle.proc.pid, signal.SIGTERM)
+            self._stop_handle(handle)
         tasks = [h.task for h in self.active.values() if h.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000)

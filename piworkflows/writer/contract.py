@@ -177,10 +177,11 @@ class ResourceHandler(Handler[C]):
             conn, target.resource_id, revision, change.event_type, tx.actor, now, generation, change.event_payload
         )
         change.apply(Stamp(revision, generation, project_id))
-        effect_ids = [
-            records.insert_effect(conn, request, target.resource_id, revision, tx.actor, now)[0]
-            for request in change.effects
-        ]
+        effect_ids = []  # reported: external effects (local ones are the writer's own follow-up)
+        for request in change.effects:
+            effect_id = records.insert_effect(conn, request, target.resource_id, revision, tx.actor, now)[0]
+            if request.effect_class == "external":
+                effect_ids.append(effect_id)
         if change.release_claim and generation is not None:
             records.release_lease(conn, target.resource_id, generation)
         if change.release_generation is not None:

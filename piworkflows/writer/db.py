@@ -35,7 +35,7 @@ from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import COMMAND_MODELS, Reply
 from piworkflows.settings import Settings
-from piworkflows.writer import records, schema
+from piworkflows.writer import local_effects, records, schema
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.contract import Handler, Tx
 
@@ -163,6 +163,10 @@ class GroupExecutor:
             self.groups_committed += 1
             faults.hit(faults.WRITER_AFTER_COMMIT)
         return replies + done, leftover
+
+    def apply_local_effects(self) -> int:
+        """The follow-up transaction of local effects (writer/local_effects.py); after the replies were sent."""
+        return local_effects.apply_pending(self.conn, self.clock.now_ms())
 
     def _run_one(self, handler: Handler, cmd: Any) -> Reply:
         conn = self.conn

@@ -22,7 +22,7 @@ CHECKS: dict[str, str] = {
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
         WHERE r.finished_at IS NOT NULL
           AND q.queue_status NOT IN ('done', 'failed', 'cancelled')
-          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.run_id AND e.effect_class = 'local'
+          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.run_id AND e.effect_type = 'run.settle_queue'
                           AND e.effect_status IN ('pending', 'applying'))""",
     # A settled queue belongs to a terminal run.
     "settledQueueOfLiveRun": """
@@ -60,10 +60,10 @@ CHECKS: dict[str, str] = {
           AND (EXISTS (SELECT 1 FROM leases l WHERE l.resource_id = r.run_id AND l.owner_id IS NOT NULL
                        AND l.expires_at > :now)
                OR EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL))""",
-    # A running queue phase has its runner record.
+    # A running queue phase of an unfinished run has its runner record (a finished one: see above).
     "runningQueueWithoutRunner": """
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
-        WHERE q.queue_status IN ('starting', 'running')
+        WHERE q.queue_status IN ('starting', 'running') AND r.finished_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL)""",
 }
 

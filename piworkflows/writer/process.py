@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -85,6 +86,7 @@ class WriterLoop:
         self.decoder = frames.FrameDecoder()
 
     def serve(self) -> int:
+        self._apply_local_effects()
         while True:
             if not self.queue:
                 readable, _, _ = select.select([self.sock], [], [], self.settings.parent_check_ms / 1000)
@@ -134,6 +136,15 @@ class WriterLoop:
         self.queue.extendleft(reversed(leftover))
         self.sock.sendall(b"".join(_encode_reply(corr_id, reply) for corr_id, reply in replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
+        self._apply_local_effects()
+
+    def _apply_local_effects(self) -> None:
+        """Right after the commit that created them (and at open: a crash may have come between)."""
+        try:
+            self.executor.apply_local_effects()
+        except sqlite3.Error as exc:
+            log.error("local effects not applied (they stay pending): %s", type(exc).__name__)
+            self._reopen()
 
     def _reopen(self) -> None:
         """After a failed transaction: close, verify the schema again, reopen."""

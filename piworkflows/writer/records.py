@@ -14,7 +14,16 @@ from typing import Any
 
 from piworkflows import canonical
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import Actor, BlobValue, Claim, ClientReceiptKey, EffectRequest, WorkerMessageKey
+from piworkflows.protocol.internal import (
+    Actor,
+    BlobValue,
+    Claim,
+    ClientReceiptKey,
+    EffectRequest,
+    WorkerMessageKey,
+    server_owner_id,
+)
+from piworkflows.states import MEDIA_TEXT
 
 # --- projects -----------------------------------------------------------------
 
@@ -212,6 +221,14 @@ def put_blob(conn: sqlite3.Connection, blob: BlobValue, now: int) -> bool:
     return True
 
 
+def read_text(conn: sqlite3.Connection, digest: bytes) -> str:
+    """A stored text value, read through its declared media type."""
+    row = conn.execute("SELECT media_type, bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()
+    if row is None or row[0] != MEDIA_TEXT:
+        raise CommandError("presentationFailed", "a stored text value is missing or has another media type")
+    return bytes(row[1]).decode("utf-8")
+
+
 def read_json(conn: sqlite3.Connection, digest: bytes) -> Any:
     """A stored JSON value, read through its declared media type."""
     row = conn.execute("SELECT media_type, bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()
@@ -294,6 +311,68 @@ def begin_effect_attempt(
         (now, effect_id),
     )
     return number
+
+
+def uncertain_effect_status(conn: sqlite3.Connection, effect_id: str, cancelled: bool) -> tuple[str, str | None]:
+    """Where an applying effect goes when its attempt may or may not have acted.
+
+    Idempotent: a new attempt under the same key (``pending``), or ``rejected``
+    with ``retriesExhausted`` after ``max_attempts``. Manual, or its run was
+    cancelled: ``ambiguous`` (only an operator decides). Returns (status, error code).
+    """
+    policy, attempts, max_attempts = conn.execute(
+        "SELECT recovery_policy, attempt_count, max_attempts FROM effects WHERE effect_id = ?", (effect_id,)
+    ).fetchone()
+    if cancelled or policy == "manual":
+        return "ambiguous", None
+    if attempts >= max_attempts:
+        return "rejected", "retriesExhausted"
+    return "pending", None
+
+
+def end_uncertain_attempt(
+    conn: sqlite3.Connection, effect_id: str, status: str, error_code: str | None, now: int
+) -> None:
+    """Domain rows only: the applying attempt ends ``ambiguous``; the effect takes ``status``."""
+    conn.execute(
+        "UPDATE effect_attempts SET attempt_status = 'ambiguous', ended_at = ? "
+        "WHERE effect_id = ? AND attempt_status = 'applying'",
+        (now, effect_id),
+    )
+    conn.execute(
+        "UPDATE effects SET effect_status = ?, error_code = coalesce(?, error_code), "
+        "available_at = CASE WHEN ? = 'pending' THEN ? ELSE available_at END, settled_at = ?, updated_at = ? "
+        "WHERE effect_id = ? AND effect_status = 'applying'",
+        (status, error_code, status, now, now if status == "rejected" else None, now, effect_id),
+    )
+
+
+def abandon_effect(conn: sqlite3.Connection, effect_id: str, actor: Actor, now: int, cancelled: bool = False) -> str:
+    """From another resource's transaction (a cancel, a runner's exit, a recovery): end an
+    applying effect's uncertain attempt, release its claim, and advance its own revision
+    and event. Returns the new status."""
+    status, error_code = uncertain_effect_status(conn, effect_id, cancelled)
+    end_uncertain_attempt(conn, effect_id, status, error_code, now)
+    lease = get_lease(conn, effect_id)
+    if lease is not None and lease.owner_id is not None:
+        release_lease(conn, effect_id, lease.lease_generation)
+    resource = get_resource(conn, effect_id)
+    assert resource is not None
+    revision = increment_revision(conn, effect_id, resource.revision, now)
+    write_event(conn, effect_id, revision, f"effect.{status}", actor, now)
+    return status
+
+
+def stale_applying_effects(conn: sqlite3.Connection, run_id: str, now: int) -> list[str]:
+    """Applying effects of a run whose claim is dead: expired, released, or of an older server epoch."""
+    (epoch,) = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone() or (0,)
+    rows = conn.execute(
+        "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
+        "WHERE e.run_id = ? AND e.effect_status = 'applying' "
+        "AND (l.owner_id IS NULL OR l.expires_at <= ? OR l.owner_id != ?) ORDER BY e.effect_id",
+        (run_id, now, server_owner_id(epoch)),
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 # --- receipts: host_commands and worker_messages --------------------------------

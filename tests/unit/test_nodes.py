@@ -7,6 +7,7 @@ import hashlib
 import pytest
 
 from piworkflows.protocol.internal import BlobValue
+from piworkflows.writer.invariants import violations
 from tests.support import run_create, run_group, submitted, take_epoch, token_hash
 from tests.unit.test_runners import claim, exited, state
 
@@ -137,10 +138,36 @@ def test_cancel_settles_everything_in_one_commit(claimed):
     (reply,) = run_group(claimed, cancel)
     assert reply.outcome == "accepted" and reply.receipt == {"runId": "run-1", "status": "cancelled"}
     conn = claimed.conn
-    statuses = dict(conn.execute("SELECT effect_id, effect_status FROM effects").fetchall())
+    statuses = dict(conn.execute("SELECT effect_id, effect_status FROM effects WHERE effect_class = 'external'"))
     assert statuses == {pending_id: "cancelled", applying_id: "ambiguous"}
+    assert conn.execute("SELECT attempt_status FROM effect_attempts WHERE effect_id = ?",
+                        (applying_id,)).fetchall() == [("ambiguous",)]  # fmt: skip
+    # the queue settlement: a local effect the writer applied right after the cancel's commit
+    assert conn.execute("SELECT effect_type, effect_status, attempt_count FROM effects "
+                        "WHERE effect_class = 'local'").fetchall() == [("run.settle_queue", "applied", 1)]  # fmt: skip
     assert conn.execute("SELECT attempt_status, outcome FROM node_attempts WHERE attempt_id = ?",
                         (started.receipt["attemptId"],)).fetchone() == ("cancelled", "cancelled")  # fmt: skip
     assert state(claimed) == (("cancelled", "cancelled", False, False), None)
     (late,) = run_group(claimed, cancel)
     assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
+
+
+def test_queue_settlement_is_a_local_effect_applied_right_after_the_commit(claimed):
+    """Between the two commits the spec's window holds: a terminal run whose settlement is pending."""
+    (started,) = run_group(claimed, start(2))
+    replies, _ = claimed.run([finish(3, started.receipt["attemptId"], output={"x": 1}, end="completed")])
+    assert replies[0][1].outcome == "accepted"
+    conn = claimed.conn
+    assert conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id)").fetchone() == (
+        "completed", "running")  # fmt: skip
+    assert conn.execute("SELECT effect_type, effect_status FROM effects").fetchall() == [
+        ("run.settle_queue", "pending")]  # fmt: skip
+    assert violations(conn, 0) == {}  # a pending settlement explains the unsettled queue
+    assert claimed.apply_local_effects() == 1
+    assert conn.execute("SELECT queue_status FROM run_queue").fetchone() == ("done",)
+    assert conn.execute("SELECT effect_status, attempt_count, settled_at IS NOT NULL FROM effects").fetchone() == (
+        "applied", 1, True)  # fmt: skip
+    assert conn.execute("SELECT attempt_status FROM effect_attempts").fetchall() == [("applied",)]
+    lease = conn.execute("SELECT owner_id FROM leases WHERE resource_id IN (SELECT effect_id FROM effects)")
+    assert lease.fetchall() == [(None,)]  # the writer's own claim, released with the settlement
+    assert claimed.apply_local_effects() == 0  # nothing is applied twice

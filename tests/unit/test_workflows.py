@@ -1047,13 +1047,15 @@ def test_builtin_demo_resolves_loads_and_covers_every_kind(project: Path, user: 
     assert kinds == {
         "greet": "compute",
         "progress": "notify",
+        "echo": "shell",
+        "note": "action",
         "ask": "checkpoint",
         "finish": "notify",
         "stop": "notify",
         "summary/count": "compute",
         "summary/describe": "compute",
     }
-    assert {"compute", "notify", "checkpoint"} <= set(kinds.values())
+    assert {"compute", "notify", "shell", "action", "checkpoint"} <= set(kinds.values())
     assert compiled.snapshot["mounts"] == {"summary": {"workflow": "demo-summary"}}
     assert set(compiled.mounts) == {"summary"}
     assert compiled.snapshot["startAt"] == "greet"
@@ -1061,7 +1063,8 @@ def test_builtin_demo_resolves_loads_and_covers_every_kind(project: Path, user: 
     assert canonical.dumps(compiled.snapshot)
     _assert_plain_json(compiled.snapshot)
     # The include is wired: into the mount's entry and out of its exit.
-    assert route(compiled, "progress", "ok") == Route(next_node="summary/count")
+    assert route(compiled, "progress", "ok") == Route(next_node="echo")
+    assert route(compiled, "note", "ok") == Route(next_node="summary/count")
     assert route(compiled, "summary/count", "ok") == Route(next_node="summary/describe")
     assert route(compiled, "summary/describe", "ok") == Route(next_node="ask")
     assert route(compiled, "ask", "ok", {"continue": True}) == Route(next_node="finish")

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-from piworkflows.writer.commands import content, effects, nodes, runners, runs, server
+from piworkflows.writer.commands import content, control, effects, nodes, runners, runs, server
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler, ...] = (
     *content.HANDLERS,
     *server.HANDLERS,
     *runs.HANDLERS,
+    *control.HANDLERS,
     *runners.HANDLERS,
     *nodes.HANDLERS,
     *effects.HANDLERS,

@@ -9,7 +9,7 @@ claim's token, generation and expiry.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import EffectClaim, EffectReserve, EffectSettle
+from piworkflows.protocol.internal import EffectAbandon, EffectClaim, EffectReserve, EffectSettle
 from piworkflows.states import ATTEMPT_END_FOR_EFFECT_STATUS, EFFECT_TRANSITIONS, TERMINAL_EFFECT_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, NewClaim, ResourceHandler, Stamp, Target, Tx
@@ -174,4 +174,33 @@ class SettleEffect(ResourceHandler[EffectSettle]):
         )
 
 
-HANDLERS = (ReserveEffects(), ClaimEffect(), SettleEffect())
+class AbandonEffect(ResourceHandler[EffectAbandon]):
+    """Its claimant died while applying: a new attempt later (idempotent) or an operator (manual)."""
+
+    kind = EffectAbandon.kind
+    model = EffectAbandon
+    actors = frozenset({"server"})
+    claim_required = True
+
+    def target(self, tx: Tx, cmd: EffectAbandon) -> Target:
+        resource = records.get_resource(tx.conn, cmd.effect_id)
+        if resource is None or resource.resource_kind != "effect":
+            raise CommandError("effectNotFound", "no such effect", effectId=cmd.effect_id)
+        return Target(cmd.effect_id, resource.revision, claim=cmd.claim)
+
+    def transition(self, tx: Tx, cmd: EffectAbandon, resource: records.Resource | None) -> Change:
+        (status,) = tx.conn.execute(
+            "SELECT effect_status FROM effects WHERE effect_id = ?", (cmd.effect_id,)
+        ).fetchone()
+        if status != "applying":
+            raise CommandError("invalidTransition", f"a {status} effect has no attempt to abandon")
+        new_status, error_code = records.uncertain_effect_status(tx.conn, cmd.effect_id, cancelled=False)
+
+        def apply(stamp: Stamp) -> None:
+            records.end_uncertain_attempt(tx.conn, cmd.effect_id, new_status, error_code, tx.now)
+
+        return Change(event_type=f"effect.{new_status}", apply=apply, release_claim=True,
+                      receipt={"effectId": cmd.effect_id, "effectStatus": new_status})  # fmt: skip
+
+
+HANDLERS = (ReserveEffects(), ClaimEffect(), SettleEffect(), AbandonEffect())

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from piworkflows import canonical
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import CheckpointAnswer, NodeFinish, NodeStart, NodeWait
-from piworkflows.writer import records
+from piworkflows.protocol.internal import (
+    CheckpointAnswer,
+    EffectRequest,
+    NodeEffectReserve,
+    NodeFinish,
+    NodeStart,
+    NodeWait,
+)
+from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 
@@ -23,7 +31,7 @@ ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out
 QUEUE_AFTER = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
 
 
-RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait)
+RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait, NodeEffectReserve)
 
 
 class RunnerTransition(ResourceHandler[RunnerCommand]):
@@ -106,8 +114,6 @@ class FinishNode(RunnerTransition[NodeFinish]):
                     "updated_at = ? WHERE run_id = ?",
                     (end, now, output if end == "completed" else None, error, cmd.error_code, now, cmd.run_id),
                 )
-                conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
-                             (QUEUE_AFTER[end], now, cmd.run_id))  # fmt: skip
                 records.end_live_runner(conn, cmd.run_id, now)  # no live runner beside a terminal run
             else:
                 conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
@@ -118,6 +124,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
             event_type="run.finished" if end else "node.finished",
             apply=apply,
             blobs=[b for b in (cmd.output, cmd.error) if b is not None],
+            effects=[local_effects.settle_queue(cmd.run_id, QUEUE_AFTER[end])] if end is not None else [],
             release_claim=end is not None,
             receipt=receipt,
         )
@@ -147,6 +154,65 @@ class WaitNode(RunnerTransition[NodeWait]):
 
         return Change(event_type="node.waiting", apply=apply, blobs=[cmd.request], release_claim=True,
                       receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"})  # fmt: skip
+
+
+class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
+    """Before an action or shell node acts: its effect, reserved once per node visit.
+
+    A repeat (the next attempt of an interrupted visit) adopts the effect and
+    learns how it stands: settled (the node adopts the result, no new attempt),
+    pending (the supervisor claims it: a new numbered attempt), or ambiguous
+    (the run parks ``effectAmbiguous``). An attempt left applying under a dead
+    claim is ended here first; the run's live claim proves its performer is gone.
+    """
+
+    kind = NodeEffectReserve.kind
+    model = NodeEffectReserve
+
+    def transition(self, tx: Tx, cmd: NodeEffectReserve, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        row = conn.execute("SELECT node_path, visit_number, node_kind, attempt_status FROM node_attempts "
+                           "WHERE attempt_id = ? AND run_id = ?", (cmd.attempt_id, cmd.run_id)).fetchone()  # fmt: skip
+        if row is None or row[3] != "running" or row[2] not in ("action", "shell", "http"):
+            raise CommandError("invalidTransition", "only a running effect node reserves an effect",
+                               attemptId=cmd.attempt_id)  # fmt: skip
+        node_path, visit = row[0], row[1]
+        request = EffectRequest(
+            effect_type=cmd.effect_type,
+            idempotency_key=canonical.dumps([cmd.run_id, cmd.effect_type, node_path, visit]),
+            payload=cmd.payload,
+            effect_class="external",
+            recovery_policy=cmd.recovery_policy,
+            owner_scope="run",
+            run_id=cmd.run_id,
+            max_attempts=cmd.max_attempts,
+        )
+        existing = conn.execute(
+            "SELECT effect_id, effect_status, request_fingerprint, result_digest, error_digest, error_code "
+            "FROM effects WHERE effect_type = ? AND idempotency_key = ?",
+            (request.effect_type, request.idempotency_key),
+        ).fetchone()
+        if existing is None:
+            return Change(event_type="effect.reserved", effects=[request],
+                          receipt={"effectId": request.effect_id(cmd.run_id), "effectStatus": "pending"})  # fmt: skip
+        effect_id, status, fingerprint, result, error, error_code = existing
+        if fingerprint != request.fingerprint(cmd.run_id):
+            raise CommandError("effectKeyConflict", "another effect request already holds this key", effectId=effect_id)
+        stale = status == "applying" and effect_id in records.stale_applying_effects(conn, cmd.run_id, now)
+        if stale:
+            status, error_code = records.uncertain_effect_status(conn, effect_id, cancelled=False)
+        receipt: dict[str, object] = {"effectId": effect_id, "effectStatus": status}
+        if status == "applied" and result is not None:
+            receipt["result"] = records.read_json(conn, result)
+        if status == "rejected":
+            receipt["error"] = records.read_text(conn, error) if error is not None else "the effect was rejected"
+            receipt["errorCode"] = error_code
+
+        def apply(stamp: Stamp) -> None:
+            if stale:
+                records.abandon_effect(conn, effect_id, tx.actor, now)
+
+        return Change(event_type="effect.adopted", apply=apply, receipt=receipt)
 
 
 class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
@@ -195,4 +261,4 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
                       receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"})  # fmt: skip
 
 
-HANDLERS = (StartNode(), FinishNode(), WaitNode(), AnswerCheckpoint())
+HANDLERS = (StartNode(), FinishNode(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())

@@ -41,7 +41,11 @@ _CLAIMABLE = """
     WHERE r.paused = 0 AND r.status IN ('queued', 'running')
       AND (q.queue_status = 'queued' OR (q.queue_status = 'parked' AND r.park_reason = 'shutdown'))
       AND (l.owner_id IS NULL OR l.expires_at <= :now)
+      AND NOT EXISTS (SELECT 1 FROM effects e JOIN leases el ON el.resource_id = e.effect_id
+                      WHERE e.run_id = r.run_id AND e.effect_status = 'applying'
+                        AND el.owner_id IS NOT NULL AND el.expires_at > :now)
 """
+# (an effect still applying under a live claim, e.g. one a paused run let settle, is awaited)
 
 
 class ClaimRun(ResourceHandler[RunClaim]):
@@ -129,10 +133,20 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
     def transition(self, tx: Tx, cmd: RunnerExited, resource: records.Resource | None) -> Change:
         assert resource is not None
         generation, start_revision = self._worker(tx, cmd)
-        status, paused = tx.conn.execute("SELECT status, paused FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        conn, now = tx.conn, tx.now
+        status, paused = conn.execute("SELECT status, paused FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        # The runner performed the run's effects: one it left applying under a dead claim
+        # (its server epoch crashed) may or may not have acted.
+        stale = records.stale_applying_effects(conn, cmd.run_id, now) if cmd.outcome == "orphaned" else []
+        ambiguous = any(records.uncertain_effect_status(conn, e, False)[0] == "ambiguous" for e in stale) or bool(
+            conn.execute("SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'",
+                         (cmd.run_id,)).fetchone())  # fmt: skip
         if status in TERMINAL_RUN_STATUSES:
             queue, run_status, park = None, status, None
             placement = "finished"
+        elif ambiguous and not paused:
+            queue, run_status, park = "parked", "running", "effectAmbiguous"
+            placement = "parked"
         elif cmd.park_reason is not None:
             queue, run_status, park = "parked", "running", cmd.park_reason
             placement = "parked"
@@ -145,11 +159,12 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         else:
             queue, run_status, park = "parked", "running", "runnerNoProgress"
             placement = "parked"
-        conn, now = tx.conn, tx.now
 
         def apply(stamp: Stamp) -> None:
             conn.execute("UPDATE run_workers SET outcome = ?, ended_at = ? WHERE runner_epoch = ?",
                          (cmd.outcome, now, cmd.runner_epoch))  # fmt: skip
+            for effect_id in stale:
+                records.abandon_effect(conn, effect_id, tx.actor, now)
             # A node the runner was executing did not finish: the next runner starts a new attempt.
             conn.execute(
                 "UPDATE node_attempts SET attempt_status = 'interrupted', outcome = 'cancelled', "

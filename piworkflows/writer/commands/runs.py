@@ -5,9 +5,10 @@ no runner, together with its receipt.
 
 from __future__ import annotations
 
+import sqlite3
+
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCancel, RunCreate, RunGet, RunList
-from piworkflows.states import TERMINAL_RUN_STATUSES
+from piworkflows.protocol.internal import RunCreate, RunGet, RunList
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import runs as views
@@ -31,17 +32,8 @@ class CreateRun(ResourceHandler[RunCreate]):
 
     def transition(self, tx: Tx, cmd: RunCreate, resource: records.Resource | None) -> Change:
         if cmd.execution_mode == "interactive":
-            holder = tx.conn.execute(
-                "SELECT run_id FROM runs WHERE origin_session_id = ? AND execution_mode = 'interactive' "
-                "AND status IN ('queued', 'running', 'waiting')",
-                (cmd.origin_session_id,),
-            ).fetchone()
-            if holder is not None:
-                raise CommandError(
-                    "sessionReserved", "the origin session already has an unfinished run", runId=holder[0]
-                )
+            check_session_free(tx, cmd.origin_session_id)
         conn, now = tx.conn, tx.now
-        source = cmd.source
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
@@ -60,22 +52,14 @@ class CreateRun(ResourceHandler[RunCreate]):
                     cmd.launch_options.digest if cmd.launch_options else None, cmd.max_steps, cmd.run_id, now, now,
                 ),
             )  # fmt: skip
+            source = cmd.source
             conn.execute(
                 "INSERT INTO run_sources (run_id, source_kind, source_path, source_sha256, builtin_id, "
                 "builtin_revision) VALUES (?, ?, ?, ?, ?, ?)",
                 (cmd.run_id, source.source_kind, source.source_path, source.source_sha256, source.builtin_id,
                  source.builtin_revision),
             )  # fmt: skip
-            conn.execute(
-                "INSERT INTO run_queue (run_id, project_id, queue_status, priority, available_at, enqueued_at, "
-                "updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?)",
-                (cmd.run_id, stamp.project_id, now, now, now),
-            )
-            conn.execute(
-                "INSERT INTO viewer_runs (run_id, presentation_revision, retained_revision_floor, updated_at) "
-                "VALUES (?, 1, 1, ?)",
-                (cmd.run_id, now),
-            )
+            enqueue_new_run(conn, cmd.run_id, now)
 
         return Change(
             event_type="run.queued",
@@ -87,6 +71,32 @@ class CreateRun(ResourceHandler[RunCreate]):
                 "definitionDigest": "sha256:" + cmd.definition.digest.hex(),
             },
         )
+
+
+def check_session_free(tx: Tx, origin_session_id: str | None) -> None:
+    """One unfinished interactive run per origin session."""
+    holder = tx.conn.execute(
+        "SELECT run_id FROM runs WHERE origin_session_id = ? AND execution_mode = 'interactive' "
+        "AND status IN ('queued', 'running', 'waiting')",
+        (origin_session_id,),
+    ).fetchone()
+    if holder is not None:
+        raise CommandError("sessionReserved", "the origin session already has an unfinished run", runId=holder[0])
+
+
+def enqueue_new_run(conn: sqlite3.Connection, run_id: str, now: int) -> None:
+    """A new run's queue row (queued) and viewer projection, beside its runs row."""
+    (project_id,) = conn.execute("SELECT project_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    conn.execute(
+        "INSERT INTO run_queue (run_id, project_id, queue_status, priority, available_at, enqueued_at, "
+        "updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?)",
+        (run_id, project_id, now, now, now),
+    )
+    conn.execute(
+        "INSERT INTO viewer_runs (run_id, presentation_revision, retained_revision_floor, updated_at) "
+        "VALUES (?, 1, 1, ?)",
+        (run_id, now),
+    )
 
 
 READERS = frozenset({"server", "client", "operator"})
@@ -116,53 +126,4 @@ class GetRun(Handler[RunGet]):
         return Result(revision=view["revision"], receipt=view)
 
 
-class CancelRun(ResourceHandler[RunCancel]):
-    """One transaction: run cancelled, active attempts cancelled, pending effects cancelled,
-    applying effects ambiguous, queue cancelled, claim released, runner record ended.
-
-    Fenced by the run's state, not the runner's claim: cancellation wins over a running
-    runner, which the supervisor stops after this commit. A finished run keeps its
-    outcome (a later cancel is a conflict naming it).
-    """
-
-    kind = RunCancel.kind
-    model = RunCancel
-    actors = frozenset({"client", "operator", "server"})
-    fenced_by_transition = True
-
-    def target(self, tx: Tx, cmd: RunCancel) -> Target:
-        return run_target(tx, cmd.run_id, cmd.expected_revision)
-
-    def transition(self, tx: Tx, cmd: RunCancel, resource: records.Resource | None) -> Change:
-        conn, now = tx.conn, tx.now
-        (status,) = conn.execute("SELECT status FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
-        if status in TERMINAL_RUN_STATUSES:
-            raise CommandError("winnerDecided", f"the run already ended {status}", runId=cmd.run_id, status=status)
-        lease = records.get_lease(conn, cmd.run_id)
-
-        def apply(stamp: Stamp) -> None:
-            conn.execute(
-                "UPDATE node_attempts SET attempt_status = 'cancelled', outcome = 'cancelled', finished_at = ? "
-                "WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
-                (now, cmd.run_id),
-            )
-            conn.execute("UPDATE effects SET effect_status = 'cancelled', settled_at = ?, updated_at = ? "
-                         "WHERE run_id = ? AND effect_status = 'pending'", (now, now, cmd.run_id))  # fmt: skip
-            conn.execute("UPDATE effects SET effect_status = 'ambiguous', updated_at = ? "
-                         "WHERE run_id = ? AND effect_status = 'applying'", (now, cmd.run_id))  # fmt: skip
-            conn.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, updated_at = ? WHERE run_id = ?",
-                         (now, now, cmd.run_id))  # fmt: skip
-            conn.execute("UPDATE run_queue SET queue_status = 'cancelled', updated_at = ? WHERE run_id = ?",
-                         (now, cmd.run_id))  # fmt: skip
-            records.end_live_runner(conn, cmd.run_id, now)
-            records.advance_presentation(conn, cmd.run_id, now)
-
-        return Change(
-            event_type="run.cancelled",
-            apply=apply,
-            release_generation=lease.lease_generation if lease is not None and lease.owner_id else None,
-            receipt={"runId": cmd.run_id, "status": "cancelled"},
-        )
-
-
-HANDLERS = (CreateRun(), ListRuns(), GetRun(), CancelRun())
+HANDLERS = (CreateRun(), ListRuns(), GetRun())

@@ -1,0 +1,46 @@
+"""Performers: the code that applies one kind of outside effect.
+
+One interface, so whoever performs effects (the runner today, the outbox
+worker pool later) changes nothing in workflow semantics::
+
+    reserve (writer) -> claim: numbered attempt recorded (writer) -> perform -> settle (writer)
+
+A performer gets the effect's canonical payload, its idempotency key and its
+recovery policy, and returns an ``Outcome``: how the attempt settles and the
+result stored on the effect. It never touches SQLite. ``spawned`` is called
+with the leader pid of every process group the performer starts, before that
+group runs anything; the caller records its identity (host.json) and may
+refuse (then the group is killed and nothing ran).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Settlement = Literal["applied", "rejected", "ambiguous"]
+NodeOutcome = Literal["ok", "failed", "timed_out"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended. ``result`` (JSON) is stored on an applied effect:
+    ``{"output": node output, "nodeOutcome": "ok" | "timed_out"}``."""
+
+    settlement: Settlement
+    result: Any = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+class Performer(Protocol):
+    def perform(self, payload: dict[str, Any], key: str, policy: str, spawned: Callable[[int], bool]) -> Outcome: ...
+
+
+def node_result(outcome: Outcome) -> tuple[NodeOutcome, Any, str | None]:
+    """What the node makes of a settled effect: (outcome, output, error text)."""
+    if outcome.settlement == "applied":
+        result = outcome.result or {}
+        return result.get("nodeOutcome", "ok"), result.get("output"), None
+    return "failed", None, outcome.error or f"the effect was {outcome.settlement}"

@@ -1,0 +1,214 @@
+"""Run control: pause, resume, cancel, restart (WORKFLOWS.md, Run lifecycle).
+
+Each commits its state change together with its receipt, fenced by the
+run's state rather than by the runner's claim (control wins over a running
+runner, which the supervisor stops after the commit). A finished run keeps
+its outcome: a later pause or cancel is a conflict naming it.
+
+::
+
+    pause   running -> running/parked (paused), claim released, active attempt
+            interrupted, runner record ended; queued or waiting runs keep
+            their status and only take the flag
+    resume  paused (or parked runnerNoProgress/workflowSourceChanged)
+            -> queued/queued, or waiting again for a paused waiting run
+    cancel  -> cancelled/cancelled, attempts cancelled, pending effects
+            cancelled, applying effects ambiguous, claim released
+    restart finished run -> a new child run (lineage restart, restartNumber + 1)
+"""
+
+from __future__ import annotations
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import RunCancel, RunPause, RunRestart, RunResume
+from piworkflows.states import TERMINAL_RUN_STATUSES
+from piworkflows.writer import local_effects, records
+from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
+from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+
+CONTROLLERS = frozenset({"client", "operator", "server"})
+# Parked for these, a run is resumed by an operator (an ambiguous effect needs its own review).
+RESUMABLE_PARK_REASONS = frozenset({"paused", "shutdown", "runnerNoProgress", "workflowSourceChanged"})
+
+
+def _unfinished(tx: Tx, run_id: str) -> tuple[str, int, str | None, str]:
+    status, paused, park_reason, queue = tx.conn.execute(
+        "SELECT r.status, r.paused, r.park_reason, q.queue_status FROM runs r "
+        "JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if status in TERMINAL_RUN_STATUSES:
+        raise CommandError("winnerDecided", f"the run already ended {status}", runId=run_id, status=status)
+    return status, paused, park_reason, queue
+
+
+def _live_generation(tx: Tx, run_id: str) -> int | None:
+    lease = records.get_lease(tx.conn, run_id)
+    return lease.lease_generation if lease is not None and lease.owner_id else None
+
+
+class ControlHandler(ResourceHandler):
+    actors = CONTROLLERS
+    fenced_by_transition = True
+
+    def target(self, tx: Tx, cmd: RunPause | RunResume | RunCancel) -> Target:
+        return run_target(tx, cmd.run_id, cmd.expected_revision)
+
+
+class PauseRun(ControlHandler):
+    kind = RunPause.kind
+    model = RunPause
+
+    def transition(self, tx: Tx, cmd: RunPause, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        status, paused, _, queue = _unfinished(tx, cmd.run_id)
+        if paused:
+            raise CommandError("invalidTransition", "the run is already paused", runId=cmd.run_id)
+        live = queue in ("starting", "running")
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute("UPDATE runs SET paused = 1, updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            if live:  # stop at the last durable boundary; the next runner starts the node anew
+                conn.execute(
+                    "UPDATE node_attempts SET attempt_status = 'interrupted', outcome = 'cancelled', "
+                    "error_code = 'paused', finished_at = ? WHERE run_id = ? AND attempt_status = 'running'",
+                    (now, cmd.run_id),
+                )
+                conn.execute("UPDATE runs SET park_reason = 'paused' WHERE run_id = ?", (cmd.run_id,))
+                conn.execute("UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?",
+                             (now, cmd.run_id))  # fmt: skip
+                conn.execute("UPDATE run_workers SET outcome = 'cancelled', ended_at = ? "
+                             "WHERE run_id = ? AND ended_at IS NULL", (now, cmd.run_id))  # fmt: skip
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="run.paused", apply=apply, release_generation=_live_generation(tx, cmd.run_id),
+                      receipt={"runId": cmd.run_id, "status": status, "paused": True})  # fmt: skip
+
+
+class ResumeRun(ControlHandler):
+    kind = RunResume.kind
+    model = RunResume
+
+    def transition(self, tx: Tx, cmd: RunResume, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        status, paused, park_reason, queue = _unfinished(tx, cmd.run_id)
+        parked = queue == "parked" and status == "running"
+        if parked and park_reason == "effectAmbiguous":
+            raise CommandError("invalidTransition", "an ambiguous effect needs an operator's review first",
+                               runId=cmd.run_id)  # fmt: skip
+        if not paused and not (parked and park_reason in RESUMABLE_PARK_REASONS):
+            raise CommandError("invalidTransition", "the run is neither paused nor parked", runId=cmd.run_id)
+        new_status = "queued" if parked else status
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute("UPDATE runs SET paused = 0, status = ?, park_reason = CASE WHEN ? THEN NULL "
+                         "ELSE park_reason END, updated_at = ? WHERE run_id = ?",
+                         (new_status, parked, now, cmd.run_id))  # fmt: skip
+            if parked:  # a new claim generation and a new runner, from the last durable boundary
+                conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?",
+                             (now, cmd.run_id))  # fmt: skip
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="run.resumed", apply=apply,
+                      receipt={"runId": cmd.run_id, "status": new_status, "paused": False})  # fmt: skip
+
+
+class CancelRun(ControlHandler):
+    """One transaction: run cancelled, active attempts cancelled, pending effects cancelled,
+    applying effects ambiguous, queue cancelled, claim released, runner record ended.
+
+    Fenced by the run's state, not the runner's claim: cancellation wins over a running
+    runner, which the supervisor stops after this commit. A finished run keeps its
+    outcome (a later cancel is a conflict naming it).
+    """
+
+    kind = RunCancel.kind
+    model = RunCancel
+
+    def transition(self, tx: Tx, cmd: RunCancel, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        _unfinished(tx, cmd.run_id)
+        applying = [
+            row[0]
+            for row in conn.execute(
+                "SELECT effect_id FROM effects WHERE run_id = ? AND effect_status = 'applying'", (cmd.run_id,)
+            )
+        ]
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = 'cancelled', outcome = 'cancelled', finished_at = ? "
+                "WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
+                (now, cmd.run_id),
+            )
+            conn.execute("UPDATE effects SET effect_status = 'cancelled', settled_at = ?, updated_at = ? "
+                         "WHERE run_id = ? AND effect_status = 'pending'", (now, now, cmd.run_id))  # fmt: skip
+            for effect_id in applying:  # the command may have acted: only an operator decides
+                records.abandon_effect(conn, effect_id, tx.actor, now, cancelled=True)
+            conn.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, updated_at = ? WHERE run_id = ?",
+                         (now, now, cmd.run_id))  # fmt: skip
+            records.end_live_runner(conn, cmd.run_id, now)
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(
+            event_type="run.cancelled",
+            apply=apply,
+            effects=[local_effects.settle_queue(cmd.run_id, "cancelled")],
+            release_generation=_live_generation(tx, cmd.run_id),
+            receipt={"runId": cmd.run_id, "status": "cancelled"},
+        )
+
+
+class RestartRun(ResourceHandler[RunRestart]):
+    """One child run per restart: the parent's revision advances, so a competing
+    restart at the same expected revision is a conflict and a retry adopts."""
+
+    kind = RunRestart.kind
+    model = RunRestart
+    actors = CONTROLLERS
+    fenced_by_transition = True
+
+    def target(self, tx: Tx, cmd: RunRestart) -> Target:
+        return run_target(tx, cmd.run_id, cmd.expected_revision)
+
+    def transition(self, tx: Tx, cmd: RunRestart, resource: records.Resource | None) -> Change:
+        conn, now = tx.conn, tx.now
+        parent = conn.execute(
+            "SELECT status, execution_mode, origin_session_id, root_run_id, restart_number, project_id "
+            "FROM runs WHERE run_id = ?",
+            (cmd.run_id,),
+        ).fetchone()
+        status, mode, session, root, number, project_id = parent
+        if status not in TERMINAL_RUN_STATUSES:
+            raise CommandError("invalidTransition", "only a finished run restarts (cancel it first)", runId=cmd.run_id)
+        if records.get_resource(conn, cmd.child_run_id) is not None:
+            raise CommandError("resourceExists", "the child run id is taken", runId=cmd.child_run_id)
+        if mode == "interactive":
+            check_session_free(tx, session)
+
+        def apply(stamp: Stamp) -> None:
+            records.create_resource(conn, cmd.child_run_id, "run", now, project_id)
+            records.write_event(conn, cmd.child_run_id, 1, "run.queued", tx.actor, now)
+            conn.execute(
+                "INSERT INTO runs (run_id, project_id, workflow_name, definition_digest, status, paused, "
+                "execution_mode, origin_session_id, title, input_digest, launch_options_digest, max_steps, lineage, "
+                "root_run_id, parent_run_id, restart_number, created_at, updated_at) "
+                "SELECT ?, project_id, workflow_name, definition_digest, 'queued', 0, execution_mode, "
+                "origin_session_id, title, input_digest, launch_options_digest, max_steps, 'restart', root_run_id, "
+                "run_id, restart_number + 1, ?, ? FROM runs WHERE run_id = ?",
+                (cmd.child_run_id, now, now, cmd.run_id),
+            )
+            conn.execute(
+                "INSERT INTO run_sources (run_id, source_kind, source_path, source_sha256, builtin_id, "
+                "builtin_revision) SELECT ?, source_kind, source_path, source_sha256, builtin_id, builtin_revision "
+                "FROM run_sources WHERE run_id = ?",
+                (cmd.child_run_id, cmd.run_id),
+            )
+            enqueue_new_run(conn, cmd.child_run_id, now)
+
+        return Change(event_type="run.restarted", apply=apply,
+                      receipt={"runId": cmd.child_run_id, "parentRunId": cmd.run_id, "rootRunId": root,
+                               "restartNumber": number + 1, "status": "queued"})  # fmt: skip
+
+
+HANDLERS = (PauseRun(), ResumeRun(), CancelRun(), RestartRun())
