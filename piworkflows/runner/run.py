@@ -107,8 +107,10 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     reserved = channel.request("effect.reserve", {"attempt_id": attempt_id, "effect_type": effect.effect_type,
                                                   "recovery_policy": effect.recovery_policy,
                                                   "payload": payload_value.model_dump()})  # fmt: skip
-    if reserved.outcome not in ("accepted", "adopted") or reserved.receipt is None:
-        return None
+    if reserved.outcome in ("claimLost", "unavailable") or reserved.receipt is None:
+        return None  # fenced (or the writer is restarting): the next runner continues from here
+    if reserved.outcome not in ("accepted", "adopted"):  # e.g. another request holds this visit's key
+        return "failed", None, reserved.error or "the effect could not be reserved", reserved.receipt.get("code")
     receipt = reserved.receipt
     status = receipt["effectStatus"]
     if status == "applied":
@@ -225,6 +227,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         )
         if started.outcome not in ("accepted", "adopted") or started.receipt is None:
             return {}  # fenced: a stale runner stops at once
+        if "runStatus" in started.receipt:
+            return {}  # the run had no step left: the writer ended it (maxStepsExceeded)
         visits[path] = visit
         executed += 1
         finish: dict[str, Any] = {"attempt_id": started.receipt["attemptId"]}

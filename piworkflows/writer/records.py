@@ -363,6 +363,21 @@ def abandon_effect(conn: sqlite3.Connection, effect_id: str, actor: Actor, now: 
     return status
 
 
+def cancel_pending_effects(conn: sqlite3.Connection, run_id: str, actor: Actor, now: int) -> None:
+    """A run ended: its external effects that never started never will (each effect's revision advances)."""
+    rows = conn.execute(
+        "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
+        "WHERE e.run_id = ? AND e.effect_class = 'external' AND e.effect_status = 'pending'",
+        (run_id,),
+    ).fetchall()
+    for effect_id, revision in rows:
+        conn.execute(
+            "UPDATE effects SET effect_status = 'cancelled', settled_at = ?, updated_at = ? WHERE effect_id = ?",
+            (now, now, effect_id),
+        )
+        write_event(conn, effect_id, increment_revision(conn, effect_id, revision, now), "effect.cancelled", actor, now)
+
+
 def stale_applying_effects(conn: sqlite3.Connection, run_id: str, now: int) -> list[str]:
     """Applying effects of a run whose claim is dead: expired, released, or of an older server epoch."""
     (epoch,) = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone() or (0,)

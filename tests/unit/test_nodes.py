@@ -109,8 +109,11 @@ def test_max_steps_bounds_executed_nodes(claimed):
     claimed.conn.execute("UPDATE runs SET max_steps = 1")
     (started,) = run_group(claimed, start(2))
     run_group(claimed, finish(3, started.receipt["attemptId"], output=1, next_node="progress"))
-    (refused,) = run_group(claimed, start(4, node="progress"))
-    assert refused.outcome == "rejected" and refused.receipt["code"] == "maxStepsExceeded"
+    (ended,) = run_group(claimed, start(4, node="progress"))  # no step left: the run fails instead
+    assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "failed", "errorCode": "maxStepsExceeded"}
+    assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
+    assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
+    assert state(claimed) == (("failed", "failed", False, False), None)
 
 
 def test_a_finish_names_next_node_or_end_never_both(claimed):

@@ -141,8 +141,7 @@ class CancelRun(ControlHandler):
                 "WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
                 (now, cmd.run_id),
             )
-            conn.execute("UPDATE effects SET effect_status = 'cancelled', settled_at = ?, updated_at = ? "
-                         "WHERE run_id = ? AND effect_status = 'pending'", (now, now, cmd.run_id))  # fmt: skip
+            records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
             for effect_id in applying:  # the command may have acted: only an operator decides
                 records.abandon_effect(conn, effect_id, tx.actor, now, cancelled=True)
             conn.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, updated_at = ? WHERE run_id = ?",

@@ -15,6 +15,7 @@ from typing import TypeVar
 from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import (
+    BlobValue,
     CheckpointAnswer,
     EffectRequest,
     NodeEffectReserve,
@@ -64,8 +65,8 @@ class StartNode(RunnerTransition[NodeStart]):
         if conn.execute("SELECT 1 FROM node_attempts WHERE attempt_id = ?", (attempt_id,)).fetchone():
             raise CommandError("invalidTransition", "this node visit already has this attempt", attemptId=attempt_id)
         (steps,) = conn.execute("SELECT count(*) FROM run_steps WHERE run_id = ?", (cmd.run_id,)).fetchone()
-        if steps >= max_steps:
-            raise CommandError("maxStepsExceeded", f"the run reached its {max_steps} steps")
+        if steps >= max_steps:  # interrupted attempts count: a run that keeps losing its runner ends here
+            return self._exceeded(tx, cmd, max_steps)
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
@@ -83,6 +84,25 @@ class StartNode(RunnerTransition[NodeStart]):
 
         return Change(event_type="node.started", apply=apply,
                       receipt={"attemptId": attempt_id, "stepIndex": steps})  # fmt: skip
+
+    def _exceeded(self, tx: Tx, cmd: NodeStart, max_steps: int) -> Change:
+        """No step is left: the run fails with maxStepsExceeded instead of starting the node."""
+        conn, now = tx.conn, tx.now
+        error = BlobValue.of_text(f"the run reached max_steps={max_steps} before {cmd.node_path}")
+
+        def apply(stamp: Stamp) -> None:
+            conn.execute(
+                "UPDATE runs SET status = 'failed', finished_at = ?, error_digest = ?, "
+                "error_code = 'maxStepsExceeded', updated_at = ? WHERE run_id = ?",
+                (now, error.digest, now, cmd.run_id),
+            )
+            records.end_live_runner(conn, cmd.run_id, now)
+            records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        return Change(event_type="run.finished", apply=apply, blobs=[error], release_claim=True,
+                      effects=[local_effects.settle_queue(cmd.run_id, "failed")],
+                      receipt={"runStatus": "failed", "errorCode": "maxStepsExceeded"})  # fmt: skip
 
 
 class FinishNode(RunnerTransition[NodeFinish]):
@@ -115,6 +135,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
                     (end, now, output if end == "completed" else None, error, cmd.error_code, now, cmd.run_id),
                 )
                 records.end_live_runner(conn, cmd.run_id, now)  # no live runner beside a terminal run
+                records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
             else:
                 conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             records.advance_presentation(conn, cmd.run_id, now)
