@@ -531,10 +531,12 @@ class ClaimableRuns(ReadCommand):
 
 
 class OrphanedRunners(ReadCommand):
-    """Runner records of older server epochs that never ended (startup recovery)."""
+    """Runner records no live runner serves: of older server epochs (startup recovery), or of
+    this epoch but not among ``active_runner_epochs`` (a reply lost when the writer crashed)."""
 
     kind: ClassVar[str] = "runner.orphans"
     server_epoch: int = Field(ge=1)
+    active_runner_epochs: list[int] = Field(default_factory=list, max_length=4096)
 
 
 class ResolveRequest(Model):

@@ -210,7 +210,9 @@ class Router:
         reply = await self.run_control(request)
         if reply is None:
             return refuse(request, CommandError("validationFailed", "run.pause names the run in runId"))
-        if reply.outcome in ("accepted", "adopted"):
+        # Only now: a replayed pause must not stop a runner that a later resume started. (A first
+        # answer lost in a crash leaves the old runner fenced: its next write fails and it exits.)
+        if reply.outcome == "accepted":
             self.supervisor.scheduler.stop_run(request.runId, let_effect_settle=True)
         return from_reply(request, reply)
 

@@ -89,22 +89,38 @@ class Scheduler:
         self._wake.set()
 
     async def start(self) -> None:
-        orphans = await self.request("runner.orphans", {"server_epoch": self.supervisor.epoch})
-        for orphan in (orphans.receipt or {}).get("runners", []):
-            await self.request("runner.exited", {"run_id": orphan["runId"], "runner_epoch": orphan["runnerEpoch"],
-                                                 "outcome": "orphaned", "stopped_by_server": True})  # fmt: skip
+        await self._reconcile()
         self._tasks = [asyncio.create_task(self._admission(), name="admission"),
                        asyncio.create_task(self._renewal(), name="claim-renewal"),
                        asyncio.create_task(self._keep_spares(), name="runner-spares")]  # fmt: skip
         self.wake()
 
+    async def _reconcile(self) -> bool:
+        """Close the runner records no runner of this supervisor serves: those of older epochs
+        (their groups were ended by the takeover), and this epoch's whose reply was lost when
+        the writer crashed (a claim or an exit that committed unanswered). Runs in the
+        admission task, so no launch interleaves with it."""
+        live = [handle.runner_epoch for handle in self.active.values()]
+        orphans = await self.request("runner.orphans", {"server_epoch": self.supervisor.epoch,
+                                                        "active_runner_epochs": live})  # fmt: skip
+        if orphans.outcome != "accepted" or orphans.receipt is None:
+            return False
+        for orphan in orphans.receipt["runners"]:
+            await self.request("runner.exited", {"run_id": orphan["runId"], "runner_epoch": orphan["runnerEpoch"],
+                                                 "outcome": "orphaned", "stopped_by_server": True})  # fmt: skip
+        return True
+
     async def _admission(self) -> None:
+        reconciled = self.supervisor.writer.restarts
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scheduler_tick_ms / 1000)
             except TimeoutError:
                 pass
             self._wake.clear()
+            restarts = self.supervisor.writer.restarts
+            if restarts != reconciled and await self._reconcile():
+                reconciled = restarts
             free = self.settings.max_runners - len(self.active)
             if free <= 0 or self._stopping:
                 continue

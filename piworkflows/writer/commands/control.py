@@ -144,7 +144,8 @@ class CancelRun(ControlHandler):
             records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
             for effect_id in applying:  # the command may have acted: only an operator decides
                 records.abandon_effect(conn, effect_id, tx.actor, now, cancelled=True)
-            conn.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, updated_at = ? WHERE run_id = ?",
+            conn.execute("UPDATE runs SET status = 'cancelled', paused = 0, finished_at = ?, updated_at = ? "
+                         "WHERE run_id = ?",
                          (now, now, cmd.run_id))  # fmt: skip
             records.end_live_runner(conn, cmd.run_id, now)
             records.advance_presentation(conn, cmd.run_id, now)

@@ -204,11 +204,14 @@ class ListOrphans(Handler[OrphanedRunners]):
 
     def execute(self, tx: Tx, cmd: OrphanedRunners) -> Result:
         rows = tx.conn.execute(
-            "SELECT run_id, runner_epoch FROM run_workers WHERE ended_at IS NULL AND server_epoch < ? "
+            "SELECT run_id, runner_epoch, server_epoch FROM run_workers WHERE ended_at IS NULL AND server_epoch <= ? "
             "ORDER BY runner_epoch",
             (cmd.server_epoch,),
         ).fetchall()
-        return Result(receipt={"runners": [{"runId": r, "runnerEpoch": e} for r, e in rows]})
+        active = set(cmd.active_runner_epochs)
+        orphans = [{"runId": r, "runnerEpoch": e} for r, e, epoch in rows
+                   if epoch < cmd.server_epoch or e not in active]  # fmt: skip
+        return Result(receipt={"runners": orphans})
 
 
 class RenewClaim(Handler[ClaimRenew]):
