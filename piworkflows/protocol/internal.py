@@ -70,13 +70,19 @@ class BlobValue(Model):
 
     @classmethod
     def of_json(cls, value: Any) -> BlobValue:
-        data = canonical.dumps_bytes(value)
-        return cls(digest=hashlib.sha256(data).digest(), media_type=MEDIA_JSON, data=data)
+        """Canonical JSON of ``value`` (raises TypeError/ValueError if it is not JSON). Built here, so
+        not checked again; the receiver checks whatever it decodes."""
+        return cls._built(canonical.dumps_bytes(value), MEDIA_JSON)
 
     @classmethod
     def of_text(cls, text: str) -> BlobValue:
-        data = text.encode("utf-8")
-        return cls(digest=hashlib.sha256(data).digest(), media_type=MEDIA_TEXT, data=data)
+        return cls._built(text.encode("utf-8"), MEDIA_TEXT)
+
+    @classmethod
+    def _built(cls, data: bytes, media_type: str) -> BlobValue:
+        if len(data) > MAX_INLINE_BLOB_BYTES:
+            raise ValueError(f"the value is {len(data)} bytes; at most {MAX_INLINE_BLOB_BYTES} fit inline")
+        return cls.model_construct(digest=hashlib.sha256(data).digest(), media_type=media_type, data=data)
 
 
 class ClientReceiptKey(Model):
@@ -403,6 +409,25 @@ class RunnerExited(Command):
     park_reason: Literal["workflowSourceChanged", "effectAmbiguous"] | None = None
 
 
+NodeKind = Literal[
+    "agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"
+]
+
+
+def attempt_id_of(run_id: str, node_path: str, visit_number: int, attempt_number: int) -> str:
+    """Deterministic: one id per run, node path, visit and attempt number."""
+    ident = canonical.dumps_bytes([run_id, node_path, visit_number, attempt_number])
+    return "attempt-" + hashlib.sha256(ident).hexdigest()[:32]
+
+
+class NextAttempt(Model):
+    """The next node's attempt, started in the same transaction that finishes this one."""
+
+    node_kind: NodeKind
+    visit_number: int = Field(ge=1)
+    attempt_number: int = Field(default=1, ge=1)
+
+
 class NodeStart(Command):
     """A runner begins a node: a new attempt and step, under the run's claim."""
 
@@ -411,15 +436,12 @@ class NodeStart(Command):
     claim: Claim
     expected_revision: int = Field(ge=1)
     node_path: str = Field(min_length=1, max_length=1024)
-    node_kind: Literal[
-        "agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"
-    ]
+    node_kind: NodeKind
     visit_number: int = Field(ge=1)
     attempt_number: int = Field(default=1, ge=1)
 
     def attempt_id(self) -> str:
-        ident = canonical.dumps_bytes([self.run_id, self.node_path, self.visit_number, self.attempt_number])
-        return "attempt-" + hashlib.sha256(ident).hexdigest()[:32]
+        return attempt_id_of(self.run_id, self.node_path, self.visit_number, self.attempt_number)
 
 
 class NodeFinish(Command):
@@ -440,6 +462,7 @@ class NodeFinish(Command):
     error_code: str | None = Field(default=None, max_length=64)
     next_node: str | None = Field(default=None, min_length=1, max_length=1024)
     end_status: Literal["completed", "failed", "timed_out", "cancelled"] | None = None
+    start_next: NextAttempt | None = None  # start next_node's attempt in the same commit (one round trip)
 
     @model_validator(mode="after")
     def _shape(self) -> NodeFinish:
@@ -451,6 +474,8 @@ class NodeFinish(Command):
             raise ValueError("a node error is text")
         if self.outcome == "ok" and self.error is not None and self.end_status != "failed":
             raise ValueError("a successful node carries no error (only a run that fails on its route does)")
+        if self.start_next is not None and self.next_node is None:
+            raise ValueError("start_next starts the next node")
         return self
 
 

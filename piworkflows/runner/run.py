@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,6 +61,14 @@ class Channel:
         return Reply.model_validate(self.receive()["b"])
 
 
+# Compiled workflows this process loaded, by the exact bytes executed and the definition digest.
+# Loading and compiling is most of a short run's CPU; a runner process serves up to
+# RUNS_PER_PROCESS runs, so a module is executed once per process, not once per run
+# (module-level state is shared by those runs: docs/workflows.md).
+_COMPILED: OrderedDict[tuple[str, str, bytes, str], CompiledWorkflow] = OrderedDict()
+_COMPILED_KEEP = 16
+
+
 def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
     """The run's workflow, or None if its code changed since the run started."""
     source = launch.source
@@ -81,8 +90,16 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
             return None
         if resolved.identity.builtin_revision != source.builtin_revision:
             return None
-    compiled = discovery.load(resolved).compile()
-    return compiled if compiled.digest == launch.definition_digest else None
+    key = (source.source_kind, str(resolved.path), hashlib.sha256(resolved.data).digest(), launch.definition_digest)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = discovery.load(resolved).compile()
+        if compiled.digest != launch.definition_digest:
+            return None
+        _COMPILED[key] = compiled
+        if len(_COMPILED) > _COMPILED_KEEP:
+            _COMPILED.popitem(last=False)
+    return compiled
 
 
 EFFECT_AMBIGUOUS = "effectAmbiguous"
@@ -218,20 +235,21 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         path = routing.route(compiled, step["nodePath"], step["outcome"], step["output"]).next_node
     executed = len(launch.steps)  # interrupted attempts count: each took a step
     max_steps = compiled.workflow.max_steps
+    started_attempt: str | None = None  # the next node's attempt, started by the previous finish
     while path is not None:
         node = compiled.nodes[path]
         visit = visits.get(path, 0) + 1
-        attempt = retries.get((path, visit), 0) + 1
-        started = channel.request(
-            "node.start", {"node_path": path, "node_kind": node.kind, "visit_number": visit, "attempt_number": attempt}
-        )
-        if started.outcome not in ("accepted", "adopted") or started.receipt is None:
-            return {}  # fenced: a stale runner stops at once
-        if "runStatus" in started.receipt:
-            return {}  # the run had no step left: the writer ended it (maxStepsExceeded)
+        if started_attempt is None:
+            started = channel.request("node.start", {"node_path": path, **_attempt_fields(node, visit, retries, path)})
+            if started.outcome not in ("accepted", "adopted") or started.receipt is None:
+                return {}  # fenced: a stale runner stops at once
+            if "runStatus" in started.receipt:
+                return {}  # the run had no step left: the writer ended it (maxStepsExceeded)
+            started_attempt = started.receipt["attemptId"]
+        attempt_id, started_attempt = started_attempt, None
         visits[path] = visit
         executed += 1
-        finish: dict[str, Any] = {"attempt_id": started.receipt["attemptId"]}
+        finish: dict[str, Any] = {"attempt_id": attempt_id}
         ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
         if isinstance(node, CheckpointNode):
             request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
@@ -240,7 +258,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
             channel.request("node.wait", {**finish, "request": BlobValue.of_json(request).model_dump()})
             return {}  # the run waits with no runner; the answer completes the node and requeues the run
         if isinstance(node, ActionNode):
-            ended = perform_effect(channel, node, ctx, started.receipt["attemptId"])
+            ended = perform_effect(channel, node, ctx, attempt_id)
             if ended is None:
                 return {}
             if ended == EFFECT_AMBIGUOUS:
@@ -271,15 +289,25 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         elif route.next_node is not None and executed >= max_steps:
             finish.update(end_status="failed", error_code="maxStepsExceeded",
                           error=BlobValue.of_text(f"the run reached max_steps={max_steps}").model_dump())  # fmt: skip
-        elif route.next_node is not None:
-            finish["next_node"] = route.next_node
+        elif route.next_node is not None:  # the next node's attempt starts in the same commit
+            after = route.next_node
+            finish.update(next_node=after, start_next=_attempt_fields(compiled.nodes[after], visits.get(after, 0) + 1,
+                                                                        retries, after))  # fmt: skip
         else:
             finish["end_status"] = route.end_status
         finished = channel.request("node.finish", finish)
-        if finished.outcome not in ("accepted", "adopted"):
+        if finished.outcome not in ("accepted", "adopted") or finished.receipt is None:
             return {}
+        if "runStatus" in finished.receipt:
+            return {}  # the run ended (also when the writer found no step left for the next node)
+        started_attempt = finished.receipt.get("nextAttemptId")
         path = finish.get("next_node")
     return {}
+
+
+def _attempt_fields(node: Any, visit: int, retries: dict[tuple[str, int], int], path: str) -> dict[str, Any]:
+    """A node attempt: an interrupted visit continues with its next attempt number."""
+    return {"node_kind": node.kind, "visit_number": visit, "attempt_number": retries.get((path, visit), 0) + 1}
 
 
 def main() -> int:

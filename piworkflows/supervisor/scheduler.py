@@ -56,6 +56,7 @@ class RunnerHandle:
     effect: EffectInFlight | None = None  # the effect this runner is applying, claimed on its behalf
     commands: list[Identity] = field(default_factory=list)  # process groups its performer started
     stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
+    record_ended: bool = False  # a commit ended the runner record with the run's end or wait: no exit to record
 
 
 @dataclass
@@ -153,8 +154,7 @@ class Scheduler:
         outcome = "crashed"
         try:
             state = await self.request("run.resume_state", {"run_id": handle.run_id})
-            source = await self.supervisor.writer.request("run.get", {"actor": SERVER, "run_id": handle.run_id})
-            if state.outcome != "accepted" or source.outcome != "accepted":
+            if state.outcome != "accepted" or state.receipt is None:
                 return
             handle.proc = proc = await self._take_runner()
             self._spare_needed.set()
@@ -167,7 +167,7 @@ class Scheduler:
                 lease_generation=handle.claim["lease_generation"],
                 runner_epoch=handle.runner_epoch,
                 project_path=state.receipt["projectPath"],
-                source=_source(source.receipt["source"]),
+                source=_source(state.receipt["source"]),
                 definition_digest=state.receipt["definitionDigest"],
                 input=state.receipt["input"],
                 steps=state.receipt["steps"],
@@ -307,6 +307,7 @@ class Scheduler:
         reply: Reply = await self.supervisor.writer.request(kind, body)
         if reply.outcome in ("accepted", "adopted") and reply.revision is not None:
             handle.revision = reply.revision
+            handle.record_ended = "runStatus" in (reply.receipt or {})
         return reply
 
     async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
@@ -329,6 +330,10 @@ class Scheduler:
                     _signal_group(proc.pid, signal.SIGKILL)
                     await proc.wait()
                 self.supervisor.forget_child(proc.pid)
+        if handle.record_ended:  # the run ended or waits: that commit ended the runner record
+            self.active.pop(handle.run_id, None)
+            self.wake()
+            return
         body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
                 "stopped_by_server": handle.stopping}  # fmt: skip
         if handle.park_reason in ("workflowSourceChanged", "effectAmbiguous"):

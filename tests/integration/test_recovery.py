@@ -164,17 +164,21 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
     ledgers = {name: tmp_path / f"{name}.txt" for name in ("idem", "manual")}
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     state_dir = server.state_dir
-    asking = start(server, project, "asking")
-    settled(server, asking, "waiting")  # waits without a runner: the four below take all four
-    runs = {
-        "blocking-1": start(server, project, "blocking", {"flag": str(flag)}),
-        "blocking-2": start(server, project, "blocking", {"flag": str(flag)}),
-        "idem": start(server, project, "idem", {"flag": str(flag), "ledger": str(ledgers["idem"])}),
-        "manual": start(server, project, "manual", {"flag": str(flag), "ledger": str(ledgers["manual"])}),
-    }
-    wait_until(lambda: all(running_node(state_dir, runs[k]) == "wait" for k in ("blocking-1", "blocking-2"))
-               and applying(state_dir, runs["idem"]) and applying(state_dir, runs["manual"])
-               and command_running(server) == 2, timeout=60, what="four runs in flight")  # fmt: skip
+    try:
+        asking = start(server, project, "asking")
+        settled(server, asking, "waiting")  # waits without a runner: the four below take all four
+        runs = {
+            "blocking-1": start(server, project, "blocking", {"flag": str(flag)}),
+            "blocking-2": start(server, project, "blocking", {"flag": str(flag)}),
+            "idem": start(server, project, "idem", {"flag": str(flag), "ledger": str(ledgers["idem"])}),
+            "manual": start(server, project, "manual", {"flag": str(flag), "ledger": str(ledgers["manual"])}),
+        }
+        wait_until(lambda: all(running_node(state_dir, runs[k]) == "wait" for k in ("blocking-1", "blocking-2"))
+                   and applying(state_dir, runs["idem"]) and applying(state_dir, runs["manual"])
+                   and command_running(server) == 2, timeout=60, what="four runs in flight")  # fmt: skip
+    except BaseException:
+        server.stop()
+        raise
     old = [c for c in server.registry()["children"] if c["role"] in ("runner", "command")]
     server.kill()
     server = ServerProcess(state_dir, env=FAST).start()  # the takeover ends the old groups before it serves

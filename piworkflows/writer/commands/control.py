@@ -204,7 +204,7 @@ class RestartRun(ResourceHandler[RunRestart]):
                 "FROM run_sources WHERE run_id = ?",
                 (cmd.child_run_id, cmd.run_id),
             )
-            enqueue_new_run(conn, cmd.child_run_id, now)
+            enqueue_new_run(conn, cmd.child_run_id, project_id, now)
 
         return Change(event_type="run.restarted", apply=apply,
                       receipt={"runId": cmd.child_run_id, "parentRunId": cmd.run_id, "rootRunId": root,

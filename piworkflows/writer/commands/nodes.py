@@ -10,6 +10,8 @@ every commit; the runner process exits right after).
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import dataclass
 from typing import TypeVar
 
 from piworkflows import canonical
@@ -22,6 +24,7 @@ from piworkflows.protocol.internal import (
     NodeFinish,
     NodeStart,
     NodeWait,
+    attempt_id_of,
 )
 from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import run_target
@@ -45,64 +48,97 @@ class RunnerTransition(ResourceHandler[RunnerCommand]):
         return Target(cmd.run_id, cmd.expected_revision, claim=cmd.claim)
 
 
+@dataclass(frozen=True)
+class PlannedAttempt:
+    """A node attempt that passed its checks; ``insert`` writes it (inside ``Change.apply``)."""
+
+    run_id: str
+    attempt_id: str
+    node_path: str
+    node_kind: str
+    visit_number: int
+    attempt_number: int
+    step_index: int
+    steps_left: bool
+
+    def insert(self, conn: sqlite3.Connection, generation: int | None, now: int) -> None:
+        conn.execute(
+            "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+            "attempt_status, lease_generation, started_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+            (self.attempt_id, self.run_id, self.node_path, self.node_kind, self.visit_number, self.attempt_number,
+             generation, now),
+        )  # fmt: skip
+        conn.execute("INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
+                     (self.run_id, self.step_index, self.attempt_id))  # fmt: skip
+        conn.execute("UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?",
+                     (now, self.run_id))  # fmt: skip
+
+
+def plan_attempt(conn: sqlite3.Connection, run_id: str, node_path: str, node_kind: str, visit: int, attempt: int,
+                 finishing: str | None = None) -> PlannedAttempt:  # fmt: skip
+    """Check that the run may start this attempt now (``finishing``: the attempt the same commit ends)."""
+    status, max_steps, queue = conn.execute(
+        "SELECT r.status, r.max_steps, q.queue_status FROM runs r JOIN run_queue q ON q.run_id = r.run_id "
+        "WHERE r.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if status != "running" or queue not in ("starting", "running"):
+        raise CommandError("invalidTransition", f"a {status} run with a {queue} queue starts no node")
+    active = conn.execute("SELECT attempt_id FROM node_attempts WHERE run_id = ? AND attempt_status IN "
+                          "('running', 'waiting')", (run_id,)).fetchone()  # fmt: skip
+    if active is not None and active[0] != finishing:
+        raise CommandError("invalidTransition", "another node of the run is still active")
+    attempt_id = attempt_id_of(run_id, node_path, visit, attempt)
+    if conn.execute("SELECT 1 FROM node_attempts WHERE attempt_id = ?", (attempt_id,)).fetchone():
+        raise CommandError("invalidTransition", "this node visit already has this attempt", attemptId=attempt_id)
+    (steps,) = conn.execute("SELECT count(*) FROM run_steps WHERE run_id = ?", (run_id,)).fetchone()
+    # Interrupted attempts count: a run that keeps losing its runner runs out of steps.
+    return PlannedAttempt(run_id, attempt_id, node_path, node_kind, visit, attempt, steps, steps < max_steps)
+
+
+def max_steps_error(conn: sqlite3.Connection, run_id: str, node_path: str) -> BlobValue:
+    """Why a run with no step left for ``node_path`` fails (code maxStepsExceeded)."""
+    (max_steps,) = conn.execute("SELECT max_steps FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return BlobValue.of_text(f"the run reached max_steps={max_steps} before {node_path}")
+
+
+def end_run(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes | None, code: str | None) -> None:
+    """A terminal run: no live runner beside it, its unstarted effects cancelled (settlement: a local effect)."""
+    conn, now = tx.conn, tx.now
+    conn.execute(
+        "UPDATE runs SET status = ?, finished_at = ?, output_digest = ?, error_digest = ?, error_code = ?, "
+        "updated_at = ? WHERE run_id = ?",
+        (status, now, output, error, code, now, run_id),
+    )
+    records.end_live_runner(conn, run_id, now)
+    records.cancel_pending_effects(conn, run_id, tx.actor, now)
+
+
 class StartNode(RunnerTransition[NodeStart]):
     kind = NodeStart.kind
     model = NodeStart
 
     def transition(self, tx: Tx, cmd: NodeStart, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
-        status, max_steps, queue = conn.execute(
-            "SELECT r.status, r.max_steps, q.queue_status FROM runs r JOIN run_queue q ON q.run_id = r.run_id "
-            "WHERE r.run_id = ?",
-            (cmd.run_id,),
-        ).fetchone()
-        if status != "running" or queue not in ("starting", "running"):
-            raise CommandError("invalidTransition", f"a {status} run with a {queue} queue starts no node")
-        if conn.execute("SELECT 1 FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
-                        (cmd.run_id,)).fetchone():  # fmt: skip
-            raise CommandError("invalidTransition", "another node of the run is still active")
-        attempt_id = cmd.attempt_id()
-        if conn.execute("SELECT 1 FROM node_attempts WHERE attempt_id = ?", (attempt_id,)).fetchone():
-            raise CommandError("invalidTransition", "this node visit already has this attempt", attemptId=attempt_id)
-        (steps,) = conn.execute("SELECT count(*) FROM run_steps WHERE run_id = ?", (cmd.run_id,)).fetchone()
-        if steps >= max_steps:  # interrupted attempts count: a run that keeps losing its runner ends here
-            return self._exceeded(tx, cmd, max_steps)
+        planned = plan_attempt(conn, cmd.run_id, cmd.node_path, cmd.node_kind, cmd.visit_number, cmd.attempt_number)
+        if not planned.steps_left:
+            error = max_steps_error(conn, cmd.run_id, cmd.node_path)
+
+            def exceeded(stamp: Stamp) -> None:
+                end_run(tx, cmd.run_id, "failed", None, error.digest, "maxStepsExceeded")
+                records.advance_presentation(conn, cmd.run_id, now)
+
+            return Change(event_type="run.finished", apply=exceeded, blobs=[error], release_claim=True,
+                          effects=[local_effects.settle_queue(cmd.run_id, "failed")],
+                          receipt={"runStatus": "failed", "errorCode": "maxStepsExceeded"})  # fmt: skip
 
         def apply(stamp: Stamp) -> None:
-            conn.execute(
-                "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
-                "attempt_status, lease_generation, started_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-                (attempt_id, cmd.run_id, cmd.node_path, cmd.node_kind, cmd.visit_number, cmd.attempt_number,
-                 stamp.lease_generation, now),
-            )  # fmt: skip
-            conn.execute("INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
-                         (cmd.run_id, steps, attempt_id))  # fmt: skip
-            conn.execute("UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?",
-                         (now, cmd.run_id))  # fmt: skip
+            planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             records.advance_presentation(conn, cmd.run_id, now)
 
         return Change(event_type="node.started", apply=apply,
-                      receipt={"attemptId": attempt_id, "stepIndex": steps})  # fmt: skip
-
-    def _exceeded(self, tx: Tx, cmd: NodeStart, max_steps: int) -> Change:
-        """No step is left: the run fails with maxStepsExceeded instead of starting the node."""
-        conn, now = tx.conn, tx.now
-        error = BlobValue.of_text(f"the run reached max_steps={max_steps} before {cmd.node_path}")
-
-        def apply(stamp: Stamp) -> None:
-            conn.execute(
-                "UPDATE runs SET status = 'failed', finished_at = ?, error_digest = ?, "
-                "error_code = 'maxStepsExceeded', updated_at = ? WHERE run_id = ?",
-                (now, error.digest, now, cmd.run_id),
-            )
-            records.end_live_runner(conn, cmd.run_id, now)
-            records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
-            records.advance_presentation(conn, cmd.run_id, now)
-
-        return Change(event_type="run.finished", apply=apply, blobs=[error], release_claim=True,
-                      effects=[local_effects.settle_queue(cmd.run_id, "failed")],
-                      receipt={"runStatus": "failed", "errorCode": "maxStepsExceeded"})  # fmt: skip
+                      receipt={"attemptId": planned.attempt_id, "stepIndex": planned.step_index})  # fmt: skip
 
 
 class FinishNode(RunnerTransition[NodeFinish]):
@@ -118,9 +154,20 @@ class FinishNode(RunnerTransition[NodeFinish]):
             raise CommandError("invalidTransition", "the attempt is not running", attemptId=cmd.attempt_id)
         output = cmd.output.digest if cmd.output else None
         error = cmd.error.digest if cmd.error else None
-        end = cmd.end_status
+        end, code = cmd.end_status, cmd.error_code
         node_error = error if cmd.outcome != "ok" else None
         node_error_code = cmd.error_code if cmd.outcome != "ok" else None
+        blobs = [b for b in (cmd.output, cmd.error) if b is not None]
+        planned = None
+        if cmd.start_next is not None:
+            assert cmd.next_node is not None
+            nxt = cmd.start_next
+            planned = plan_attempt(conn, cmd.run_id, cmd.next_node, nxt.node_kind, nxt.visit_number,
+                                   nxt.attempt_number, finishing=cmd.attempt_id)  # fmt: skip
+            if not planned.steps_left:  # the writer counts steps; the run ends here instead
+                exceeded = max_steps_error(conn, cmd.run_id, cmd.next_node)
+                end, code, error, planned = "failed", "maxStepsExceeded", exceeded.digest, None
+                blobs.append(exceeded)
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
@@ -129,22 +176,24 @@ class FinishNode(RunnerTransition[NodeFinish]):
                 (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, node_error, node_error_code, now, cmd.attempt_id),
             )
             if end is not None:
-                conn.execute(
-                    "UPDATE runs SET status = ?, finished_at = ?, output_digest = ?, error_digest = ?, error_code = ?, "
-                    "updated_at = ? WHERE run_id = ?",
-                    (end, now, output if end == "completed" else None, error, cmd.error_code, now, cmd.run_id),
-                )
-                records.end_live_runner(conn, cmd.run_id, now)  # no live runner beside a terminal run
-                records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
+                end_run(tx, cmd.run_id, end, output if end == "completed" else None, error, code)
             else:
+                if planned is not None:
+                    planned.insert(conn, stamp.lease_generation, now)
                 conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             records.advance_presentation(conn, cmd.run_id, now)
 
-        receipt = {"attemptId": cmd.attempt_id, **({"runStatus": end} if end else {"nextNode": cmd.next_node})}
+        receipt: dict[str, object] = {"attemptId": cmd.attempt_id}
+        if end is not None:
+            receipt.update(runStatus=end, **({"errorCode": code} if code == "maxStepsExceeded" else {}))
+        else:
+            receipt["nextNode"] = cmd.next_node
+            if planned is not None:
+                receipt.update(nextAttemptId=planned.attempt_id, stepIndex=planned.step_index)
         return Change(
             event_type="run.finished" if end else "node.finished",
             apply=apply,
-            blobs=[b for b in (cmd.output, cmd.error) if b is not None],
+            blobs=blobs,
             effects=[local_effects.settle_queue(cmd.run_id, QUEUE_AFTER[end])] if end is not None else [],
             release_claim=end is not None,
             receipt=receipt,

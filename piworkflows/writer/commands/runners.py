@@ -31,6 +31,7 @@ from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
+from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
 # Parked for one of these, a run waits for an operator or a changed source, not for the scheduler.
@@ -237,13 +238,15 @@ class ReadResumeState(Handler[ResumeState]):
     def execute(self, tx: Tx, cmd: ResumeState) -> Result:
         conn = tx.conn
         row = conn.execute(
-            "SELECT r.input_digest, r.definition_digest, r.max_steps, p.canonical_path FROM runs r "
-            "JOIN projects p ON p.project_id = r.project_id WHERE r.run_id = ?",
+            "SELECT r.input_digest, r.definition_digest, r.max_steps, p.canonical_path, s.source_kind, "
+            "s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision FROM runs r "
+            "JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id "
+            "WHERE r.run_id = ?",
             (cmd.run_id,),
         ).fetchone()
         if row is None:
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
-        input_digest, definition_digest, max_steps, project_path = row
+        input_digest, definition_digest, max_steps, project_path = row[:4]
         rows = conn.execute(
             "SELECT a.node_path, a.visit_number, a.attempt_number, a.attempt_status, a.outcome, a.output_digest "
             "FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id "
@@ -261,6 +264,7 @@ class ReadResumeState(Handler[ResumeState]):
                 "input": records.read_json(conn, input_digest),
                 "definitionDigest": "sha256:" + definition_digest.hex(),
                 "projectPath": project_path,
+                "source": source_view(*row[4:]),
                 "maxSteps": max_steps,
                 "steps": steps,
             }

@@ -59,7 +59,7 @@ class CreateRun(ResourceHandler[RunCreate]):
                 (cmd.run_id, source.source_kind, source.source_path, source.source_sha256, source.builtin_id,
                  source.builtin_revision),
             )  # fmt: skip
-            enqueue_new_run(conn, cmd.run_id, now)
+            enqueue_new_run(conn, cmd.run_id, stamp.project_id, now)
 
         return Change(
             event_type="run.queued",
@@ -84,9 +84,8 @@ def check_session_free(tx: Tx, origin_session_id: str | None) -> None:
         raise CommandError("sessionReserved", "the origin session already has an unfinished run", runId=holder[0])
 
 
-def enqueue_new_run(conn: sqlite3.Connection, run_id: str, now: int) -> None:
+def enqueue_new_run(conn: sqlite3.Connection, run_id: str, project_id: str | None, now: int) -> None:
     """A new run's queue row (queued) and viewer projection, beside its runs row."""
-    (project_id,) = conn.execute("SELECT project_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     conn.execute(
         "INSERT INTO run_queue (run_id, project_id, queue_status, priority, available_at, enqueued_at, "
         "updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?)",

@@ -72,6 +72,15 @@ def list_runs(
     return {"schema": RUN_LIST_SCHEMA, "items": items, "cursor": cursor}
 
 
+def source_view(kind: str, path: str | None, sha256: bytes | None, builtin_id: str | None,
+                builtin_revision: str | None) -> dict[str, Any]:  # fmt: skip
+    """A run's source identity as views show it (no source text)."""
+    if kind == "file":
+        assert sha256 is not None
+        return {"kind": "file", "path": path, "sha256": sha256.hex()}
+    return {"kind": "builtin", "id": builtin_id, "revision": builtin_revision}
+
+
 def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] | None:
     row = conn.execute(
         f"""SELECT r.workflow_name, r.title, p.canonical_path, r.execution_mode, r.origin_session_id, r.max_steps,
@@ -91,11 +100,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
      sha256, builtin_id, builtin_revision) = row[:24]  # fmt: skip
     facts = _facts(row[24:])
     snapshot = _read_json(conn, definition_digest, limit=None)
-    source = (
-        {"kind": "file", "path": path, "sha256": sha256.hex()}
-        if kind == "file"
-        else {"kind": "builtin", "id": builtin_id, "revision": builtin_revision}
-    )
+    source = source_view(kind, path, sha256, builtin_id, builtin_revision)
     return {
         "schema": RUN_VIEW_SCHEMA,
         "runId": run_id,
