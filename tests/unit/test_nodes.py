@@ -174,3 +174,36 @@ def test_queue_settlement_is_a_local_effect_applied_right_after_the_commit(claim
     lease = conn.execute("SELECT owner_id FROM leases WHERE resource_id IN (SELECT effect_id FROM effects)")
     assert lease.fetchall() == [(None,)]  # the writer's own claim, released with the settlement
     assert claimed.apply_local_effects() == 0  # nothing is applied twice
+
+
+def finish_and_start(revision, attempt_id, next_node, visit=1):
+    item = finish(revision, attempt_id, output={"ok": 1}, next_node=next_node)
+    item.body["start_next"] = {"node_kind": "compute", "visit_number": visit}
+    return item
+
+
+def test_a_finish_starts_the_next_attempt_in_the_same_commit(claimed):
+    (started,) = run_group(claimed, start(2))
+    (done,) = run_group(claimed, finish_and_start(3, started.receipt["attemptId"], "progress"))
+    assert done.outcome == "accepted" and done.revision == 4
+    assert done.receipt == {"attemptId": started.receipt["attemptId"], "nextNode": "progress",
+                            "nextAttemptId": done.receipt["nextAttemptId"], "stepIndex": 1}  # fmt: skip
+    attempts = claimed.conn.execute(
+        "SELECT node_path, attempt_status FROM node_attempts ORDER BY started_at, node_path"
+    )
+    assert sorted(attempts.fetchall()) == [("greet", "completed"), ("progress", "running")]
+    (last,) = run_group(claimed, finish(4, done.receipt["nextAttemptId"], output={"final": 1}, end="completed"))
+    assert last.receipt["runStatus"] == "completed"
+    assert violations(claimed.conn, 0) == {}
+
+
+def test_a_finish_with_no_step_left_for_the_next_node_ends_the_run(claimed):
+    claimed.conn.execute("UPDATE runs SET max_steps = 1")
+    (started,) = run_group(claimed, start(2))
+    (ended,) = run_group(claimed, finish_and_start(3, started.receipt["attemptId"], "progress"))
+    assert ended.outcome == "accepted"
+    assert ended.receipt == {"attemptId": started.receipt["attemptId"], "runStatus": "failed",
+                             "errorCode": "maxStepsExceeded"}  # fmt: skip
+    assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
+    assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
+    assert state(claimed) == (("failed", "failed", False, False), None)
