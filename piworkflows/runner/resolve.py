@@ -7,9 +7,10 @@
                                                           compile, title(ctx)
 
 Workflow code (the module, its title function) runs only here, never in the
-CLI, the supervisor or the writer. Each module runs in a fresh namespace from
-the bytes that were hashed; the child answers requests until stdin closes,
-and the supervisor recycles it after a bounded number of them.
+CLI, the supervisor or the writer. A module runs in a fresh namespace from
+the bytes that were hashed, once per child and source (``discovery.compiled``);
+the child answers requests until stdin closes, and the supervisor recycles it
+after a bounded number of them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ RESOLUTION = "resolution"
 def resolve(request: ResolveRequest) -> Resolution:
     try:
         source = discovery.resolve(request.workflow_name, Path(request.project_path))
-        compiled = discovery.load(source).compile()
+        compiled = discovery.compiled(source)
     except discovery.WorkflowNotFound as exc:
         return Resolution(ok=False, code="workflowNotFound", message=str(exc))
     except WorkflowDefinitionError as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -61,14 +60,6 @@ class Channel:
         return Reply.model_validate(self.receive()["b"])
 
 
-# Compiled workflows this process loaded, by the exact bytes executed and the definition digest.
-# Loading and compiling is most of a short run's CPU; a runner process serves up to
-# RUNS_PER_PROCESS runs, so a module is executed once per process, not once per run
-# (module-level state is shared by those runs: docs/workflows.md).
-_COMPILED: OrderedDict[tuple[str, str, bytes, str], CompiledWorkflow] = OrderedDict()
-_COMPILED_KEEP = 16
-
-
 def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
     """The run's workflow, or None if its code changed since the run started."""
     source = launch.source
@@ -90,16 +81,8 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
             return None
         if resolved.identity.builtin_revision != source.builtin_revision:
             return None
-    key = (source.source_kind, str(resolved.path), hashlib.sha256(resolved.data).digest(), launch.definition_digest)
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        compiled = discovery.load(resolved).compile()
-        if compiled.digest != launch.definition_digest:
-            return None
-        _COMPILED[key] = compiled
-        if len(_COMPILED) > _COMPILED_KEEP:
-            _COMPILED.popitem(last=False)
-    return compiled
+    compiled = discovery.compiled(resolved)
+    return compiled if compiled.digest == launch.definition_digest else None
 
 
 EFFECT_AMBIGUOUS = "effectAmbiguous"

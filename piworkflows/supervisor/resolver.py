@@ -27,7 +27,7 @@ from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
 
 RESOLVER_MARKER = "piworkflows.runner"
-MAX_USES = 100
+MAX_USES = 1000
 UNRESOLVED = Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
 
 

@@ -111,18 +111,24 @@ class Router:
         )
 
     async def run_start(self, request: client_v1.Request, payload: client_v1.RunStartPayload) -> client_v1.Response:
-        """Resolve and compile in a resolver child, then commit the run queued with its receipt."""
-        stored = await self.stored_answer(request)  # a retry adopts without resolving again
-        if stored is not None:
-            return stored
+        """Resolve and compile in a resolver child, then commit the run queued with its receipt.
+
+        One writer round trip: ``run.create`` carries the receipt key, so a retry of a
+        committed start is adopted there. Only a start that cannot be resolved (now) looks
+        for a stored answer first: a retry of a committed start is adopted even if its
+        workflow changed or vanished since.
+        """
         project_path = os.path.realpath(payload.projectPath)
         resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
+        refusal = None
         if not resolution.ok:
             code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
-            return refuse(request, CommandError(code, resolution.message or "the workflow cannot be used"))
-        mismatch = _source_mismatch(payload, resolution)
-        if mismatch:
-            return refuse(request, CommandError("workflowSourceChanged", mismatch))
+            refusal = CommandError(code, resolution.message or "the workflow cannot be used")
+        elif mismatch := _source_mismatch(payload, resolution):
+            refusal = CommandError("workflowSourceChanged", mismatch)
+        if refusal is not None:
+            stored = await self.stored_answer(request)
+            return stored if stored is not None else refuse(request, refusal)
         assert resolution.snapshot is not None and resolution.max_steps is not None
         create = RunCreate(
             actor=Actor(actor_class="client", actor_id=request.clientId),

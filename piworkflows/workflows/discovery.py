@@ -11,14 +11,16 @@ The module is executed from exactly the bytes that were hashed.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import os
 import types
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from piworkflows.workflows.compiler import NAME, Workflow, WorkflowDefinitionError
+from piworkflows.workflows.compiler import NAME, CompiledWorkflow, Workflow, WorkflowDefinitionError
 
 USER_DIR_ENV = "PI_WORKFLOWS_USER_DIR"
 BUILTIN_DIR = Path(__file__).with_name("builtin")
@@ -83,6 +85,26 @@ def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -
     raise WorkflowNotFound(f"no workflow {name!r} (looked in {', '.join(searched)})")
 
 
+# Compiled workflows of this process, by path and the SHA-256 of the exact bytes executed.
+# Executing and compiling a module is most of a short run's (and a run start's) CPU; the
+# resolver and runner children serve many requests, so a module runs once per process and
+# source, not once per request. Module-level state is therefore shared by the requests and
+# runs one child serves (docs/workflows.md).
+_COMPILED: OrderedDict[tuple[str, bytes], CompiledWorkflow] = OrderedDict()
+COMPILED_KEEP = 16
+
+
+def compiled(source: ResolvedSource) -> CompiledWorkflow:
+    """``load(source).compile()``, kept for the exact bytes (a failure is never kept)."""
+    key = (str(source.path), source.identity.source_sha256 or hashlib.sha256(source.data).digest())
+    found = _COMPILED.get(key)
+    if found is None:
+        found = _COMPILED[key] = load(source).compile()
+        if len(_COMPILED) > COMPILED_KEEP:
+            _COMPILED.popitem(last=False)
+    return found
+
+
 def load(source: ResolvedSource) -> Workflow:
     """Execute the source and return its ``workflow`` (named like the file stem)."""
     module = _execute(source.command, source.path, source.data)
@@ -95,6 +117,7 @@ def load(source: ResolvedSource) -> Workflow:
     return workflow
 
 
+@functools.lru_cache(maxsize=32)
 def _declared_revision(data: bytes) -> str | None:
     """A built-in's ``REVISION = "..."``, read without executing the module."""
     for statement in ast.parse(data).body:

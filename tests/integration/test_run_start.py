@@ -86,6 +86,21 @@ def test_a_retry_adopts_the_same_run_and_another_request_under_the_key_conflicts
     assert len(rows(server, "SELECT run_id FROM runs")) == 1
 
 
+def test_a_retry_is_adopted_even_after_its_workflow_changed_or_vanished(server: ServerProcess, project: Path):
+    path = write_workflow(project, "hello", 'workflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n')
+    payload = {"projectPath": str(project), "workflowName": "hello"}
+    first = start(server, payload, key="start-2")
+    path.write_text(path.read_text() + "# changed\n")  # another digest? the source hash changed
+    changed = start(server, payload, key="start-2")
+    path.unlink()
+    vanished = start(server, payload, key="start-2")
+    assert (first.outcome, changed.outcome, vanished.outcome) == ("accepted", "adopted", "adopted")
+    assert changed.receipt == vanished.receipt == first.receipt
+    fresh = start(server, payload, key="start-3")  # a new request for a vanished workflow is refused
+    assert fresh.outcome == "notFound" and fresh.receipt["code"] == "workflowNotFound"
+    assert len(rows(server, "SELECT run_id FROM runs")) == 1
+
+
 def test_invalid_definitions_fail_before_anything_is_written(server: ServerProcess, project: Path):
     write_workflow(project, "broken", 'workflow = define_workflow("broken", "a", {"a": compute(lambda c: 1)}, '
                                       '[edge("a", "missing")])\n')  # fmt: skip

@@ -1079,3 +1079,21 @@ def test_builtin_digests_are_stable_across_loads(project: Path, user: Path) -> N
         second = discovery.load(discovery.resolve(f"builtin:{name}", project, user_workflows=user)).compile()
         assert first.digest == second.digest
         assert first.snapshot == second.snapshot
+
+
+def test_compiled_workflows_are_kept_per_exact_bytes(tmp_path):
+    """A child executes a module once per source bytes; changed bytes are executed again."""
+    project = tmp_path / "p"
+    (project / ".pi" / "workflows").mkdir(parents=True)
+    path = project / ".pi" / "workflows" / "kept.workflow.py"
+    path.write_text(
+        'from piworkflows.workflows import *\nworkflow = define_workflow("kept", "a", {"a": compute(lambda c: 1)})\n'
+    )
+    first = discovery.compiled(discovery.resolve("kept", project))
+    assert discovery.compiled(discovery.resolve("kept", project)) is first
+    path.write_text(path.read_text() + "# changed\n")
+    assert discovery.compiled(discovery.resolve("kept", project)) is not first
+    path.write_text("workflow = 1\n")  # a failure is never kept
+    for _ in range(2):
+        with pytest.raises(WorkflowDefinitionError):
+            discovery.compiled(discovery.resolve("kept", project))
