@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from piworkflows import canonical
+from tests.engine_util import start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -117,13 +118,6 @@ def blocking(name: str, effect: str) -> str:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / ".pi" / "workflows").mkdir(parents=True)
-    return root
-
-
-@pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A server on a short state dir (the Unix socket path limit); its state is checked after it stops."""
     proc = ServerProcess(tmp_path / "s", env=FAST).start()
@@ -132,30 +126,6 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
     finally:
         assert proc.stop() == 0, proc.output()
     check_state(proc.state_dir)
-
-
-def write(project: Path, name: str, source: str) -> None:
-    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
-
-
-def start(server: ServerProcess, project: Path, name: str, input_value: Any = None) -> str:
-    with server.client() as client:
-        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
-                                                "input": input_value or {}})  # fmt: skip
-    assert response.outcome == "accepted", response
-    return response.receipt["runId"]
-
-
-def view(server: ServerProcess, run_id: str) -> dict:
-    with server.client() as client:
-        response = client.request("run.status", {}, run_id=run_id)
-    assert response.outcome == "accepted", response
-    return response.receipt
-
-
-def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict:
-    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
-                      what=f"run {statuses}")  # fmt: skip
 
 
 def query(server: ServerProcess, sql: str, *params: Any) -> list[tuple]:

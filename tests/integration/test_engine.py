@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.engine_util import BLOCKING, start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -24,61 +25,12 @@ edges = [edge(f"n{i}", f"n{i + 1}") for i in range(8)] + [edge("n8", "done")]
 workflow = define_workflow("tenstep", "n0", nodes, edges)
 """
 
-# The second node waits for a flag file (polling with a deadline), so a test can act while it runs.
-BLOCKING = """
-import os, time
-from piworkflows.workflows import compute, define_workflow, edge
-def wait_for_flag(ctx):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(ctx.input["flag"]):
-        if time.monotonic() > deadline:
-            raise TimeoutError("no flag")
-        time.sleep(0.02)
-    return {"waited": True}
-workflow = define_workflow("blocking", "first", {
-    "first": compute(lambda ctx: {"first": True}),
-    "wait": compute(wait_for_flag),
-    "last": compute(lambda ctx: {"done": ctx.outputs["wait"]["waited"]}),
-}, [edge("first", "wait"), edge("wait", "last")])
-"""
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / ".pi" / "workflows").mkdir(parents=True)
-    return root
-
 
 @pytest.fixture
 def server(tmp_path: Path):
     proc = ServerProcess(tmp_path / "s", env=FAST).start()
     yield proc
     proc.stop()
-
-
-def write(project: Path, name: str, source: str) -> None:
-    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
-
-
-def start(server: ServerProcess, project: Path, name: str, input_value=None) -> str:
-    with server.client() as client:
-        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
-                                                "input": input_value or {}})  # fmt: skip
-    assert response.outcome == "accepted", response
-    return response.receipt["runId"]
-
-
-def view(server: ServerProcess, run_id: str) -> dict:
-    with server.client() as client:
-        response = client.request("run.status", {}, run_id=run_id)
-    assert response.outcome == "accepted", response
-    return response.receipt
-
-
-def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict:
-    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
-                      what=f"run {statuses}")  # fmt: skip
 
 
 def check_database(state_dir: Path) -> None:

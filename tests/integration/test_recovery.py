@@ -22,30 +22,13 @@ from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.writer.process import spawn
+from tests.engine_util import BLOCKING, start, view, write
 from tests.server_util import ServerProcess, check_state, wait_until
 from tests.support import run_create, take_epoch, token_hash
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
 
 FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
-
-# A compute node that blocks until its flag file exists (bounded by a deadline).
-BLOCKING = """
-import os, time
-from piworkflows.workflows import compute, define_workflow, edge
-def wait_for_flag(ctx):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(ctx.input["flag"]):
-        if time.monotonic() > deadline:
-            raise TimeoutError("no flag")
-        time.sleep(0.02)
-    return {"waited": True}
-workflow = define_workflow("blocking", "first", {
-    "first": compute(lambda ctx: {"first": True}),
-    "wait": compute(wait_for_flag),
-    "last": compute(lambda ctx: {"done": ctx.outputs["wait"]["waited"]}),
-}, [edge("first", "wait"), edge("wait", "last")])
-"""
 
 # A shell command that waits for its flag, then appends one line to a ledger.
 SHELL = """
@@ -82,32 +65,6 @@ ONE_NODE = """
 from piworkflows.workflows import compute, define_workflow
 workflow = define_workflow("one", "only", {"only": compute(lambda ctx: {"n": ctx.input["n"]})}, [])
 """
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / ".pi" / "workflows").mkdir(parents=True)
-    return root
-
-
-def write(project: Path, name: str, source: str) -> None:
-    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
-
-
-def start(server: ServerProcess, project: Path, name: str, input_value=None) -> str:
-    with server.client() as client:
-        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
-                                                "input": input_value or {}})  # fmt: skip
-    assert response.outcome == "accepted", response
-    return response.receipt["runId"]
-
-
-def view(server: ServerProcess, run_id: str) -> dict:
-    with server.client() as client:
-        response = client.request("run.status", {}, run_id=run_id)
-    assert response.outcome == "accepted", response
-    return response.receipt
 
 
 def rows(state_dir: Path, query: str, *params) -> list[tuple]:
@@ -333,3 +290,4 @@ def test_a_stale_generation_cannot_write_through_the_writer_process(tmp_path: Pa
         assert writer.stop() == 0
     assert rows(paths.state_dir, "SELECT status FROM runs") == [("running",)]  # the stale finish changed nothing
     assert rows(paths.state_dir, "SELECT attempt_status, output_digest FROM node_attempts") == [("running", None)]
+    check_state(paths.state_dir)

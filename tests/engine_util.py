@@ -1,0 +1,53 @@
+"""Helpers of the engine's integration tests: workflows on disk, runs started and watched through the client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.server_util import ServerProcess, wait_until
+
+# The second node waits for a flag file (polling with a deadline), so a test can act while it runs.
+BLOCKING = """
+import os, time
+from piworkflows.workflows import compute, define_workflow, edge
+def wait_for_flag(ctx):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ctx.input["flag"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no flag")
+        time.sleep(0.02)
+    return {"waited": True}
+workflow = define_workflow("blocking", "first", {
+    "first": compute(lambda ctx: {"first": True}),
+    "wait": compute(wait_for_flag),
+    "last": compute(lambda ctx: {"done": ctx.outputs["wait"]["waited"]}),
+}, [edge("first", "wait"), edge("wait", "last")])
+"""
+
+
+def write(project: Path, name: str, source: str) -> None:
+    """A project workflow file ``<name>.workflow.py``."""
+    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
+
+
+def start(server: ServerProcess, project: Path, name: str, input_value: Any = None) -> str:
+    with server.client() as client:
+        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
+                                                "input": input_value or {}})  # fmt: skip
+    assert response.outcome == "accepted", response
+    return str(response.receipt["runId"])
+
+
+def view(server: ServerProcess, run_id: str) -> dict[str, Any]:
+    """The run-view object (run.status)."""
+    with server.client() as client:
+        response = client.request("run.status", {}, run_id=run_id)
+    assert response.outcome == "accepted", response
+    return dict(response.receipt)
+
+
+def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict[str, Any]:
+    """Poll the run view until its display status is one of ``statuses``."""
+    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
+                      what=f"run {statuses}")  # fmt: skip
