@@ -217,40 +217,21 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
         click.echo(f"    {step['stepIndex']:>3} {step['nodePath']} [{step['nodeKind']}] {step['status']}")
 
 
-@run_group.command("cancel")
-@click.argument("run_id")
-@click.pass_obj
-def run_cancel(paths: StatePaths, run_id: str) -> None:
-    """Cancel a run: it ends cancelled, then its runner is stopped.
+def _control(name: str, summary: str, done: str) -> None:
+    """``pi-workflows run NAME RUN_ID``: one stored control operation; prints what happened."""
 
-    Example: pi-workflows run cancel run-0123abcd
-    """
-    _accepted(_request(paths, "run.cancel", {}, run_id=run_id))
-    click.echo(f"{run_id} cancelled")
-
-
-@run_group.command("pause")
-@click.argument("run_id")
-@click.pass_obj
-def run_pause(paths: StatePaths, run_id: str) -> None:
-    """Pause a run at its last durable boundary (an applying effect settles first).
-
-    Example: pi-workflows run pause run-0123abcd
-    """
-    _accepted(_request(paths, "run.pause", {}, run_id=run_id))
-    click.echo(f"{run_id} paused")
+    @run_group.command(name, help=f"{summary}\n\nExample: pi-workflows run {name} run-0123abcd")
+    @click.argument("run_id")
+    @click.pass_obj
+    def command(paths: StatePaths, run_id: str) -> None:
+        receipt = _accepted(_request(paths, f"run.{name}", {}, run_id=run_id))
+        click.echo(done.format(run_id=run_id, status=receipt["status"]))
 
 
-@run_group.command("resume")
-@click.argument("run_id")
-@click.pass_obj
-def run_resume(paths: StatePaths, run_id: str) -> None:
-    """Resume a paused run (or one parked for runnerNoProgress or workflowSourceChanged).
-
-    Example: pi-workflows run resume run-0123abcd
-    """
-    receipt = _accepted(_request(paths, "run.resume", {}, run_id=run_id))
-    click.echo(f"{run_id} resumed ({receipt['status']})")
+_control("cancel", "Cancel a run: it ends cancelled, then its runner is stopped.", "{run_id} cancelled")
+_control("pause", "Pause a run at its last durable boundary (an applying effect settles first).", "{run_id} paused")
+_control("resume", "Resume a paused run (or one parked for runnerNoProgress or workflowSourceChanged).",
+         "{run_id} resumed ({status})")  # fmt: skip
 
 
 @run_group.command("restart")

@@ -7,6 +7,17 @@ from typing import Any
 
 from tests.server_util import ServerProcess, wait_until
 
+# Nine computes adding 0..8 and a final notification: "sum=36".
+TENSTEP = """
+from piworkflows.workflows import compute, define_workflow, edge, notify
+def add(i):
+    return lambda ctx: {"sum": (ctx.outputs.get(f"n{i - 1}") or {"sum": 0})["sum"] + i}
+nodes = {f"n{i}": compute(add(i)) for i in range(9)}
+nodes["done"] = notify(kind="final", message=lambda ctx: f"sum={ctx.outputs['n8']['sum']}")
+edges = [edge(f"n{i}", f"n{i + 1}") for i in range(8)] + [edge("n8", "done")]
+workflow = define_workflow("tenstep", "n0", nodes, edges)
+"""
+
 # The second node waits for a flag file (polling with a deadline), so a test can act while it runs.
 BLOCKING = """
 import os, time

@@ -12,22 +12,13 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.engine_util import BLOCKING, start, view, wait_status, write
+from tests.engine_util import BLOCKING, TENSTEP, start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
 FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
-TENSTEP = """
-from piworkflows.workflows import compute, define_workflow, edge, notify
-def add(i):
-    return lambda ctx: {"sum": (ctx.outputs.get(f"n{i - 1}") or {"sum": 0})["sum"] + i}
-nodes = {f"n{i}": compute(add(i)) for i in range(9)}
-nodes["done"] = notify(kind="final", message=lambda ctx: f"sum={ctx.outputs['n8']['sum']}")
-edges = [edge(f"n{i}", f"n{i + 1}") for i in range(8)] + [edge("n8", "done")]
-workflow = define_workflow("tenstep", "n0", nodes, edges)
-"""
 
 CHECKPOINT = """
 from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
