@@ -7,12 +7,18 @@
       ── spawn `python -m piworkflows.runner run` in its own process group
       ── host.json (group leader identity) ── runner.spawned (pid, create time)
       ── launch ── runner messages: claim + expected revision + message key attached,
-         forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules)
-    renewal: claim.renew for every live runner every claim_renew_ms, even while
-             workflow code blocks (the runner does not take part)
+         forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
+         not sent when the run's end or wait already ended the runner record)
+    effects the runner performs: effect.reserve ── (pending) effect.claim for it (token here,
+         a numbered attempt) ── command.spawned: its process group into host.json before it
+         runs ── effect.settle under that claim; a runner that dies applying: the command group
+         is killed, then effect.abandon
+    renewal: claim.renew for every live runner (and its applying effect) every
+             claim_renew_ms, even while workflow code blocks (the runner does not take part)
 
-At startup, runners recorded by older epochs are closed as orphaned (stopped
-by the server: their runs become claimable again with a new generation).
+At startup, and after the writer restarted, runner records that no runner of
+this supervisor serves are closed as orphaned (older epochs; replies lost in a
+writer crash): their runs become claimable again with a new generation.
 """
 
 from __future__ import annotations
