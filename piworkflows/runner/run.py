@@ -107,10 +107,11 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     reserved = channel.request("effect.reserve", {"attempt_id": attempt_id, "effect_type": effect.effect_type,
                                                   "recovery_policy": effect.recovery_policy,
                                                   "payload": payload_value.model_dump()})  # fmt: skip
-    if reserved.outcome in ("claimLost", "unavailable") or reserved.receipt is None:
-        return None  # fenced (or the writer is restarting): the next runner continues from here
-    if reserved.outcome not in ("accepted", "adopted"):  # e.g. another request holds this visit's key
-        return "failed", None, reserved.error or "the effect could not be reserved", reserved.receipt.get("code")
+    if reserved.outcome == "conflict" and (reserved.receipt or {}).get("code") == "effectKeyConflict":
+        # another request holds this visit's key (exec built other arguments): a definite refusal
+        return "failed", None, reserved.error or "the effect could not be reserved", "effectKeyConflict"
+    if reserved.outcome not in ("accepted", "adopted") or reserved.receipt is None:
+        return None  # fenced (claim lost, stale revision) or the writer restarts: the next runner continues
     receipt = reserved.receipt
     status = receipt["effectStatus"]
     if status == "applied":
