@@ -128,6 +128,44 @@ def _ordered_keys(obj: dict, sort_keys: bool) -> list[str]:
     return index_keys + others
 
 
+_SAFE_INT = 2**53
+# Keys the C encoder orders exactly as canonical order does: no surrogates or astral characters
+# (code-point order is UTF-16 order below U+D800) and not an array index (those go first).
+_PLAIN_KEY_CHARS = re.compile("[\x00-\ud7ff]*\\Z")
+_C_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+_C_ENCODER_KEEP_ORDER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _plain(value: Any) -> bool:
+    """True if the C json encoder prints exactly the canonical text of *value*.
+
+    That holds for str (no surrogates), int (a safe integer), bool, None, and
+    lists, tuples and dicts of them whose keys are str without surrogates or
+    astral characters and not array indices. Floats, large ints and
+    everything else take the exact encoder below.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if _SURROGATE.search(item) is not None:
+                return False
+        elif kind is int:
+            if not -_SAFE_INT < item < _SAFE_INT:
+                return False
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str or _PLAIN_KEY_CHARS.match(key) is None or _INDEX_KEY.match(key):
+                    return False
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
 def _encode(value: Any, sort_keys: bool) -> str:
     if value is None:
         return "null"
@@ -155,6 +193,8 @@ def dumps(value: Any, *, sort_keys: bool = True) -> str:
     With ``sort_keys=False`` dict insertion order is kept, except that
     array-index keys move first in numeric order, as in JavaScript.
     """
+    if _plain(value):
+        return (_C_ENCODER if sort_keys else _C_ENCODER_KEEP_ORDER).encode(value)
     return _encode(value, sort_keys)
 
 
@@ -166,7 +206,7 @@ def dumps_envelope(envelope: dict[str, Any], keep_order: frozenset[str]) -> str:
     ``payload`` and ``receipt`` as the sender wrote them.
     """
     members = (
-        _string(key) + ":" + _encode(envelope[key], key not in keep_order)
+        _string(key) + ":" + dumps(envelope[key], sort_keys=key not in keep_order)
         for key in _ordered_keys(envelope, sort_keys=True)
     )
     return "{" + ",".join(members) + "}"

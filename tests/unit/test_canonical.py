@@ -325,3 +325,29 @@ def test_property_float_text_parses_back(value: float) -> None:
 @given(st.text(alphabet=st.characters(exclude_categories=("Cs",))))
 def test_property_strings_match_stdlib_without_surrogates(value: str) -> None:
     assert dumps(value) == json.dumps(value, ensure_ascii=False)
+
+
+_plain_keys = st.one_of(st.text(max_size=6), st.sampled_from(["0", "1", "2", "10", "01", "-1", "4294967295", "a"]))
+_plain_values = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.floats(allow_nan=False, allow_infinity=False)
+    ),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(_plain_keys, children, max_size=4)),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_plain_values, _values))
+def test_property_the_c_encoder_path_prints_exactly_the_exact_encoder(value: object) -> None:
+    """dumps takes the C json encoder only where it prints the same text, in both key orders."""
+    from piworkflows.canonical import _encode
+
+    for sort_keys in (True, False):
+        try:
+            expected = _encode(value, sort_keys)
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)):
+                dumps(value, sort_keys=sort_keys)
+            continue
+        assert dumps(value, sort_keys=sort_keys) == expected
