@@ -584,3 +584,36 @@ def test_schema_document_describes_the_messages() -> None:
     assert "schema" in request_schema["properties"]
     assert set(request_schema["required"]) >= {"requestId", "clientId", "operation", "idempotencyKey", "payload"}
     assert request_schema.get("additionalProperties") is False
+
+
+_texts = st.one_of(
+    st.dictionaries(
+        st.text(max_size=4),
+        st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=4), st.none()),
+        max_size=4,
+    ).map(canonical.dumps),
+    st.from_regex(
+        r'\{("[a-z0-9]{1,3}":(-?[0-9]{1,17}(\.[0-9]{1,3})?(e[+-]?[0-9]{1,2})?|"[a-z\\\\u0-9]{0,6}"|null|true),?){0,4}\}',
+        fullmatch=True,
+    ),
+    st.dictionaries(
+        st.text(max_size=4), st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=4)), max_size=4
+    ).map(lambda d: json.dumps(d, ensure_ascii=False, separators=(",", ":"))),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_texts)
+def test_property_the_fast_reader_accepts_exactly_what_the_exact_reader_accepts(text: str) -> None:
+    """_read_canonical returns a value only for text the exact path also finds canonical, and the same value."""
+    from piworkflows.protocol.client_v1 import _KEEP_ORDER, _read_canonical
+
+    data = text.encode("utf-8", "surrogatepass")
+    fast = _read_canonical(data)
+    try:
+        exact = canonical.loads(data)
+        is_canonical = isinstance(exact, dict) and canonical.dumps_envelope(exact, _KEEP_ORDER).encode() == data
+    except (ValueError, TypeError):
+        is_canonical = False
+    if fast is not None:
+        assert is_canonical and fast == exact and [type(v) for v in fast.values()] == [type(v) for v in exact.values()]
