@@ -380,10 +380,21 @@ class Scheduler:
         self._stop_handle(handle)
 
     def _stop_handle(self, handle: RunnerHandle) -> None:
+        """SIGTERM to the runner's group, then SIGKILL after stop_grace_ms if it is still there.
+
+        The process is this supervisor's own unreaped child, so its pid cannot name another one.
+        """
         handle.stopping = True
         self._end_commands(handle)
-        if handle.proc is not None and handle.proc.returncode is None:
-            _signal_group(handle.proc.pid, signal.SIGTERM)
+        proc = handle.proc
+        if proc is not None and proc.returncode is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+
+            def kill_if_alive() -> None:
+                if proc.returncode is None:
+                    _signal_group(proc.pid, signal.SIGKILL)
+
+            asyncio.get_running_loop().call_later(self.settings.stop_grace_ms / 1000, kill_if_alive)
 
     async def stop(self) -> None:
         """Shutdown: stop every runner group; their runs park at the last durable boundary."""

@@ -219,6 +219,32 @@ def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project)
     check_database(server.state_dir)
 
 
+# The blocking node ignores SIGTERM first, as workflow code may.
+STUBBORN = BLOCKING.replace(
+    "def wait_for_flag(ctx):",
+    "def wait_for_flag(ctx):\n    import signal\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+)
+
+
+def test_server_stop_kills_a_runner_that_ignores_sigterm_after_the_grace(tmp_path, project):
+    """Stopping a run's group is SIGTERM, then SIGKILL after stop_grace_ms: no runner outlives the server."""
+    write(project, "blocking", STUBBORN)
+    env = {**FAST, "PI_WORKFLOWS_STOP_GRACE_MS": "500"}
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    run_id = start(server, project, "blocking", {"flag": str(tmp_path / "flag")})
+    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
+    assert server.stop() == 0
+    assert not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    try:
+        (tmp_path / "flag").write_text("go")
+        assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
+    finally:
+        server.stop()
+    check_database(server.state_dir)
+
+
 def test_cancel_of_a_waiting_or_finished_run(server, project):
     write(project, "ask", CHECKPOINT)
     write(project, "tenstep", TENSTEP)
