@@ -589,7 +589,12 @@ def test_schema_document_describes_the_messages() -> None:
 _texts = st.one_of(
     st.dictionaries(
         st.text(max_size=4),
-        st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=4), st.none()),
+        st.one_of(
+            st.integers(-(2**53) + 1, 2**53 - 1),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.text(max_size=4),
+            st.none(),
+        ),
         max_size=4,
     ).map(canonical.dumps),
     st.from_regex(
