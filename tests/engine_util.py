@@ -36,6 +36,17 @@ workflow = define_workflow("blocking", "first", {
 }, [edge("first", "wait"), edge("wait", "last")])
 """
 
+# A checkpoint between two computes; the answer {"go": true|false} picks the branch.
+CHECKPOINT = """
+from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
+workflow = define_workflow("ask", "prepare", {
+    "prepare": compute(lambda ctx: {"question": "go on?"}),
+    "ask": checkpoint(summary=lambda ctx: ctx.outputs["prepare"]["question"]),
+    "yes": compute(lambda ctx: {"answered": ctx.outputs["ask"]["go"]}),
+    "no": compute(lambda ctx: {"answered": False}),
+}, [edge("prepare", "ask"), switch("ask", on="$.go", cases={"true": "yes", "false": "no"})])
+"""
+
 
 def write(project: Path, name: str, source: str) -> None:
     """A project workflow file ``<name>.workflow.py``."""
@@ -62,3 +73,9 @@ def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict[str,
     """Poll the run view until its display status is one of ``statuses``."""
     return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
                       what=f"run {statuses}")  # fmt: skip
+
+
+def blocked_in_wait(server: ServerProcess, run_id: str) -> bool:
+    """The BLOCKING workflow's ``wait`` node is the run's running step."""
+    steps = view(server, run_id)["steps"]["items"]
+    return bool(steps) and steps[-1]["nodePath"] == "wait" and steps[-1]["status"] == "running"

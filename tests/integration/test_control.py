@@ -12,23 +12,13 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.engine_util import BLOCKING, TENSTEP, start, view, wait_status, write
+from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, blocked_in_wait, start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
 FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
-
-CHECKPOINT = """
-from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
-workflow = define_workflow("ask", "prepare", {
-    "prepare": compute(lambda ctx: {"question": "go on?"}),
-    "ask": checkpoint(summary=lambda ctx: ctx.outputs["prepare"]["question"]),
-    "yes": compute(lambda ctx: {"answered": ctx.outputs["ask"]["go"]}),
-    "no": compute(lambda ctx: {"answered": False}),
-}, [edge("prepare", "ask"), switch("ask", on="$.go", cases={"true": "yes", "false": "no"})])
-"""
 
 # Fails until its flag file exists: a failed run that a restart (same source, same input) can finish.
 FLAKY = """
@@ -85,11 +75,6 @@ def runner_count(state_dir: Path, run_id: str) -> int:
     return rows(state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id)[0][0]
 
 
-def _waiting(server: ServerProcess, run_id: str) -> bool:
-    steps = view(server, run_id)["steps"]["items"]
-    return bool(steps) and steps[-1]["nodePath"] == "wait" and steps[-1]["status"] == "running"
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -109,7 +94,7 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     (pid,) = rows(server.state_dir, "SELECT pid FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id)[0]
     assert pid is not None and not _gone(pid)
 
@@ -260,12 +245,12 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
     blocked = tmp_path / "blocked"
     run_id = start(server, project, "blocking", {"flag": str(blocked)})
     for _ in range(4):
-        wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+        wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
         with server.client(client_id=CLIENT_ID) as client:
             assert client.request("run.pause", {}, run_id=run_id).outcome == "accepted"
             assert client.request("run.resume", {}, run_id=run_id).receipt["status"] == "queued"
         check_state(server.state_dir)
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     workers = rows(server.state_dir, "SELECT pid, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
                    run_id)  # fmt: skip
     assert [w[1] for w in workers] == ["cancelled"] * 4 + [None]  # one live runner, the stopped ones ended
@@ -331,7 +316,7 @@ def test_a_paused_interactive_run_keeps_its_session_and_a_restart_needs_it_free(
     holder = start_interactive("blocking", {"flag": str(tmp_path / "never")})
     assert holder.outcome == "accepted", holder
     holder_id = holder.receipt["runId"]
-    wait_until(lambda: _waiting(server, holder_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, holder_id), what="the wait node running")
     assert control(server, "run.pause", holder_id).outcome == "accepted"
     # Paused, the run still holds its origin session: no new run and no restart into that session.
     refused = start_interactive("tenstep")
@@ -351,11 +336,11 @@ def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, s
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     first = control(server, "run.pause", run_id, key="pause-once")
     assert first.outcome == "accepted"
     assert control(server, "run.resume", run_id).outcome == "accepted"
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running again")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running again")
     live = live_workers(server.state_dir, run_id)
     assert len(live) == 1
 
@@ -380,7 +365,7 @@ def test_invalid_control_transitions_repeats_and_finished_runs(tmp_path, server,
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
 
     first = control(server, "run.pause", run_id, key="pause-1")
     repeat = control(server, "run.pause", run_id, key="pause-1")
@@ -393,7 +378,7 @@ def test_invalid_control_transitions_repeats_and_finished_runs(tmp_path, server,
     resumed = control(server, "run.resume", run_id, key="resume-1")
     assert resumed.outcome == "accepted" and resumed.receipt["status"] == "queued"
     assert control(server, "run.resume", run_id, key="resume-1").outcome == "adopted"
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running again")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running again")
     not_paused = control(server, "run.resume", run_id)
     assert not_paused.outcome == "rejected" and not_paused.receipt["code"] == "invalidTransition"
     assert view(server, run_id)["display"]["status"] == "running"
@@ -511,7 +496,7 @@ def test_restart_of_an_unfinished_run_is_refused(tmp_path, server, project):
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     running = control(server, "run.restart", run_id, revision=view(server, run_id)["runRevision"])
     assert running.outcome == "rejected" and running.receipt["code"] == "invalidTransition", running
     assert control(server, "run.pause", run_id).outcome == "accepted"
@@ -538,7 +523,7 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
     try:
         run_ids = [start(server, project, "blocking", {"flag": str(flag)}) for flag in flags]
         for run_id in run_ids:
-            wait_until(lambda run_id=run_id: _waiting(server, run_id), what="the wait node running")
+            wait_until(lambda run_id=run_id: blocked_in_wait(server, run_id), what="the wait node running")
         held = run_ids[2]
         assert control(server, "run.pause", held).outcome == "accepted"
     finally:
@@ -606,7 +591,7 @@ def test_the_cli_pauses_resumes_and_restarts(tmp_path, server, project):
     home = tmp_path / "home"
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
 
     paused = cli(server, home, "run", "pause", run_id)
     assert paused.returncode == 0 and paused.stdout.strip() == f"{run_id} paused", paused.stderr

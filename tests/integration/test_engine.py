@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.engine_util import BLOCKING, TENSTEP, start, view, wait_status, write
+from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, blocked_in_wait, start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -60,17 +60,12 @@ def test_max_steps_fails_a_looping_run(server, project):
     assert done["run"]["errorCode"] == "maxStepsExceeded" and len(done["steps"]["items"]) == 5
 
 
-def _waiting(server: ServerProcess, run_id: str) -> bool:
-    steps = view(server, run_id)["steps"]["items"]
-    return bool(steps) and steps[-1]["nodePath"] == "wait" and steps[-1]["status"] == "running"
-
-
 def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path, project):
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     assert server.stop() == 0
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     try:
@@ -90,7 +85,7 @@ def test_kill_9_of_the_supervisor_mid_run_resumes_without_repeating_finished_nod
     flag = tmp_path / "flag"
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
     server.kill()
     server = ServerProcess(tmp_path / "s", env=FAST).start()
@@ -115,7 +110,7 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
     server = ServerProcess(tmp_path / "s", env={**FAST, "PI_WORKFLOWS_MAX_RUNNERS": "1"}).start()
     try:
         first = start(server, project, "blocking", {"flag": str(flag)})
-        wait_until(lambda: _waiting(server, first), what="the wait node running")
+        wait_until(lambda: blocked_in_wait(server, first), what="the wait node running")
         second = start(server, project, "tenstep")  # queued: the only runner slot is busy
         write(project, "tenstep", TENSTEP + "\n# edited after the run started\n")
         flag.write_text("go")
@@ -125,17 +120,6 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
         assert wait_status(server, first, "completed")["display"]["status"] == "completed"
     finally:
         server.stop()
-
-
-CHECKPOINT = """
-from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
-workflow = define_workflow("ask", "prepare", {
-    "prepare": compute(lambda ctx: {"question": "go on?"}),
-    "ask": checkpoint(summary=lambda ctx: ctx.outputs["prepare"]["question"]),
-    "yes": compute(lambda ctx: {"answered": ctx.outputs["ask"]["go"]}),
-    "no": compute(lambda ctx: {"answered": False}),
-}, [edge("prepare", "ask"), switch("ask", on="$.go", cases={"true": "yes", "false": "no"})])
-"""
 
 
 def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, project):
@@ -200,7 +184,7 @@ def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project)
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     try:
         run_id = start(server, project, "blocking", {"flag": str(tmp_path / "never")})
-        wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+        wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
         runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
         with server.client() as client:
             cancelled = client.request("run.cancel", {}, run_id=run_id, idempotency_key="cancel-1")
@@ -232,7 +216,7 @@ def test_server_stop_kills_a_runner_that_ignores_sigterm_after_the_grace(tmp_pat
     env = {**FAST, "PI_WORKFLOWS_STOP_GRACE_MS": "500"}
     server = ServerProcess(tmp_path / "s", env=env).start()
     run_id = start(server, project, "blocking", {"flag": str(tmp_path / "flag")})
-    wait_until(lambda: _waiting(server, run_id), what="the wait node running")
+    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
     assert server.stop() == 0
     assert not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
