@@ -151,7 +151,7 @@ class ResourceHandler(Handler[C]):
             generation = records.verify_and_renew_claim(conn, target.resource_id, target.claim, now).lease_generation
         elif self.claim_required:
             raise CommandError("validationFailed", f"{self.kind} requires a claim")
-        elif not self.fenced_by_transition:
+        elif not self.fenced_by_transition and target.create_kind is None:  # a new resource has no lease
             lease = records.get_lease(conn, target.resource_id)
             if lease is not None and lease.live(now):
                 raise CommandError(

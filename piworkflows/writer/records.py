@@ -61,8 +61,7 @@ def get_resource(conn: sqlite3.Connection, resource_id: str) -> Resource | None:
 def create_resource(
     conn: sqlite3.Connection, resource_id: str, kind: str, now: int, project_id: str | None = None
 ) -> int:
-    if get_resource(conn, resource_id) is not None:
-        raise CommandError("resourceExists", "the resource already exists", resourceId=resource_id)
+    """Callers check that the id is new (the primary key refuses a duplicate in any case)."""
     conn.execute(
         "INSERT INTO resources (resource_id, resource_kind, revision, project_id, created_at, updated_at) "
         "VALUES (?, ?, 1, ?, ?, ?)",
