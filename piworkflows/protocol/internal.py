@@ -72,14 +72,15 @@ class BlobValue(Model):
     def of_json(cls, value: Any) -> BlobValue:
         """Canonical JSON of ``value`` (raises TypeError/ValueError if it is not JSON). Built here, so
         not checked again; the receiver checks whatever it decodes."""
-        return cls._built(canonical.dumps_bytes(value), MEDIA_JSON)
+        return cls.of_bytes(canonical.dumps_bytes(value), MEDIA_JSON)
 
     @classmethod
     def of_text(cls, text: str) -> BlobValue:
-        return cls._built(text.encode("utf-8"), MEDIA_TEXT)
+        return cls.of_bytes(text.encode("utf-8"), MEDIA_TEXT)
 
     @classmethod
-    def _built(cls, data: bytes, media_type: str) -> BlobValue:
+    def of_bytes(cls, data: bytes, media_type: str) -> BlobValue:
+        """Bytes its producer vouches for (canonical JSON or UTF-8 text): digest computed, not re-checked."""
         if len(data) > MAX_INLINE_BLOB_BYTES:
             raise ValueError(f"the value is {len(data)} bytes; at most {MAX_INLINE_BLOB_BYTES} fit inline")
         return cls.model_construct(digest=hashlib.sha256(data).digest(), media_type=media_type, data=data)

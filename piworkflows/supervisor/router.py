@@ -136,9 +136,7 @@ class Router:
             run_id=request.runId or "run-" + uuid.uuid4().hex,
             project_path=project_path,
             workflow_name=resolution.workflow_name or payload.workflowName,
-            definition=BlobValue(
-                digest=hashlib.sha256(resolution.snapshot).digest(), media_type=MEDIA_JSON, data=resolution.snapshot
-            ),
+            definition=BlobValue.of_bytes(resolution.snapshot, MEDIA_JSON),  # checked where the writer decodes it
             source=resolution.source,
             input=BlobValue.of_json(payload.input),
             launch_options=BlobValue.of_json(payload.launchOptions) if payload.launchOptions is not None else None,
