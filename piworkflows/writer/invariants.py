@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import sqlite3
 
+from piworkflows.writer.local_effects import SETTLE_QUEUE
+
 # name -> a query returning one id per violation
 CHECKS: dict[str, str] = {
     # A terminal run's queue is settled (done/failed/cancelled), unless its settlement effect is pending.
-    "terminalQueueMismatch": """
+    "terminalQueueMismatch": f"""
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
         WHERE r.finished_at IS NOT NULL
           AND q.queue_status NOT IN ('done', 'failed', 'cancelled')
-          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.run_id AND e.effect_type = 'run.settle_queue'
+          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.run_id AND e.effect_type = '{SETTLE_QUEUE}'
                           AND e.effect_status IN ('pending', 'applying'))""",
     # A settled queue belongs to a terminal run.
     "settledQueueOfLiveRun": """
