@@ -38,6 +38,8 @@ RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed",
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
 QUEUE_STATUSES = frozenset({"queued", "starting", "running", "parked", "done", "failed", "cancelled"})
 PARK_REASONS = frozenset({"shutdown", "paused", "runnerNoProgress", "workflowSourceChanged", "effectAmbiguous"})
+# What a runner itself may ask its run to park for when it exits (runner.exited park_reason).
+RUNNER_PARK_REASONS = frozenset({"workflowSourceChanged", "effectAmbiguous"})
 EXECUTION_MODES = frozenset({"headless", "interactive"})
 RUN_LINEAGES = frozenset({"root", "restart", "recovery", "child"})
 RUNNER_OUTCOMES = frozenset({"exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"})

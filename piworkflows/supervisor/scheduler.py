@@ -38,6 +38,7 @@ import psutil
 from piworkflows import canonical
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, server_owner_id
+from piworkflows.states import RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import Identity
 
@@ -342,7 +343,7 @@ class Scheduler:
             return
         body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
                 "stopped_by_server": handle.stopping}  # fmt: skip
-        if handle.park_reason in ("workflowSourceChanged", "effectAmbiguous"):
+        if handle.park_reason in RUNNER_PARK_REASONS:
             body["park_reason"] = handle.park_reason
         reply = await self.request("runner.exited", body)
         if reply.outcome not in ("accepted", "rejected"):

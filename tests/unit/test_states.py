@@ -258,3 +258,14 @@ def test_error_codes_name_refusal_outcomes() -> None:
 def test_error_codes_are_camel_case() -> None:
     for code in errors.CODES:
         assert re.fullmatch(r"[a-z][a-zA-Z]*", code), code
+
+
+def test_runner_park_reasons_are_what_the_runner_exit_message_accepts():
+    from typing import get_args
+
+    from piworkflows.protocol.internal import RunnerExited
+
+    literal, none = get_args(RunnerExited.model_fields["park_reason"].annotation)
+    assert none is type(None)
+    assert set(get_args(literal)) == states.RUNNER_PARK_REASONS
+    assert states.RUNNER_PARK_REASONS <= states.PARK_REASONS

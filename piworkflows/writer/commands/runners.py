@@ -34,8 +34,6 @@ from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandl
 from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
-# Parked for one of these, a run waits for an operator or a changed source, not for the scheduler.
-OPERATOR_PARK_REASONS = frozenset({"runnerNoProgress", "workflowSourceChanged", "effectAmbiguous"})
 
 _CLAIMABLE = """
     FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
