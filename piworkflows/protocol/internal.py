@@ -501,36 +501,36 @@ class CheckpointAnswer(Command):
     answer: BlobValue
 
 
-class RunCancel(Command):
+class RunControl(Command):
+    """A control command on a run, at the client's expected revision if it names one."""
+
+    run_id: Id
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
+class RunCancel(RunControl):
     """Cancel a run: the terminal state and its receipt commit before the runner is stopped."""
 
     kind: ClassVar[str] = "run.cancel"
-    run_id: Id
-    expected_revision: int | None = Field(default=None, ge=1)
 
 
-class RunPause(Command):
+class RunPause(RunControl):
     """Pause: park at the last durable boundary, release the claim, stop the runner, with the receipt."""
 
     kind: ClassVar[str] = "run.pause"
-    run_id: Id
-    expected_revision: int | None = Field(default=None, ge=1)
 
 
-class RunResume(Command):
+class RunResume(RunControl):
     """Resume a paused run (or one parked for runnerNoProgress/workflowSourceChanged): queued again."""
 
     kind: ClassVar[str] = "run.resume"
-    run_id: Id
-    expected_revision: int | None = Field(default=None, ge=1)
 
 
-class RunRestart(Command):
+class RunRestart(RunControl):
     """A finished run gets a child run (lineage restart) with the same definition and input."""
 
     kind: ClassVar[str] = "run.restart"
-    run_id: Id
-    expected_revision: int = Field(ge=1)
+    expected_revision: int = Field(ge=1)  # required: the parent's runRevision
     child_run_id: Id
 
 

@@ -244,3 +244,28 @@ def test_failed_commit_answers_unavailable_and_the_writer_carries_on(paths: Stat
         "/projects/p3",
     ]
     conn.close()
+
+
+def test_a_queue_settlement_left_pending_by_a_crash_is_applied_when_the_writer_opens(paths: StatePaths):
+    """The commit that cancelled the run made the settlement; the writer died before applying it."""
+    from piworkflows.clock import SystemClock
+    from piworkflows.writer import db
+    from tests.support import run_create, submitted
+
+    executor = db.GroupExecutor(db.open_database(paths, Settings(), SystemClock()), Settings(), SystemClock())
+    cancel = submitted("run.cancel", {"actor": {"actor_class": "client"}, "run_id": "run-1"})
+    for item in (take_epoch(), run_create("run-1"), cancel):
+        replies, _ = executor.run([item])  # no apply_local_effects: as if the writer died right after COMMIT
+        assert replies[0][1].outcome == "accepted", replies
+    executor.conn.close()
+    conn = sqlite3.connect(paths.database)
+    assert conn.execute("SELECT queue_status FROM run_queue").fetchone() == ("queued",)
+    assert conn.execute("SELECT effect_status FROM effects").fetchone() == ("pending",)
+    conn.close()
+
+    writer = spawn(paths.state_dir, Settings())
+    assert writer.stop() == 0  # no command at all: the writer applies it when it opens the database
+    conn = sqlite3.connect(paths.database)
+    assert conn.execute("SELECT queue_status FROM run_queue").fetchone() == ("cancelled",)
+    assert conn.execute("SELECT effect_status, attempt_count FROM effects").fetchone() == ("applied", 1)
+    conn.close()

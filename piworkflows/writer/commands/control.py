@@ -20,7 +20,7 @@ its outcome: a later pause or cancel is a conflict naming it.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCancel, RunPause, RunRestart, RunResume
+from piworkflows.protocol.internal import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
@@ -51,7 +51,7 @@ class ControlHandler(ResourceHandler):
     actors = CONTROLLERS
     fenced_by_transition = True
 
-    def target(self, tx: Tx, cmd: RunPause | RunResume | RunCancel) -> Target:
+    def target(self, tx: Tx, cmd: RunControl) -> Target:
         return run_target(tx, cmd.run_id, cmd.expected_revision)
 
 
@@ -159,17 +159,12 @@ class CancelRun(ControlHandler):
         )
 
 
-class RestartRun(ResourceHandler[RunRestart]):
+class RestartRun(ControlHandler):
     """One child run per restart: the parent's revision advances, so a competing
     restart at the same expected revision is a conflict and a retry adopts."""
 
     kind = RunRestart.kind
     model = RunRestart
-    actors = CONTROLLERS
-    fenced_by_transition = True
-
-    def target(self, tx: Tx, cmd: RunRestart) -> Target:
-        return run_target(tx, cmd.run_id, cmd.expected_revision)
 
     def transition(self, tx: Tx, cmd: RunRestart, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
