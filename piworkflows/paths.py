@@ -13,12 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE_DIR_ENV = "PI_WORKFLOWS_STATE_DIR"
+CONFIG_DIR_ENV = "PI_WORKFLOWS_CONFIG_DIR"
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
 def default_state_dir() -> Path:
     return Path.home() / ".pi" / "agent" / "workflows"
+
+
+def config_dir() -> Path:
+    """The private config directory (0700, outside the state dir): ``PI_WORKFLOWS_CONFIG_DIR``,
+    else ``~/.pi/agent/workflows-config``. Secrets live here, never in the database."""
+    chosen = os.environ.get(CONFIG_DIR_ENV)
+    return Path(chosen).expanduser().absolute() if chosen else Path.home() / ".pi" / "agent" / "workflows-config"
+
+
+def credentials_file() -> Path:
+    """``credentials.json`` (mode 0600): ``{"secrets": {"NAME": "value"}}``."""
+    return config_dir() / "credentials.json"
 
 
 @dataclass(frozen=True)

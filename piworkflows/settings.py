@@ -47,6 +47,17 @@ class Settings(BaseModel):
     # how many resolver children may exist at once (idle ones are kept).
     resolve_timeout_ms: int = Field(default=30_000, ge=100)
     resolvers: int = Field(default=4, ge=1, le=64)
+    # Outbox workers (PI_WORKFLOWS_OUTBOX_WORKERS): how many perform external effects at once,
+    # their restart backoff, and how long an idle worker sleeps at most without a notice.
+    outbox_workers: int = Field(default=2, ge=0, le=64)
+    outbox_restart_min_ms: int = Field(default=100, ge=1)
+    outbox_restart_max_ms: int = Field(default=5_000, ge=1)
+    outbox_idle_check_ms: int = Field(default=5_000, ge=10)
+    # Retries of idempotent effects: exponential backoff from the base, capped, with jitter.
+    effect_retry_base_ms: int = Field(default=1_000, ge=1)
+    effect_retry_max_ms: int = Field(default=60_000, ge=1)
+    # How long a runner waiting on an effect the pool applies waits before it looks again.
+    effect_await_ms: int = Field(default=30_000, ge=10)
     # Benchmarks only: append every SQL statement the writer runs to this file.
     sql_trace_path: str | None = None
     # How long a stopping child gets between SIGTERM and SIGKILL.

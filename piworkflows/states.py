@@ -54,19 +54,25 @@ NODE_OUTCOMES = frozenset({"ok", "failed", "timed_out", "cancelled"})
 # Effects (WORKFLOWS.md, Effects: the status table is the contract).
 EFFECT_STATUSES = frozenset({"pending", "applying", "applied", "rejected", "ambiguous", "cancelled"})
 EFFECT_CLASSES = frozenset({"local", "external"})
+# Who applies an effect: the writer (local effects), the runner (an action node's own code),
+# or an outbox worker through the performer of that name (POOL_PERFORMERS).
+POOL_PERFORMERS = frozenset({"shell.exec", "http.request"})
+EFFECT_PERFORMERS = frozenset({"writer", "runner"}) | POOL_PERFORMERS
 RECOVERY_POLICIES = frozenset({"idempotent", "manual"})
 EFFECT_OWNER_SCOPES = frozenset({"server", "run", "resource_manager", "channel"})
 EFFECT_ATTEMPT_STATUSES = frozenset({"applying", "applied", "rejected", "failed", "ambiguous"})
 UNSETTLED_EFFECT_STATUSES = frozenset({"pending", "applying", "ambiguous"})
 TERMINAL_EFFECT_STATUSES = frozenset({"applied", "rejected", "cancelled"})
 
-# Allowed effect status transitions. ``pending -> pending`` is a retry
-# rescheduled before any attempt began; ``ambiguous -> applying`` is an
-# operator retry; ``ambiguous -> applied`` an operator confirmation.
+# Allowed effect status transitions. ``applying -> pending`` schedules the next
+# attempt of an idempotent effect; ``ambiguous -> pending`` is an operator retry
+# (its claim records the new numbered attempt); ``ambiguous -> applied`` an
+# operator confirmation; ``ambiguous -> cancelled`` never: the run's cancel
+# leaves an ambiguous effect for the operator.
 EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"applying", "cancelled"}),
     "applying": frozenset({"applied", "rejected", "pending", "ambiguous"}),
-    "ambiguous": frozenset({"applied", "applying"}),
+    "ambiguous": frozenset({"applied", "pending"}),
     "applied": frozenset(),
     "rejected": frozenset(),
     "cancelled": frozenset(),

@@ -38,13 +38,19 @@ def take_epoch(token: str = "epoch-token", ttl_ms: int = 30_000) -> Submitted:
 
 
 def effect_request(
-    key: str, payload: Any = None, policy: str = "idempotent", max_attempts: int = 5, effect_type: str = "test.effect"
+    key: str,
+    payload: Any = None,
+    policy: str = "idempotent",
+    max_attempts: int = 5,
+    effect_type: str = "test.effect",
+    performer: str = "http.request",
 ) -> dict[str, Any]:
     return EffectRequest(
         effect_type=effect_type,
         idempotency_key=key,
         payload=BlobValue.of_json({"key": key} if payload is None else payload),
         effect_class="external",
+        performer=performer,
         recovery_policy=policy,
         owner_scope="server",
         max_attempts=max_attempts,

@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-Settlement = Literal["applied", "rejected", "ambiguous"]
+# applied / rejected / ambiguous: as WORKFLOWS.md's effect table says. retry: the attempt
+# definitely did not act (a connection refused, a 5xx answer to an idempotent request): the
+# writer schedules the next attempt under the same key (or rejects: retriesExhausted).
+Settlement = Literal["applied", "rejected", "ambiguous", "retry"]
 NodeOutcome = Literal["ok", "failed", "timed_out"]
 
 
@@ -32,6 +35,7 @@ class Outcome:
     result: Any = None
     error: str | None = None
     error_code: str | None = None
+    external_ref: str | None = None
 
 
 class Performer(Protocol):

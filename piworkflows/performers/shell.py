@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from piworkflows.performers import Outcome
 
+PERFORMER = "shell.exec"
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
 _WAIT_FOR_GO = 'read _ <&3 && exec "$@"'

@@ -317,6 +317,63 @@ class RunRestartPayload(Payload):
     coordinatorEpoch: int | None = None  # sent by session clients; not part of the fingerprint
 
 
+class EffectListPayload(Payload):
+    """effect.list: unsettled and ambiguous effects by default, newest first; optionally of one run
+    (the envelope's runId) or one effect. Never payloads, results, error texts or secrets."""
+
+    effectId: str | None = Field(default=None, min_length=1, max_length=256)
+    statuses: list[Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]] = Field(
+        default_factory=lambda: ["pending", "applying", "ambiguous"], min_length=1, max_length=6
+    )
+    limit: int = Field(default=256, ge=1, le=256)
+
+
+class EffectListItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    effectId: str
+    effectType: str
+    status: str
+    recoveryPolicy: str
+    performer: str
+    runId: str | None
+    nodePath: str | None
+    visit: int | None
+    attempts: int
+    maxAttempts: int
+    nextAttemptAt: int | None
+    errorCode: str | None
+    createdAt: int
+    updatedAt: int
+    settledAt: int | None
+
+
+class EffectListReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    items: list[EffectListItem]
+    now: int
+
+
+class EffectConfirmPayload(Payload):
+    """effect.confirm: the operator's evidence that an ambiguous attempt acted (-> applied).
+    ``output`` becomes the node's output (default null)."""
+
+    effectId: str = Field(min_length=1, max_length=256)
+    note: str = Field(default="", max_length=2000)
+    output: Any = None
+
+
+class EffectRetryPayload(Payload):
+    """effect.retry: a new numbered attempt of an ambiguous effect (-> pending, due now)."""
+
+    effectId: str = Field(min_length=1, max_length=256)
+
+
+class EffectRecoveryReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    effectId: str
+    effectStatus: Literal["applied", "pending"]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
     "run.pause": (EmptyPayload, RunPauseReceipt),
@@ -330,6 +387,10 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document
+    # operator recovery of ambiguous effects (the review control)
+    "effect.list": (EffectListPayload, EffectListReceipt),
+    "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),
+    "effect.retry": (EffectRetryPayload, EffectRecoveryReceipt),
 }
 
 

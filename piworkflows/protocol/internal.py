@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -121,8 +122,16 @@ class Claim(Model):
 
 
 def server_owner_id(server_epoch: int) -> str:
-    """The owner id of every claim a server epoch takes (runs, and effects its runners perform)."""
+    """The owner id of every claim a server epoch takes (runs, and the effects it performs)."""
     return f"server-{server_epoch}"
+
+
+def new_claim(server_epoch: int, ttl_ms: int) -> dict[str, Any]:
+    """A claim the supervisor is about to take: a fresh random token, of which only the hash
+    leaves this process (``lease_generation`` is added from the writer's receipt)."""
+    token_hash = hashlib.sha256(secrets.token_bytes(32)).digest()
+    return {"server_epoch": server_epoch, "owner_id": server_owner_id(server_epoch),
+            "claim_token_hash": token_hash, "ttl_ms": ttl_ms}  # fmt: skip
 
 
 class Command(Model):
@@ -251,6 +260,10 @@ class RunCreate(Command):
 # --- effects ------------------------------------------------------------------
 
 
+Performer = Literal["writer", "runner", "shell.exec", "http.request"]  # states.EFFECT_PERFORMERS
+PoolPerformer = Literal["shell.exec", "http.request"]  # states.POOL_PERFORMERS
+
+
 class EffectRequest(Model):
     """One deterministic effect a transaction records before it commits."""
 
@@ -258,6 +271,7 @@ class EffectRequest(Model):
     idempotency_key: str = Field(min_length=1, max_length=1024)
     payload: BlobValue
     effect_class: Literal["local", "external"]
+    performer: Performer
     recovery_policy: Literal["idempotent", "manual"]
     owner_scope: Literal["server", "run", "resource_manager", "channel"]
     run_id: Id | None = None
@@ -293,11 +307,11 @@ class EffectReserve(Command):
 
 
 class EffectClaim(Command):
-    """Claim one due pending effect (a named one, or the next due of a class)."""
+    """Claim one due pending effect: a named one, or the next due one of these performers."""
 
     kind: ClassVar[str] = "effect.claim"
     effect_id: Id | None = None
-    effect_class: Literal["local", "external"] = "external"
+    performers: list[PoolPerformer] = Field(default_factory=lambda: ["shell.exec", "http.request"], min_length=1)
     owner_id: Id
     claim_token_hash: Digest
     ttl_ms: int = Field(ge=1)
@@ -329,11 +343,50 @@ class EffectSettle(Command):
 
 
 class EffectAbandon(Command):
-    """The claimant of an applying effect is gone (its runner died): the attempt is uncertain."""
+    """The claimant of an applying effect is gone (its runner or worker died): the attempt is
+    uncertain. An idempotent effect's next attempt is due at ``retry_at`` (default: now)."""
 
     kind: ClassVar[str] = "effect.abandon"
     effect_id: Id
     claim: Claim
+    retry_at: int | None = Field(default=None, ge=0)
+
+
+class EffectRecover(Command):
+    """At pool start: end the applying attempts of pool effects whose claims are dead (an
+    older server epoch, or expired), as an abandon would."""
+
+    kind: ClassVar[str] = "effect.recover"
+
+
+class EffectConfirm(Command):
+    """An operator confirms an ambiguous effect acted: it becomes ``applied`` with the note
+    (and the node output, if given); the run parked for it continues."""
+
+    kind: ClassVar[str] = "effect.confirm"
+    effect_id: Id
+    note: str = Field(default="", max_length=2000)
+    output: BlobValue | None = None
+
+
+class EffectRetry(Command):
+    """An operator asks for a new numbered attempt of an ambiguous effect (it becomes
+    ``pending``; the claim records the attempt); the run parked for it continues."""
+
+    kind: ClassVar[str] = "effect.retry"
+    effect_id: Id
+
+
+class EffectList(ReadCommand):
+    """Effects for operators, newest first: unsettled and ambiguous by default. No payloads."""
+
+    kind: ClassVar[str] = "effect.list"
+    effect_id: Id | None = None
+    run_id: Id | None = None
+    statuses: list[Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]] = Field(
+        default_factory=lambda: ["pending", "applying", "ambiguous"], min_length=1
+    )
+    limit: int = Field(default=256, ge=1, le=256)
 
 
 class NodeEffectReserve(Command):
@@ -350,6 +403,7 @@ class NodeEffectReserve(Command):
     attempt_id: Id
     effect_type: str = Field(min_length=1, max_length=128)
     recovery_policy: Literal["idempotent", "manual"]
+    performer: Literal["runner", "shell.exec", "http.request"]
     payload: BlobValue
     max_attempts: int = Field(default=5, ge=1, le=1000)
 
@@ -628,6 +682,10 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         EffectClaim,
         EffectSettle,
         EffectAbandon,
+        EffectRecover,
+        EffectConfirm,
+        EffectRetry,
+        EffectList,
         NodeEffectReserve,
     )
 }

@@ -24,12 +24,13 @@ from typing import Any, BinaryIO
 
 from piworkflows import canonical, performers
 from piworkflows.performers import Outcome
+from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
 from piworkflows.workflows import CompiledWorkflow, discovery, routing
 from piworkflows.workflows.context import NodeContext
-from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, NotifyNode, ShellNode
+from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
 
 LAUNCH, EXITING = "launch", "exiting"
 
@@ -87,33 +88,53 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
 
 EFFECT_AMBIGUOUS = "effectAmbiguous"
 Ended = tuple[str, Any, "str | None", "str | None"]  # node outcome, output, error text, error code
+UNSETTLED = ("pending", "applying")
+
+
+def effect_request(node: ActionNode, ctx: NodeContext) -> tuple[str, dict[str, Any]]:
+    """Who performs the node's effect, and its payload (built by the node's own code, here)."""
+    if isinstance(node, ShellNode):
+        spec = node.exec(ctx)
+        return shell_performer.PERFORMER, shell_performer.payload(spec, node.max_output_chars, node.allow_non_zero_exit)
+    if isinstance(node, HttpNode):
+        request = node.request(ctx) if callable(node.request) else node.request
+        return http_performer.PERFORMER, http_performer.payload(request, node.timeout_ms)
+    return "runner", {}
 
 
 def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt_id: str) -> Ended | str | None:
-    """An action or shell node: reserve its effect, then adopt how it stands or perform one attempt.
+    """An effect node: reserve its effect, then adopt how it stands, or perform one attempt (an
+    action body), or await the outbox pool's settlement (shell, http).
 
     Returns how the node ended, ``EFFECT_AMBIGUOUS`` (the run parks for an
-    operator), or None (fenced, or the effect is still applying elsewhere).
+    operator), or None (fenced, cancelled, or the writer restarts: the next runner continues).
     """
-    shell = isinstance(node, ShellNode)
     try:
-        payload = (
-            shell_performer.payload(node.exec(ctx), node.max_output_chars, node.allow_non_zero_exit) if shell else {}
-        )
+        performer, payload = effect_request(node, ctx)
         payload_value = BlobValue.of_json(payload)
     except Exception as exc:  # the request could not be built: nothing was reserved
         return "failed", None, _error_text(exc), None
     effect = node.effect
-    reserved = channel.request("effect.reserve", {"attempt_id": attempt_id, "effect_type": effect.effect_type,
-                                                  "recovery_policy": effect.recovery_policy,
-                                                  "payload": payload_value.model_dump()})  # fmt: skip
-    if reserved.outcome == "conflict" and (reserved.receipt or {}).get("code") == "effectKeyConflict":
-        # another request holds this visit's key (exec built other arguments): a definite refusal
-        return "failed", None, reserved.error or "the effect could not be reserved", "effectKeyConflict"
-    if reserved.outcome not in ("accepted", "adopted") or reserved.receipt is None:
-        return None  # fenced (claim lost, stale revision) or the writer restarts: the next runner continues
-    receipt = reserved.receipt
-    status = receipt["effectStatus"]
+    body = {"attempt_id": attempt_id, "effect_type": effect.effect_type, "recovery_policy": effect.recovery_policy,
+            "performer": performer, "max_attempts": effect.max_attempts,
+            "payload": payload_value.model_dump()}  # fmt: skip
+    while True:
+        reserved = channel.request("effect.reserve", body)
+        if reserved.outcome == "conflict" and (reserved.receipt or {}).get("code") == "effectKeyConflict":
+            # another request holds this visit's key (the node built other arguments): a definite refusal
+            return "failed", None, reserved.error or "the effect could not be reserved", "effectKeyConflict"
+        if reserved.outcome not in ("accepted", "adopted") or reserved.receipt is None:
+            return None
+        receipt = reserved.receipt
+        status = receipt["effectStatus"]
+        if status in UNSETTLED and performer != "runner":
+            while status in UNSETTLED:  # the pool performs it; the run's claim stays renewed meanwhile
+                waited = channel.request("effect.await", {"effect_id": receipt["effectId"]})
+                if waited.outcome != "accepted" or waited.receipt is None:
+                    return None
+                status = waited.receipt["effectStatus"]
+            continue  # reserve again: adopt the settled result through the one path a new runner takes
+        break
     if status == "applied":
         outcome = Outcome("applied", result=receipt.get("result"))
     elif status == "rejected":
@@ -121,15 +142,7 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     elif status == "ambiguous":
         return EFFECT_AMBIGUOUS
     elif status == "applying" and "attemptNumber" in receipt:  # the supervisor claimed it for this runner
-        if shell:
-
-            def spawned(pid: int) -> bool:
-                return channel.request("command.spawned", {"pid": pid}).outcome == "accepted"
-
-            outcome = shell_performer.ShellPerformer().perform(payload, receipt["idempotencyKey"],
-                                                               effect.recovery_policy, spawned)  # fmt: skip
-        else:
-            outcome = _run_action(node, ctx)
+        outcome = _run_action(node, ctx)
         settle: dict[str, Any] = {"effect_id": receipt["effectId"], "settlement": outcome.settlement}
         if outcome.result is not None:
             settle["result"] = BlobValue.of_json(outcome.result).model_dump()
@@ -138,12 +151,10 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
         settled = channel.request("effect.settle", settle)
         if settled.outcome not in ("accepted", "adopted"):
             return None
-        if outcome.settlement == "ambiguous":
-            return EFFECT_AMBIGUOUS
     else:
-        return None
+        return None  # cancelled with its run, or applying under another claim
     node_outcome, output, error = performers.node_result(outcome)
-    if shell and node.parse is not None and node_outcome == "ok":
+    if isinstance(node, ShellNode) and node.parse is not None and node_outcome == "ok":
         try:
             output = node.parse(output)
         except Exception as exc:

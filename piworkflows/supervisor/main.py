@@ -29,6 +29,7 @@ from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.lock import HostLock
+from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.router import Router
@@ -63,6 +64,7 @@ class Supervisor:
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
         self.resolvers = Resolvers(self, settings)
         self.scheduler = Scheduler(self)
+        self.outbox = OutboxPool(self)
         self.router = Router(self)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -108,6 +110,7 @@ class Supervisor:
             self.registry.save(self.paths.registry)
             await self.writer.start()
             await self._take_epoch()
+            await self.outbox.start()
             await self.scheduler.start()
             await self.server.start()
             loop = asyncio.get_running_loop()
@@ -156,6 +159,7 @@ class Supervisor:
         self.state = "stopping"
         await self.server.close()
         await self.scheduler.stop()
+        await self.outbox.stop()
         await self.resolvers.close()
         body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
         deadline = asyncio.get_running_loop().time() + self.settings.stop_grace_ms / 1000

@@ -49,6 +49,9 @@ class Router:
             "server.status": self.server_status,
             "server.stop": self.server_stop,
             "protocol.schema": self.protocol_schema,
+            "effect.list": self.effect_list,
+            "effect.confirm": self.effect_recovery,
+            "effect.retry": self.effect_recovery,
         }
         assert set(self.routes) == set(client_v1.OPERATION_SHAPES)
 
@@ -207,6 +210,7 @@ class Router:
             return refuse(request, CommandError("validationFailed", "run.cancel names the run in runId"))
         if reply.outcome in ("accepted", "adopted"):
             self.supervisor.scheduler.stop_run(request.runId)
+            self.supervisor.outbox.cancel_run(request.runId)
         return from_reply(request, reply)
 
     async def run_pause(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -236,6 +240,30 @@ class Router:
         reply = await self.run_control(request, {"child_run_id": "run-" + uuid.uuid4().hex})
         assert reply is not None
         if reply.outcome == "accepted":
+            self.supervisor.scheduler.wake()
+        return from_reply(request, reply)
+
+    async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
+        body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,
+                "statuses": payload.statuses, "limit": payload.limit}  # fmt: skip
+        return from_reply(request, await self.supervisor.writer.request("effect.list", body))
+
+    async def effect_recovery(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """effect.confirm / effect.retry, stored with the receipt; the parked run continues (a
+        retried effect is due for the pool at once)."""
+        body: dict[str, Any] = {"actor": client_actor(request), "client_receipt": receipt_key(request),
+                                "effect_id": payload.effectId}  # fmt: skip
+        if isinstance(payload, client_v1.EffectConfirmPayload):
+            try:
+                output = BlobValue.of_json(payload.output) if payload.output is not None else None
+            except (TypeError, ValueError):
+                return refuse(request, CommandError("validationFailed", "the output is not JSON a run can store"))
+            body["note"] = payload.note
+            if output is not None:
+                body["output"] = output.model_dump()
+        reply = await self.supervisor.writer.request(request.operation, body)
+        if reply.outcome == "accepted":
+            self.supervisor.outbox.wake()
             self.supervisor.scheduler.wake()
         return from_reply(request, reply)
 

@@ -9,10 +9,11 @@
       ── launch ── runner messages: claim + expected revision + message key attached,
          forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
          not sent when the run's end or wait already ended the runner record)
-    effects the runner performs: effect.reserve ── (pending) effect.claim for it (token here,
-         a numbered attempt) ── command.spawned: its process group into host.json before it
-         runs ── effect.settle under that claim; a runner that dies applying: the command group
-         is killed, then effect.abandon
+    effects: effect.reserve ── pool performers (shell, http): the outbox pool is woken; the
+         runner sends effect.await, answered when the pool settled it (or after effect_await_ms)
+         with its status, and reserves again to adopt the result
+       ── an action body (performer "runner"): effect.claim for it (token here, a numbered
+         attempt) ── effect.settle under that claim; a runner that dies applying: effect.abandon
     renewal: claim.renew for every live runner (and its applying effect) every
              claim_renew_ms, even while workflow code blocks (the runner does not take part)
 
@@ -27,7 +28,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import secrets
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +37,7 @@ import psutil
 
 from piworkflows import canonical
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, server_owner_id
+from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, new_claim
 from piworkflows.states import RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import Identity
@@ -61,9 +61,9 @@ class RunnerHandle:
     done: bool = False  # the runner said it is exiting this run (its process may serve another)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     effect: EffectInFlight | None = None  # the effect this runner is applying, claimed on its behalf
-    commands: list[Identity] = field(default_factory=list)  # process groups its performer started
     stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
     record_ended: bool = False  # a commit ended the runner record with the run's end or wait: no exit to record
+    awaiting: asyncio.Future[None] | None = None  # the runner waits for the pool to settle an effect
 
 
 @dataclass
@@ -141,13 +141,11 @@ class Scheduler:
                         log_failure(log, f"launching a runner for {run_id} failed", exc)
 
     async def _launch(self, run_id: str) -> None:
-        token = secrets.token_bytes(32)
-        epoch = self.supervisor.epoch
-        claim = {"server_epoch": epoch, "owner_id": server_owner_id(epoch),
-                 "claim_token_hash": hashlib.sha256(token).digest(), "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
+        claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
         claimed = await self.request(
             "run.claim",
-            {"run_id": run_id, "server_epoch": epoch, "owner_id": claim["owner_id"], "launch_command": "start",
+            {"run_id": run_id, "server_epoch": claim["server_epoch"], "owner_id": claim["owner_id"],
+             "launch_command": "start",
              "claim_token_hash": claim["claim_token_hash"], "ttl_ms": claim["ttl_ms"]},
         )  # fmt: skip
         if claimed.outcome != "accepted" or claimed.receipt is None or claimed.revision is None:
@@ -233,8 +231,6 @@ class Scheduler:
 
     async def _forward(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         kind = frame["k"]
-        if kind == "command.spawned":
-            return self._record_command(handle, frame["b"]["pid"])
         if kind == "effect.settle":
             return await self._settle_effect(handle, dict(frame["b"]))
         if kind == "effect.reserve":
@@ -244,18 +240,45 @@ class Scheduler:
                 and reply.receipt
                 and reply.receipt["effectStatus"] == "pending"
             ):
-                return await self._claim_effect(handle, reply.receipt["effectId"])
+                if frame["b"].get("performer") == "runner":  # an action body: the runner acts itself
+                    return await self._claim_effect(handle, reply.receipt["effectId"])
+                self.supervisor.outbox.wake()  # the pool performs it; the runner awaits the settlement
             return reply
+        if kind == "effect.await":
+            return await self._await_effect(handle, frame["b"]["effect_id"])
         if kind not in ("node.start", "node.finish", "node.wait"):
             return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
         return await self._forward_run_message(handle, frame, kind)
 
+    async def _await_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
+        """Until the pool settles the effect (or it becomes ambiguous), at most effect_await_ms;
+        the answer is its status now (the runner adopts a settled one by reserving again)."""
+        pool = self.supervisor.outbox
+        handle.awaiting = settled = pool.watch(effect_id)
+        try:
+            status = await self._effect_status(effect_id)
+            if status in ("pending", "applying") and not handle.stopping:
+                try:
+                    await asyncio.wait_for(asyncio.shield(settled), timeout=self.settings.effect_await_ms / 1000)
+                except TimeoutError:
+                    pass
+                status = await self._effect_status(effect_id)
+        finally:
+            handle.awaiting = None
+            pool.unwatch(effect_id, settled)
+        if status is None:
+            return Reply(outcome="unavailable", receipt={"code": "unavailable"}, error="the effect cannot be read now")
+        return Reply(outcome="accepted", receipt={"effectId": effect_id, "effectStatus": status})
+
+    async def _effect_status(self, effect_id: str) -> str | None:
+        statuses = ["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]
+        reply = await self.request("effect.list", {"effect_id": effect_id, "statuses": statuses, "limit": 1})
+        items = (reply.receipt or {}).get("items") if reply.outcome == "accepted" else None
+        return items[0]["status"] if items else None
+
     async def _claim_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
         """The runner performs its node's effect: claim it for it (a numbered attempt, before it acts)."""
-        token = secrets.token_bytes(32)
-        epoch = self.supervisor.epoch
-        claim = {"server_epoch": epoch, "owner_id": server_owner_id(epoch),
-                 "claim_token_hash": hashlib.sha256(token).digest(), "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
+        claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
         reply = await self.request("effect.claim", {"effect_id": effect_id, "owner_id": claim["owner_id"],
                                                     "claim_token_hash": claim["claim_token_hash"],
                                                     "ttl_ms": claim["ttl_ms"]})  # fmt: skip
@@ -265,18 +288,6 @@ class Scheduler:
             return Reply(outcome="accepted", receipt={**reply.receipt, "effectStatus": "applying"})
         return reply
 
-    def _record_command(self, handle: RunnerHandle, pid: int) -> Reply:
-        """A performer's command group, recorded in host.json before it runs anything."""
-        if handle.effect is None or handle.stopping:
-            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no effect is applying")
-        try:
-            identity = Identity.of("command", pid, "", process_group=True)
-        except psutil.Error:
-            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="the command is gone")
-        handle.commands.append(identity)
-        self.supervisor.record_child(identity)
-        return Reply(outcome="accepted")
-
     async def _settle_effect(self, handle: RunnerHandle, body: dict[str, Any]) -> Reply:
         effect = handle.effect
         if effect is None or body.get("effect_id") != effect.effect_id:
@@ -285,18 +296,9 @@ class Scheduler:
         reply = await self.request("effect.settle", body)
         if reply.outcome in ("accepted", "adopted"):
             handle.effect = None
-            self._end_commands(handle)
             if handle.stop_after_effect:
                 self._stop_handle(handle)
         return reply
-
-    def _end_commands(self, handle: RunnerHandle) -> None:
-        """Kill what is left of the performer's command groups (identity-checked) and forget them."""
-        for identity in handle.commands:
-            if identity.find() is not None:
-                _signal_group(identity.pid, signal.SIGKILL)
-            self.supervisor.forget_child(identity.pid)
-        handle.commands.clear()
 
     async def _forward_run_message(self, handle: RunnerHandle, frame: dict[str, Any], kind: str) -> Reply:
         body = dict(frame["b"])
@@ -318,7 +320,6 @@ class Scheduler:
         return reply
 
     async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
-        self._end_commands(handle)
         if handle.effect is not None:  # the runner died applying it: the attempt is uncertain
             abandoned = await self.request("effect.abandon", {"effect_id": handle.effect.effect_id,
                                                               "claim": handle.effect.claim})  # fmt: skip
@@ -369,8 +370,9 @@ class Scheduler:
                     _signal_group(proc.pid, signal.SIGKILL)
 
     def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
-        """After a committed cancel or pause: stop the run's runner group (it is never reused)
-        and its command groups. A pause lets an applying effect settle first."""
+        """After a committed cancel or pause: stop the run's runner group (it is never reused).
+        A pause lets an action body's applying effect settle first (the pool's effects settle
+        by themselves; the next runner adopts them)."""
         handle = self.active.get(run_id)
         if handle is None:
             return
@@ -386,7 +388,8 @@ class Scheduler:
         The process is this supervisor's own unreaped child, so its pid cannot name another one.
         """
         handle.stopping = True
-        self._end_commands(handle)
+        if handle.awaiting is not None and not handle.awaiting.done():
+            handle.awaiting.set_result(None)  # its runner stops: no need to wait for the effect
         proc = handle.proc
         if proc is not None and proc.returncode is None:
             _signal_group(proc.pid, signal.SIGTERM)

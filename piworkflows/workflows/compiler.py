@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from piworkflows import canonical
-from piworkflows.workflows.nodes import Edge, IncludeNode, Node
+from piworkflows.performers import http as http_performer
+from piworkflows.workflows.nodes import ActionNode, Edge, EffectDecl, HttpNode, IncludeNode, Node
 
 SNAPSHOT_SCHEMA = "pi-workflows.definition-snapshot.v1"
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
@@ -109,9 +110,10 @@ def define_workflow(
         _check_name(node_name, "node")
         if not isinstance(node, Node) or isinstance(node, IncludeNode):
             raise WorkflowDefinitionError(
-                f"node {node_name!r}: not a node (use compute, notify, action, shell or checkpoint; "
+                f"node {node_name!r}: not a node (use compute, notify, action, shell, http or checkpoint; "
                 "include_workflow goes under includes=)"
             )
+        _check_effect_node(node_name, node)
     for mount, include in includes.items():
         _check_name(mount, "mount")
         if mount in nodes:
@@ -134,6 +136,33 @@ def case_key(value: Any) -> str:
     """How a switch case and an output value are compared: a string as it is,
     anything else as its canonical JSON text (True -> "true", None -> "null")."""
     return value if isinstance(value, str) else canonical.dumps(value)
+
+
+def _check_effect_node(node_name: str, node: Node) -> None:
+    """What an effect node declares: its effect, and an http request known now (a dict)."""
+    if not isinstance(node, ActionNode):
+        return
+    effect = node.effect
+    if not isinstance(effect, EffectDecl) or not isinstance(effect.effect_type, str) or not effect.effect_type:
+        raise WorkflowDefinitionError(
+            f"node {node_name!r}: effect= takes idempotent_effect(type) or manual_effect(type)"
+        )
+    if (
+        not isinstance(effect.max_attempts, int)
+        or isinstance(effect.max_attempts, bool)
+        or not (1 <= effect.max_attempts <= 1000)
+    ):
+        raise WorkflowDefinitionError(f"node {node_name!r}: max_attempts must be an integer from 1 to 1000")
+    if isinstance(node, HttpNode):
+        if not isinstance(node.timeout_ms, int) or isinstance(node.timeout_ms, bool) or node.timeout_ms < 1:
+            raise WorkflowDefinitionError(f"node {node_name!r}: timeout_ms must be a positive integer")
+        if isinstance(node.request, Mapping):
+            try:
+                http_performer.check_static_request(dict(node.request))
+            except ValueError as exc:
+                raise WorkflowDefinitionError(f"node {node_name!r}: {exc}") from None
+        elif not callable(node.request):
+            raise WorkflowDefinitionError(f"node {node_name!r}: request= takes a function of ctx or a dict")
 
 
 def _check_name(name: Any, what: str) -> None:

@@ -19,16 +19,18 @@ class EffectDecl:
 
     effect_type: str
     recovery_policy: str  # "idempotent" | "manual"
+    max_attempts: int = 5  # idempotent: numbered attempts before it is rejected (retriesExhausted)
 
 
-def idempotent_effect(effect_type: str) -> EffectDecl:
-    """Retried automatically under the same key after an uncertain attempt."""
-    return EffectDecl(effect_type, "idempotent")
+def idempotent_effect(effect_type: str, max_attempts: int = 5) -> EffectDecl:
+    """Retried automatically under the same key (backoff with jitter) after an uncertain or
+    retryable attempt, at most ``max_attempts`` attempts in all."""
+    return EffectDecl(effect_type, "idempotent", max_attempts)
 
 
 def manual_effect(effect_type: str) -> EffectDecl:
     """Never repeated without an operator: an uncertain attempt becomes ambiguous."""
-    return EffectDecl(effect_type, "manual")
+    return EffectDecl(effect_type, "manual", 1)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,11 @@ class ActionNode(Node):
     run: NodeFn = field(default=lambda ctx: None)
 
     def static(self) -> dict[str, Any]:
-        return {**super().static(), "effectType": self.effect.effect_type, "recovery": self.effect.recovery_policy}
+        effect = self.effect
+        declared = {"effectType": effect.effect_type, "recovery": effect.recovery_policy}
+        if effect.max_attempts != 5 and effect.recovery_policy == "idempotent":
+            declared["maxAttempts"] = effect.max_attempts
+        return {**super().static(), **declared}
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,15 @@ class ShellNode(ActionNode):
             "maxOutputChars": self.max_output_chars,
             "parses": self.parse is not None,
         }
+
+
+@dataclass(frozen=True)
+class HttpNode(ActionNode):
+    request: NodeFn | Mapping[str, Any] = field(default_factory=dict)
+    timeout_ms: int = 30_000
+
+    def static(self) -> dict[str, Any]:
+        return {**super().static(), "timeoutMs": self.timeout_ms}
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,14 @@ def shell(
     Output: ``{stdout, stderr, exitCode, signal, durationMs}`` (or ``parse`` of it).
     """
     return ShellNode("shell", effect, lambda ctx: None, exec, parse, allow_non_zero_exit, max_output_chars)
+
+
+def http(effect: EffectDecl, request: NodeFn | Mapping[str, Any], timeout_ms: int = 30_000) -> HttpNode:
+    """One HTTP request performed by the outbox pool, sent with the effect's key as
+    ``Idempotency-Key``. ``request(ctx)`` (or a dict) gives ``{method, url, headers?, body?}``; a
+    header value may name a secret, ``{"secret": "NAME"}``, resolved when the request is sent.
+    A literal ``Authorization`` header is refused. Output: ``{status, headers, body}``."""
+    return HttpNode("http", effect, lambda ctx: None, request, timeout_ms)
 
 
 def checkpoint(summary: NodeFn | str, run: NodeFn | None = None) -> CheckpointNode:

@@ -38,6 +38,7 @@ def settle_queue(run_id: str, queue_status: str) -> EffectRequest:
         idempotency_key=run_id,
         payload=BlobValue.of_json({"queueStatus": queue_status}),
         effect_class="local",
+        performer="writer",
         recovery_policy="idempotent",
         owner_scope="server",
         run_id=run_id,

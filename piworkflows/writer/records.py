@@ -23,7 +23,7 @@ from piworkflows.protocol.internal import (
     WorkerMessageKey,
     server_owner_id,
 )
-from piworkflows.states import MEDIA_TEXT
+from piworkflows.states import MEDIA_TEXT, POOL_PERFORMERS
 
 # --- projects -----------------------------------------------------------------
 
@@ -267,9 +267,9 @@ def insert_effect(
     write_event(conn, effect_id, 1, "effect.reserved", actor, now, payload_digest=request.payload.digest)
     conn.execute(
         "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
-        "request_fingerprint, payload_digest, effect_class, recovery_policy, owner_scope, run_id, effect_status, "
-        "available_at, attempt_count, max_attempts, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?)",
+        "request_fingerprint, payload_digest, effect_class, performer, recovery_policy, owner_scope, run_id, "
+        "effect_status, available_at, attempt_count, max_attempts, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?)",
         (
             effect_id,
             source_resource_id,
@@ -279,6 +279,7 @@ def insert_effect(
             fingerprint,
             request.payload.digest,
             request.effect_class,
+            request.performer,
             request.recovery_policy,
             request.owner_scope,
             request.run_id,
@@ -306,7 +307,7 @@ def begin_effect_attempt(
     )
     conn.execute(
         "UPDATE effects SET effect_status = 'applying', attempt_count = attempt_count + 1, updated_at = ? "
-        "WHERE effect_id = ? AND effect_status IN ('pending', 'ambiguous')",
+        "WHERE effect_id = ? AND effect_status = 'pending'",
         (now, effect_id),
     )
     return number
@@ -329,29 +330,40 @@ def uncertain_effect_status(conn: sqlite3.Connection, effect_id: str, cancelled:
     return "pending", None
 
 
+UNCERTAIN = "uncertainAttempt"  # the error code of an attempt whose claimant was gone before it reported
+
+
 def end_uncertain_attempt(
-    conn: sqlite3.Connection, effect_id: str, status: str, error_code: str | None, now: int
+    conn: sqlite3.Connection, effect_id: str, status: str, error_code: str | None, now: int, retry_at: int | None = None
 ) -> None:
-    """Domain rows only: the applying attempt ends ``ambiguous``; the effect takes ``status``."""
+    """Domain rows only: the applying attempt ends ``ambiguous``; the effect takes ``status``
+    (``pending``: the next attempt is due at ``retry_at``, default now; recorded on the attempt)."""
+    retry_at = (now if retry_at is None else retry_at) if status == "pending" else None
     conn.execute(
-        "UPDATE effect_attempts SET attempt_status = 'ambiguous', ended_at = ? "
+        "UPDATE effect_attempts SET attempt_status = 'ambiguous', error_code = ?, retry_at = ?, ended_at = ? "
         "WHERE effect_id = ? AND attempt_status = 'applying'",
-        (now, effect_id),
+        (UNCERTAIN, retry_at, now, effect_id),
     )
     conn.execute(
-        "UPDATE effects SET effect_status = ?, error_code = coalesce(?, error_code), "
-        "available_at = CASE WHEN ? = 'pending' THEN ? ELSE available_at END, settled_at = ?, updated_at = ? "
-        "WHERE effect_id = ? AND effect_status = 'applying'",
-        (status, error_code, status, now, now if status == "rejected" else None, now, effect_id),
+        "UPDATE effects SET effect_status = ?, error_code = coalesce(?, ?), available_at = coalesce(?, available_at), "
+        "settled_at = ?, updated_at = ? WHERE effect_id = ? AND effect_status = 'applying'",
+        (status, error_code, UNCERTAIN, retry_at, now if status == "rejected" else None, now, effect_id),
     )
 
 
-def abandon_effect(conn: sqlite3.Connection, effect_id: str, actor: Actor, now: int, cancelled: bool = False) -> str:
+def abandon_effect(
+    conn: sqlite3.Connection,
+    effect_id: str,
+    actor: Actor,
+    now: int,
+    cancelled: bool = False,
+    retry_at: int | None = None,
+) -> str:
     """From another resource's transaction (a cancel, a runner's exit, a recovery): end an
     applying effect's uncertain attempt, release its claim, and advance its own revision
     and event. Returns the new status."""
     status, error_code = uncertain_effect_status(conn, effect_id, cancelled)
-    end_uncertain_attempt(conn, effect_id, status, error_code, now)
+    end_uncertain_attempt(conn, effect_id, status, error_code, now, retry_at)
     lease = get_lease(conn, effect_id)
     if lease is not None and lease.owner_id is not None:
         release_lease(conn, effect_id, lease.lease_generation)
@@ -377,14 +389,32 @@ def cancel_pending_effects(conn: sqlite3.Connection, run_id: str, actor: Actor, 
         write_event(conn, effect_id, increment_revision(conn, effect_id, revision, now), "effect.cancelled", actor, now)
 
 
+_DEAD_CLAIM = "(l.owner_id IS NULL OR l.expires_at <= ? OR l.owner_id != ?)"
+
+
+def _owner_now(conn: sqlite3.Connection) -> str:
+    (epoch,) = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone() or (0,)
+    return server_owner_id(epoch)
+
+
 def stale_applying_effects(conn: sqlite3.Connection, run_id: str, now: int) -> list[str]:
     """Applying effects of a run whose claim is dead: expired, released, or of an older server epoch."""
-    (epoch,) = conn.execute("SELECT server_epoch FROM workflow_host_state").fetchone() or (0,)
     rows = conn.execute(
         "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
-        "WHERE e.run_id = ? AND e.effect_status = 'applying' "
-        "AND (l.owner_id IS NULL OR l.expires_at <= ? OR l.owner_id != ?) ORDER BY e.effect_id",
-        (run_id, now, server_owner_id(epoch)),
+        f"WHERE e.run_id = ? AND e.effect_status = 'applying' AND {_DEAD_CLAIM} ORDER BY e.effect_id",
+        (run_id, now, _owner_now(conn)),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def stale_pool_effects(conn: sqlite3.Connection, now: int) -> list[str]:
+    """Applying effects of the outbox pool whose claim is dead (their worker is gone)."""
+    performers = ", ".join(f"'{p}'" for p in sorted(POOL_PERFORMERS))
+    rows = conn.execute(
+        "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
+        f"WHERE e.performer IN ({performers}) AND e.effect_status = 'applying' AND {_DEAD_CLAIM} "
+        "ORDER BY e.effect_id",
+        (now, _owner_now(conn)),
     ).fetchall()
     return [row[0] for row in rows]
 

@@ -512,6 +512,7 @@ CREATE TABLE effects (
   request_fingerprint BLOB NOT NULL CHECK (length(request_fingerprint) = 32),
   payload_digest BLOB NOT NULL REFERENCES blobs (digest),
   effect_class TEXT NOT NULL CHECK (effect_class IN ('local', 'external')),
+  performer TEXT NOT NULL CHECK (performer IN ('writer', 'runner', 'shell.exec', 'http.request')),
   recovery_policy TEXT NOT NULL CHECK (recovery_policy IN ('idempotent', 'manual')),
   owner_scope TEXT NOT NULL CHECK (owner_scope IN ('server', 'run', 'resource_manager', 'channel')),
   run_id TEXT REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -530,7 +531,7 @@ CREATE TABLE effects (
   CHECK (attempt_count <= max_attempts)
 ) STRICT;
 CREATE UNIQUE INDEX effects_one_deterministic_key ON effects (effect_type, idempotency_key);
-CREATE INDEX effects_due ON effects (effect_class, effect_status, available_at) WHERE effect_status IN ('pending', 'applying');
+CREATE INDEX effects_due ON effects (performer, effect_status, available_at) WHERE effect_status IN ('pending', 'applying');
 CREATE INDEX effects_by_run ON effects (run_id, effect_status) WHERE run_id IS NOT NULL;
 CREATE INDEX effects_by_source ON effects (source_resource_id);
 
@@ -542,7 +543,9 @@ CREATE TABLE effect_attempts (
   attempt_status TEXT NOT NULL CHECK (attempt_status IN ('applying', 'applied', 'rejected', 'failed', 'ambiguous')),
   result_digest BLOB REFERENCES blobs (digest),
   error_digest BLOB REFERENCES blobs (digest),
+  error_code TEXT,
   external_ref TEXT,
+  retry_at INTEGER,
   started_at INTEGER NOT NULL,
   ended_at INTEGER,
   PRIMARY KEY (effect_id, attempt_number),

@@ -2,7 +2,8 @@
 
 Each node reserves its effect (one ``effects`` row per node visit, keyed by
 ``[runId, effectType, nodePath, visit]``), the supervisor claims it (a numbered
-``effect_attempts`` row), the runner performs it and settles it. These tests
+``effect_attempts`` row) for an outbox worker, which performs it (the runner
+waits), or for the runner itself (an action body), and settles it. These tests
 drive real servers and check the outcome three ways: the run view, the SQLite
 rows (read-only), and the processes themselves (host.json and psutil).
 
@@ -118,9 +119,11 @@ def blocking(name: str, effect: str) -> str:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server on a short state dir (the Unix socket path limit); its state is checked after it stops."""
-    proc = ServerProcess(tmp_path / "s", env=FAST).start()
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A server on a short state dir (the Unix socket path limit); its state is checked after it stops.
+    A test marked ``server_env(**env)`` adds settings."""
+    marker = request.node.get_closest_marker("server_env")
+    proc = ServerProcess(tmp_path / "s", env={**FAST, **(marker.kwargs if marker else {})}).start()
     try:
         yield proc
     finally:
@@ -342,25 +345,34 @@ def test_an_exception_in_an_action_body_fails_the_run_and_rejects_the_effect(ser
     assert effect_attempts(server, run_id) == [(1, "rejected")]
 
 
-# --- a runner killed while its command applies ------------------------------------------
+# --- the process that runs the command killed (an outbox worker), or the runner awaiting it --------
 
 
-def test_kill_9_of_the_runner_retries_an_idempotent_command_under_the_same_key(server, project, tmp_path):
+def performer_of(command: int) -> int:
+    """The process running the command: its parent, an outbox worker (never the runner)."""
+    worker = psutil.Process(command).parent()
+    assert worker is not None and "piworkflows.outbox" in " ".join(worker.cmdline()), worker
+    return worker.pid
+
+
+def test_kill_9_of_the_worker_retries_an_idempotent_command_under_the_same_key(server, project, tmp_path):
     write(project, "ledger", blocking("ledger", "idempotent_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
     run_id = start(server, project, "ledger", {"flag": str(flag), "ledger": str(ledger)})
     first = block_on_command(server, run_id)
     runner = live_runner_pid(server, run_id)
-    assert psutil.Process(first).ppid() == runner  # the runner performs the command
 
-    os.kill(runner, signal.SIGKILL)
+    os.kill(performer_of(first), signal.SIGKILL)
     wait_until(lambda: group_gone(first), what="the first command's group killed")
-    # The effect went back to pending and the next runner claimed it again: attempt 2, a new command.
+    # Pending again at a backoff time, then claimed by a (restarted) worker: attempt 2, a new command.
     wait_until(lambda: effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applying")],
                what="effect attempt 2 applying")  # fmt: skip
     second = wait_until(lambda: [p for p in commands(server) if p != first], what="the second command")[0]
     assert first not in commands(server)
     assert not ledger.exists()  # the first attempt never got past the flag
+    retry = query(server, "SELECT a.retry_at - a.ended_at, a.error_code FROM effect_attempts a JOIN effects e "
+                          "USING (effect_id) WHERE e.run_id = ? AND a.attempt_number = 1", run_id)  # fmt: skip
+    assert retry[0][1] == "uncertainAttempt" and 0 <= retry[0][0] <= 100  # base 100 ms: drawn from [50, 100]
 
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
@@ -370,30 +382,25 @@ def test_kill_9_of_the_runner_retries_an_idempotent_command_under_the_same_key(s
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"]) == ("applied", 2)
     assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]
-    assert node_attempts(server, run_id, "cmd") == [(1, "interrupted"), (2, "completed")]
-    completed = query(server, "SELECT count(*) FROM run_steps s JOIN node_attempts a USING (attempt_id) "
-                              "WHERE s.run_id = ? AND a.node_path = 'cmd' AND a.attempt_status = 'completed'",
-                      run_id)  # fmt: skip
-    assert completed == [(1,)]
-    assert [(s["nodePath"], s["attempt"], s["status"]) for s in done["steps"]["items"]] == [
-        ("cmd", 1, "interrupted"), ("cmd", 2, "completed"), ("after", 1, "completed")]  # fmt: skip
+    # The runner only waited: the same node attempt completed, with the same runner.
+    assert node_attempts(server, run_id, "cmd") == [(1, "completed")]
+    assert query(server, "SELECT pid FROM run_workers WHERE run_id = ?", run_id) == [(runner,)]
     wait_until(lambda: group_gone(second), what="the second command's group ended")
     assert commands(server) == []
 
 
-def test_kill_9_of_the_runner_parks_a_manual_command_as_ambiguous(server, project, tmp_path):
+def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, project, tmp_path):
     write(project, "ledgerm", blocking("ledgerm", "manual_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
     run_id = start(server, project, "ledgerm", {"flag": str(flag), "ledger": str(ledger)})
     first = block_on_command(server, run_id)
-    runner = live_runner_pid(server, run_id)
-    assert psutil.Process(first).ppid() == runner
 
-    os.kill(runner, signal.SIGKILL)
+    os.kill(performer_of(first), signal.SIGKILL)
     wait_until(lambda: group_gone(first), what="the command's group killed")
     parked = wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
                         what="run parked effectAmbiguous")  # fmt: skip
     assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == "effectAmbiguous"
+    assert parked["display"]["controls"] == ["review"]
 
     flag.write_text("go")
 
@@ -402,13 +409,35 @@ def test_kill_9_of_the_runner_parks_a_manual_command_as_ambiguous(server, projec
         parked = run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
         return parked and live == [(0,)] and commands(server) == []
 
-    stays(still_parked, 1.0, "the parked run")  # no runner is started for it: only an operator decides
+    stays(still_parked, 1.0, "the parked run")  # no runner, no new attempt: only an operator decides
     assert not ledger.exists()  # no second command ran
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"]) == ("ambiguous", "manual", 1)
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
     assert node_attempts(server, run_id, "cmd") == [(1, "interrupted")]
-    assert view(server, run_id)["display"]["status"] == "ambiguous"
+
+
+def test_kill_9_of_a_runner_awaiting_its_command_adopts_the_settled_result(server, project, tmp_path):
+    write(project, "ledger", blocking("ledger", "idempotent_effect"))
+    flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
+    run_id = start(server, project, "ledger", {"flag": str(flag), "ledger": str(ledger)})
+    command = block_on_command(server, run_id)
+    runner = live_runner_pid(server, run_id)
+
+    os.kill(runner, signal.SIGKILL)
+    wait_until(lambda: query(server, "SELECT outcome FROM run_workers WHERE run_id = ?", run_id) == [("crashed",)],
+               what="the runner's exit recorded")  # fmt: skip
+    assert not group_gone(command)  # the worker's command goes on: the runner only waited for it
+    stays(lambda: query(server, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id) == [(1,)], 0.5,
+          "no second runner while the effect applies under a live claim")  # fmt: skip
+
+    flag.write_text("go")
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]
+    assert done["output"] == {"ran": True}
+    assert ledger.read_text() == "done\n"
+    assert effect_attempts(server, run_id) == [(1, "applied")]  # adopted: no new attempt
+    assert node_attempts(server, run_id, "cmd") == [(1, "interrupted"), (2, "completed")]
 
 
 # --- cancel while a command applies ------------------------------------------------------
@@ -442,6 +471,7 @@ def test_cancel_while_a_command_runs_makes_its_effect_ambiguous_and_kills_its_gr
 # --- a changed request under the same key ----------------------------------------------------
 
 
+@pytest.mark.server_env(PI_WORKFLOWS_EFFECT_RETRY_BASE_MS="120000", PI_WORKFLOWS_EFFECT_RETRY_MAX_MS="120000")
 def test_a_changed_request_under_the_same_key_is_a_conflict_that_stops_the_run(server, project, tmp_path):
     write(project, "changing", CHANGING)
     flag, ledger, version = tmp_path / "flag", tmp_path / "ledger.txt", tmp_path / "version"
@@ -451,7 +481,8 @@ def test_a_changed_request_under_the_same_key_is_a_conflict_that_stops_the_run(s
     runner = live_runner_pid(server, run_id)
 
     version.write_text("v2")  # attempt 2 of the same visit builds another payload: same key, other request
-    os.kill(runner, signal.SIGKILL)
+    os.kill(runner, signal.SIGKILL)  # then the command's worker: the effect waits (a long backoff) for
+    os.kill(performer_of(first), signal.SIGKILL)  # the next runner, which asks for another request
     wait_until(lambda: group_gone(first), what="the first command's group killed")
 
     def stopped() -> dict | None:

@@ -339,8 +339,12 @@ def test_files_modes_and_host_json_identities(cleanup: Cleanup, tmp_path: Path):
     assert sup["role"] == "supervisor" and sup["pid"] == server.popen.pid
     assert sup["createTime"] == psutil.Process(sup["pid"]).create_time()
     assert any(sup["marker"] in part for part in psutil.Process(sup["pid"]).cmdline())
-    [writer] = reg["children"]
-    assert writer["role"] == "writer" and writer["marker"] == "piworkflows.writer"
+    [writer] = [c for c in reg["children"] if c["role"] == "writer"]
+    assert writer["marker"] == "piworkflows.writer"
+    workers = [c for c in reg["children"] if c["role"] == "outbox"]
+    assert len(workers) == 2 and len(reg["children"]) == 3  # the writer and the default outbox pool
+    for worker in workers:
+        assert Identity(**worker).find() is not None and psutil.Process(worker["pid"]).ppid() == sup["pid"]
     proc = psutil.Process(writer["pid"])
     assert writer["createTime"] == proc.create_time()
     assert proc.ppid() == sup["pid"]
@@ -609,7 +613,9 @@ def test_kill_9_writer_while_clients_send_commands(cleanup: Cleanup, tmp_path: P
 def test_stop_committed_before_a_writer_crash_is_adopted(cleanup: Cleanup, tmp_path: Path):
     """Commit 1 is the epoch; commit 2 is the server.stop, and the writer dies after COMMIT, before replying."""
     state_dir = tmp_path / "s"
-    env = {"PIW_FAULTS": "writer.after_commit=crash@2", "PI_WORKFLOWS_CLAIM_RENEW_MS": "60000"}
+    # No outbox pool: its startup recovery and claims would be commits too.
+    env = {"PIW_FAULTS": "writer.after_commit=crash@2", "PI_WORKFLOWS_CLAIM_RENEW_MS": "60000",
+           "PI_WORKFLOWS_OUTBOX_WORKERS": "0"}  # fmt: skip
     server = cleanup.server(state_dir, env=env).start()  # readiness only connects: no command, no commit
     old_writer = writer_entry(state_dir)
     assert old_writer is not None

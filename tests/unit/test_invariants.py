@@ -55,9 +55,10 @@ def test_a_pending_settlement_effect_explains_an_unsettled_terminal_queue(execut
     conn.execute("INSERT INTO resources VALUES ('effect-settle', 'effect', 1, NULL, 0, 0)")
     conn.execute(
         "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
-        "request_fingerprint, payload_digest, effect_class, recovery_policy, owner_scope, run_id, effect_status, "
-        "available_at, max_attempts, created_at, updated_at) SELECT 'effect-settle', 'run-1', 1, 'run.settle_queue', "
-        "'run-1:settle', zeroblob(32), input_digest, 'local', 'idempotent', 'run', 'run-1', 'pending', 0, 1, 0, 0 "
+        "request_fingerprint, payload_digest, effect_class, performer, recovery_policy, owner_scope, run_id, "
+        "effect_status, available_at, max_attempts, created_at, updated_at) SELECT 'effect-settle', 'run-1', 1, "
+        "'run.settle_queue', 'run-1:settle', zeroblob(32), input_digest, 'local', 'writer', 'idempotent', 'run', "
+        "'run-1', 'pending', 0, 1, 0, 0 "
         "FROM runs"
     )
     assert invariants.violations(conn, clock.now_ms()) == {}

@@ -802,9 +802,9 @@ class Rows:
         self.resource(effect_id, "effect")
         self.conn.execute(
             "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
-            "request_fingerprint, payload_digest, effect_class, recovery_policy, owner_scope, effect_status, "
-            "available_at, max_attempts, created_at, updated_at) "
-            "VALUES (?, 'srv', 1, ?, ?, ?, ?, 'external', 'idempotent', 'server', 'pending', ?, 5, ?, ?)",
+            "request_fingerprint, payload_digest, effect_class, performer, recovery_policy, owner_scope, "
+            "effect_status, available_at, max_attempts, created_at, updated_at) VALUES (?, 'srv', 1, ?, ?, ?, ?, "
+            "'external', 'http.request', 'idempotent', 'server', 'pending', ?, 5, ?, ?)",
             (effect_id, effect_type, key, hashlib.sha256(key.encode()).digest(), self.blob('{"e":1}'), NOW, NOW, NOW),
         )
 

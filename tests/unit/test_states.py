@@ -55,6 +55,7 @@ CLOSED_SETS: dict[tuple[str, str], frozenset[str]] = {
     ("controller_resources", "lifecycle"): states.CONTROLLER_LIFECYCLES,
     ("controller_queue", "queue_status"): states.CONTROLLER_QUEUE_STATUSES,
     ("effects", "effect_class"): states.EFFECT_CLASSES,
+    ("effects", "performer"): states.EFFECT_PERFORMERS,
     ("effects", "recovery_policy"): states.RECOVERY_POLICIES,
     ("effects", "owner_scope"): states.EFFECT_OWNER_SCOPES,
     ("effects", "effect_status"): states.EFFECT_STATUSES,

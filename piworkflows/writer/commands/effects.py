@@ -1,18 +1,43 @@
-"""The transactional outbox: reserve, claim (numbered attempt), settle.
+"""The transactional outbox: reserve, claim (numbered attempt), settle, and operator recovery.
 
 Statuses and allowed transitions are ``states.EFFECT_TRANSITIONS`` (the table
 of WORKFLOWS.md, Effects). A claim records the next numbered attempt in the
 same transaction, before the claimant acts; a settlement is fenced by that
-claim's token, generation and expiry.
+claim's token, generation and expiry. An operator settles an ambiguous
+effect (``effect.confirm`` -> applied, ``effect.retry`` -> pending: the next
+claim records a new numbered attempt); the run parked for it continues in
+the same transaction.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import EffectAbandon, EffectClaim, EffectReserve, EffectSettle
+from piworkflows.protocol.internal import (
+    BlobValue,
+    EffectAbandon,
+    EffectClaim,
+    EffectConfirm,
+    EffectList,
+    EffectRecover,
+    EffectReserve,
+    EffectRetry,
+    EffectSettle,
+)
 from piworkflows.states import ATTEMPT_END_FOR_EFFECT_STATUS, EFFECT_TRANSITIONS, TERMINAL_EFFECT_STATUSES
 from piworkflows.writer import records
-from piworkflows.writer.contract import Change, NewClaim, ResourceHandler, Stamp, Target, Tx
+from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
+
+OPERATORS = frozenset({"client", "operator"})
+
+
+def effect_target(tx: Tx, effect_id: str, claim: Any = None) -> Target:
+    resource = records.get_resource(tx.conn, effect_id)
+    if resource is None or resource.resource_kind != "effect":
+        raise CommandError("effectNotFound", "no such effect", effectId=effect_id)
+    return Target(effect_id, resource.revision, claim=claim)
 
 
 class ReserveEffects(ResourceHandler[EffectReserve]):
@@ -46,22 +71,28 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
             if row is None:
                 raise CommandError("effectNotFound", "no such effect", effectId=cmd.effect_id)
         else:
+            performers = sorted(set(cmd.performers))
+            marks = ", ".join("?" for _ in performers)
             row = tx.conn.execute(
                 "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
                 "LEFT JOIN leases l ON l.resource_id = e.effect_id "
-                "WHERE e.effect_class = ? AND e.effect_status = 'pending' AND e.available_at <= ? "
+                f"WHERE e.performer IN ({marks}) AND e.effect_status = 'pending' AND e.available_at <= ? "
                 "AND (l.owner_id IS NULL OR l.expires_at <= ?) ORDER BY e.available_at, e.effect_id LIMIT 1",
-                (cmd.effect_class, tx.now, tx.now),
+                (*performers, tx.now, tx.now),
             ).fetchone()
             if row is None:
-                raise CommandError("nothingDue", "no effect is due")
+                (next_due,) = tx.conn.execute(
+                    f"SELECT min(available_at) FROM effects WHERE performer IN ({marks}) AND effect_status = 'pending'",
+                    performers,
+                ).fetchone()
+                raise CommandError("nothingDue", "no effect is due", nextDueAt=next_due)
         return Target(row[0], row[1])
 
     def transition(self, tx: Tx, cmd: EffectClaim, resource: records.Resource | None) -> Change:
         assert resource is not None
-        status, available_at, effect_type, key, payload_digest, policy = tx.conn.execute(
-            "SELECT effect_status, available_at, effect_type, idempotency_key, payload_digest, recovery_policy "
-            "FROM effects WHERE effect_id = ?",
+        status, available_at, effect_type, key, payload_digest, policy, performer, run_id = tx.conn.execute(
+            "SELECT effect_status, available_at, effect_type, idempotency_key, payload_digest, recovery_policy, "
+            "performer, run_id FROM effects WHERE effect_id = ?",
             (resource.resource_id,),
         ).fetchone()
         if status != "pending":
@@ -79,8 +110,12 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
                 "idempotencyKey": key,
                 "payloadDigest": payload_digest.hex(),
                 "recoveryPolicy": policy,
+                "performer": performer,
+                "runId": run_id,
             },
         )
+        if cmd.effect_id is None:  # an outbox worker performs it from the payload alone
+            change.receipt["payload"] = records.read_json(tx.conn, payload_digest)
 
         def apply(stamp: Stamp) -> None:
             assert stamp.lease_generation is not None
@@ -147,13 +182,16 @@ class SettleEffect(ResourceHandler[EffectSettle]):
                 ),
             )
             tx.conn.execute(
-                "UPDATE effect_attempts SET attempt_status = ?, result_digest = ?, error_digest = ?, external_ref = ?, "
-                "ended_at = ? WHERE effect_id = ? AND attempt_status = 'applying' AND lease_generation = ?",
+                "UPDATE effect_attempts SET attempt_status = ?, result_digest = ?, error_digest = ?, error_code = ?, "
+                "external_ref = ?, retry_at = ?, ended_at = ? "
+                "WHERE effect_id = ? AND attempt_status = 'applying' AND lease_generation = ?",
                 (
                     ATTEMPT_END_FOR_EFFECT_STATUS[new_status],
                     result_digest,
                     error_digest,
+                    cmd.error_code,
                     cmd.external_ref,
+                    available_at,
                     tx.now,
                     effect_id,
                     stamp.lease_generation,
@@ -183,10 +221,7 @@ class AbandonEffect(ResourceHandler[EffectAbandon]):
     claim_required = True
 
     def target(self, tx: Tx, cmd: EffectAbandon) -> Target:
-        resource = records.get_resource(tx.conn, cmd.effect_id)
-        if resource is None or resource.resource_kind != "effect":
-            raise CommandError("effectNotFound", "no such effect", effectId=cmd.effect_id)
-        return Target(cmd.effect_id, resource.revision, claim=cmd.claim)
+        return effect_target(tx, cmd.effect_id, cmd.claim)
 
     def transition(self, tx: Tx, cmd: EffectAbandon, resource: records.Resource | None) -> Change:
         (status,) = tx.conn.execute(
@@ -197,10 +232,157 @@ class AbandonEffect(ResourceHandler[EffectAbandon]):
         new_status, error_code = records.uncertain_effect_status(tx.conn, cmd.effect_id, cancelled=False)
 
         def apply(stamp: Stamp) -> None:
-            records.end_uncertain_attempt(tx.conn, cmd.effect_id, new_status, error_code, tx.now)
+            records.end_uncertain_attempt(tx.conn, cmd.effect_id, new_status, error_code, tx.now, cmd.retry_at)
 
         return Change(event_type=f"effect.{new_status}", apply=apply, release_claim=True,
                       receipt={"effectId": cmd.effect_id, "effectStatus": new_status})  # fmt: skip
 
 
-HANDLERS = (ReserveEffects(), ClaimEffect(), SettleEffect(), AbandonEffect())
+class RecoverEffects(Handler[EffectRecover]):
+    """Pool effects left applying under a dead claim (their server epoch crashed, or the claim
+    expired): each attempt ends uncertain, as if its worker's death had been seen."""
+
+    kind = EffectRecover.kind
+    model = EffectRecover
+    actors = frozenset({"server"})
+
+    def execute(self, tx: Tx, cmd: EffectRecover) -> Result:
+        recovered = {}
+        for effect_id in records.stale_pool_effects(tx.conn, tx.now):
+            recovered[effect_id] = records.abandon_effect(tx.conn, effect_id, tx.actor, tx.now)
+        return Result(receipt={"effects": recovered})
+
+
+def _continue_parked_run(tx: Tx, effect_id: str) -> None:
+    """After an effect left ``ambiguous`` (or never became it): its run, parked ``effectAmbiguous``
+    with no other ambiguous effect, is queued again (a paused one stays parked, now for the pause).
+    The run's revision and presentation advance with its event."""
+    conn, now = tx.conn, tx.now
+    row = conn.execute(
+        "SELECT r.run_id, r.paused, res.revision FROM effects e JOIN runs r ON r.run_id = e.run_id "
+        "JOIN run_queue q ON q.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id "
+        "WHERE e.effect_id = ? AND r.status = 'running' AND q.queue_status = 'parked' "
+        "AND r.park_reason = 'effectAmbiguous'",
+        (effect_id,),
+    ).fetchone()
+    if row is None:
+        return
+    run_id, paused, revision = row
+    if conn.execute("SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'", (run_id,)).fetchone():
+        return
+    if paused:
+        conn.execute("UPDATE runs SET park_reason = 'paused', updated_at = ? WHERE run_id = ?", (now, run_id))
+    else:
+        conn.execute("UPDATE runs SET status = 'queued', park_reason = NULL, updated_at = ? WHERE run_id = ?",
+                     (now, run_id))  # fmt: skip
+        conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, run_id))
+    new_revision = records.increment_revision(conn, run_id, revision, now)
+    records.write_event(conn, run_id, new_revision, "run.effectReviewed", tx.actor, now)
+    records.advance_presentation(conn, run_id, now)
+
+
+def _ambiguous(tx: Tx, effect_id: str) -> None:
+    (status,) = tx.conn.execute("SELECT effect_status FROM effects WHERE effect_id = ?", (effect_id,)).fetchone()
+    if status != "ambiguous":
+        code = "winnerDecided" if status in TERMINAL_EFFECT_STATUSES else "invalidTransition"
+        raise CommandError(code, f"the effect is {status}, not ambiguous", effectId=effect_id, status=status)
+
+
+class ConfirmEffect(ResourceHandler[EffectConfirm]):
+    """An operator's evidence that the ambiguous attempt acted: ``applied``, with the note."""
+
+    kind = EffectConfirm.kind
+    model = EffectConfirm
+    actors = OPERATORS
+    fenced_by_transition = True
+
+    def target(self, tx: Tx, cmd: EffectConfirm) -> Target:
+        return effect_target(tx, cmd.effect_id)
+
+    def transition(self, tx: Tx, cmd: EffectConfirm, resource: records.Resource | None) -> Change:
+        _ambiguous(tx, cmd.effect_id)
+        output = json.loads(cmd.output.data) if cmd.output is not None else None
+        result = BlobValue.of_json(
+            {"output": output, "nodeOutcome": "ok", "confirmedBy": tx.actor.actor_class, "note": cmd.note}
+        )
+
+        def apply(stamp: Stamp) -> None:
+            tx.conn.execute(
+                "UPDATE effects SET effect_status = 'applied', result_digest = ?, settled_at = ?, updated_at = ? "
+                "WHERE effect_id = ?",
+                (result.digest, tx.now, tx.now, cmd.effect_id),
+            )
+            _continue_parked_run(tx, cmd.effect_id)
+
+        return Change(event_type="effect.confirmed", apply=apply, blobs=[result], event_payload=result.digest,
+                      receipt={"effectId": cmd.effect_id, "effectStatus": "applied"})  # fmt: skip
+
+
+class RetryEffect(ResourceHandler[EffectRetry]):
+    """An operator asks for a new attempt: ``pending`` and due now; its claim records the attempt."""
+
+    kind = EffectRetry.kind
+    model = EffectRetry
+    actors = OPERATORS
+    fenced_by_transition = True
+
+    def target(self, tx: Tx, cmd: EffectRetry) -> Target:
+        return effect_target(tx, cmd.effect_id)
+
+    def transition(self, tx: Tx, cmd: EffectRetry, resource: records.Resource | None) -> Change:
+        _ambiguous(tx, cmd.effect_id)
+
+        def apply(stamp: Stamp) -> None:
+            tx.conn.execute(
+                "UPDATE effects SET effect_status = 'pending', available_at = ?, error_code = NULL, "
+                "max_attempts = max(max_attempts, attempt_count + 1), updated_at = ? WHERE effect_id = ?",
+                (tx.now, tx.now, cmd.effect_id),
+            )
+            _continue_parked_run(tx, cmd.effect_id)
+
+        return Change(event_type="effect.retried", apply=apply,
+                      receipt={"effectId": cmd.effect_id, "effectStatus": "pending"})  # fmt: skip
+
+
+class ListEffects(Handler[EffectList]):
+    """What an operator reviews: no payloads, results, error texts or secrets."""
+
+    kind = EffectList.kind
+    model = EffectList
+    actors = frozenset({"server", "client", "operator"})
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: EffectList) -> Result:
+        marks = ", ".join("?" for _ in cmd.statuses)
+        rows = tx.conn.execute(
+            "SELECT effect_id, effect_type, effect_status, recovery_policy, performer, run_id, idempotency_key, "
+            "owner_scope, attempt_count, max_attempts, available_at, error_code, created_at, updated_at, settled_at "
+            f"FROM effects WHERE effect_status IN ({marks}) AND (? IS NULL OR effect_id = ?) "
+            "AND (? IS NULL OR run_id = ?) ORDER BY created_at DESC, effect_id DESC LIMIT ?",
+            (*cmd.statuses, cmd.effect_id, cmd.effect_id, cmd.run_id, cmd.run_id, cmd.limit),
+        ).fetchall()
+        items = []
+        for (effect_id, effect_type, status, policy, performer, run_id, key, scope, attempts, max_attempts,
+             available_at, error_code, created_at, updated_at, settled_at) in rows:  # fmt: skip
+            item: dict[str, Any] = {
+                "effectId": effect_id, "effectType": effect_type, "status": status, "recoveryPolicy": policy,
+                "performer": performer, "runId": run_id, "nodePath": None, "visit": None, "attempts": attempts,
+                "maxAttempts": max_attempts, "nextAttemptAt": available_at if status == "pending" else None,
+                "errorCode": error_code, "createdAt": created_at, "updatedAt": updated_at, "settledAt": settled_at,
+            }  # fmt: skip
+            if scope == "run":  # the key of a node's effect: [runId, effect type, full node path, visit]
+                item["nodePath"], item["visit"] = json.loads(key)[2:4]
+            items.append(item)
+        return Result(receipt={"items": items, "now": tx.now})
+
+
+HANDLERS = (
+    ReserveEffects(),
+    ClaimEffect(),
+    SettleEffect(),
+    AbandonEffect(),
+    RecoverEffects(),
+    ConfirmEffect(),
+    RetryEffect(),
+    ListEffects(),
+)

@@ -252,6 +252,7 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
             idempotency_key=canonical.dumps([cmd.run_id, cmd.effect_type, node_path, visit]),
             payload=cmd.payload,
             effect_class="external",
+            performer=cmd.performer,
             recovery_policy=cmd.recovery_policy,
             owner_scope="run",
             run_id=cmd.run_id,

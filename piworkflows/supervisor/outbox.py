@@ -1,0 +1,332 @@
+"""The outbox pool, supervisor side: slots that claim due effects for their worker children.
+
+::
+
+    start ── effect.recover (pool effects applying under dead claims end uncertain)
+          ── one task per slot: spawn `python -m piworkflows.outbox` (own process group,
+             host.json) ── wait for a notice (wake) or the next retry time
+          ── effect.claim (token here, hash in leases; the numbered attempt is recorded)
+          ── perform ──> worker ── spawned {pid}: the command group into host.json first
+          ── settle ──> effect.settle under the claim (retry: pending at a backoff time),
+             deduped in worker_messages ── waiters (runners awaiting the effect) told
+    worker gone ── its command groups killed ── effect.abandon (a backoff time for an
+             idempotent retry; manual: ambiguous) ── respawn after a growing delay
+    renewal: claim.renew for every applying effect every claim_renew_ms
+    cancel of a run: the command groups of its effects are killed (the cancel's commit
+             already made them ambiguous and released their claims)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from piworkflows import canonical
+from piworkflows.outbox.retry import next_attempt_at
+from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal import BlobValue, Reply, new_claim
+from piworkflows.supervisor.logs import log_failure
+from piworkflows.supervisor.registry import Identity
+
+log = logging.getLogger("piworkflows.supervisor")
+
+WORKER_MARKER = "piworkflows.outbox"
+SERVER = {"actor_class": "server"}
+UNSETTLED = frozenset({"pending", "applying"})
+_STEADY_S = 10.0  # a worker that lived this long restarts after the shortest delay again
+
+
+@dataclass
+class Claimed:
+    effect_id: str
+    run_id: str | None
+    claim: dict[str, Any]
+    revision: int
+    attempt: int
+
+
+@dataclass
+class Slot:
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    frames: deque[dict[str, Any] | None] = field(default_factory=deque)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    effect: Claimed | None = None
+    commands: list[Identity] = field(default_factory=list)
+
+    @property
+    def actor(self) -> dict[str, str]:
+        return {"actor_class": "outbox", "actor_id": f"outbox-{self.index}"}
+
+
+class OutboxPool:
+    def __init__(self, supervisor: Any) -> None:
+        self.supervisor = supervisor
+        self.settings = supervisor.settings
+        self.slots = [Slot(i) for i in range(self.settings.outbox_workers)]
+        self._due = asyncio.Event()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._rng = random.Random()
+
+    async def request(self, kind: str, body: dict[str, Any], actor: dict[str, str] = SERVER) -> Reply:
+        reply: Reply = await self.supervisor.writer.request(kind, {"actor": actor, **body})
+        return reply
+
+    def wake(self) -> None:
+        """A post-commit notice: an effect may be due."""
+        self._due.set()
+
+    async def start(self) -> None:
+        if not self.slots:
+            return
+        await self.recover()
+        self._tasks = [asyncio.create_task(self._run_slot(slot), name=f"outbox-{slot.index}") for slot in self.slots]
+        self._tasks.append(asyncio.create_task(self._renewal(), name="outbox-renewal"))
+        self.wake()
+
+    async def recover(self) -> None:
+        """Pool effects left applying by an older server epoch (or a stalled claim) end uncertain."""
+        reply = await self.request("effect.recover", {})
+        for effect_id in (reply.receipt or {}).get("effects", {}):
+            self._notify(effect_id)
+
+    # --- runners awaiting an effect ---------------------------------------------------
+
+    def watch(self, effect_id: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(effect_id, set()).add(future)
+        return future
+
+    def unwatch(self, effect_id: str, future: asyncio.Future[None]) -> None:
+        waiting = self._waiters.get(effect_id)
+        if waiting is not None:
+            waiting.discard(future)
+            if not waiting:
+                del self._waiters[effect_id]
+
+    def _notify(self, effect_id: str) -> None:
+        for future in self._waiters.pop(effect_id, set()):
+            if not future.done():
+                future.set_result(None)
+        self.supervisor.scheduler.wake()  # a run that waited for the effect may be claimable again
+
+    # --- slots ------------------------------------------------------------------------
+
+    async def _run_slot(self, slot: Slot) -> None:
+        delay = self.settings.outbox_restart_min_ms
+        while not self._stopping:
+            began = time.monotonic()
+            try:
+                await self._spawn(slot)
+                await self._serve(slot)
+            except Exception as exc:  # one slot's failure never stops the pool
+                log_failure(log, f"outbox worker {slot.index} failed", exc)
+            await self._worker_gone(slot)
+            if self._stopping:
+                return
+            steady = time.monotonic() - began > _STEADY_S
+            delay = self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms,
+                                                                           delay * 2)  # fmt: skip
+            log.warning("outbox worker %d exited; restarting in %d ms", slot.index, delay)
+            await asyncio.sleep(delay / 1000)
+
+    async def _spawn(self, slot: Slot) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", WORKER_MARKER,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
+        slot.proc, slot.frames, slot.arrived = proc, deque(), asyncio.Event()
+        asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
+
+    async def _read(self, slot: Slot, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        decoder = frames.FrameDecoder()
+        try:
+            while data := await proc.stdout.read(1 << 16):
+                slot.frames.extend(decoder.feed(data))
+                slot.arrived.set()
+        except Exception as exc:  # a malformed frame: the worker is not trusted any more
+            log_failure(log, f"outbox worker {slot.index} sent a bad frame", exc)
+            _kill_group(proc.pid)
+        finally:
+            slot.frames.append(None)  # end of the worker
+            slot.arrived.set()
+
+    async def _next_frame(self, slot: Slot) -> dict[str, Any] | None:
+        while not slot.frames:
+            slot.arrived.clear()
+            await slot.arrived.wait()
+        return slot.frames.popleft()
+
+    def _alive(self, slot: Slot) -> bool:
+        return slot.proc is not None and slot.proc.returncode is None and not slot.frames
+
+    async def _serve(self, slot: Slot) -> None:
+        proc = slot.proc
+        assert proc is not None and proc.stdin is not None
+        while not self._stopping:
+            task = await self._claim_next(slot)
+            if task is None:
+                if self._alive(slot):
+                    continue
+                return
+            proc.stdin.write(frames.encode(PERFORM, 0, task))
+            await proc.stdin.drain()
+            while True:
+                frame = await self._next_frame(slot)
+                if frame is None:
+                    return  # the worker died applying: _worker_gone abandons the attempt
+                if frame["k"] == SPAWNED:
+                    accepted = self._record_command(slot, frame["b"]["pid"])
+                    proc.stdin.write(frames.encode("reply", frame["id"], {"accepted": accepted}))
+                    await proc.stdin.drain()
+                elif frame["k"] == SETTLE:
+                    await self._settle(slot, frame["b"])
+                    break
+
+    async def _claim_next(self, slot: Slot) -> dict[str, Any] | None:
+        """Wait for a notice or the next retry time, then claim one due effect (None: nothing)."""
+        wait_s = self.settings.outbox_idle_check_ms / 1000
+        while not self._stopping and self._alive(slot):
+            claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
+            asked = {k: claim[k] for k in ("owner_id", "claim_token_hash", "ttl_ms")}
+            reply = await self.request("effect.claim", asked, slot.actor)
+            receipt = reply.receipt or {}
+            if reply.outcome == "accepted" and reply.revision is not None:
+                claim["lease_generation"] = receipt["leaseGeneration"]
+                slot.effect = Claimed(receipt["effectId"], receipt.get("runId"), claim, reply.revision,
+                                      receipt["attemptNumber"])  # fmt: skip
+                self._due.set()  # more may be due: let another idle slot look
+                return {"effectId": receipt["effectId"], "performer": receipt["performer"],
+                        "idempotencyKey": receipt["idempotencyKey"], "recoveryPolicy": receipt["recoveryPolicy"],
+                        "payload": receipt["payload"]}  # fmt: skip
+            if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
+                wait_s = min(wait_s, max(0.0, (receipt["nextDueAt"] - time.time() * 1000) / 1000))
+            try:
+                await asyncio.wait_for(self._due.wait(), timeout=max(wait_s, 0.005))
+            except TimeoutError:
+                pass
+            self._due.clear()
+            wait_s = self.settings.outbox_idle_check_ms / 1000
+        return None
+
+    def _record_command(self, slot: Slot, pid: int) -> bool:
+        """The performer's command group, in host.json before it runs anything."""
+        if slot.effect is None or self._stopping:
+            return False
+        try:
+            identity = Identity.of("command", pid, "", process_group=True)
+        except psutil.Error:
+            return False
+        slot.commands.append(identity)
+        self.supervisor.record_child(identity)
+        return True
+
+    def _end_commands(self, slot: Slot) -> None:
+        for identity in slot.commands:
+            if identity.find() is not None:
+                _kill_group(identity.pid)
+            self.supervisor.forget_child(identity.pid)
+        slot.commands.clear()
+
+    async def _settle(self, slot: Slot, report: dict[str, Any]) -> None:
+        effect = slot.effect
+        if effect is None or report.get("effectId") != effect.effect_id:
+            log.warning("outbox worker %d reported an effect it does not hold", slot.index)
+            return
+        body: dict[str, Any] = {"effect_id": effect.effect_id, "claim": effect.claim,
+                                "expected_revision": effect.revision, "settlement": report["settlement"]}  # fmt: skip
+        if report.get("result") is not None:
+            body["result"] = BlobValue.of_json(report["result"]).model_dump()
+        if report.get("error") is not None:
+            body["error"] = BlobValue.of_text(report["error"]).model_dump()
+        for name, key in (("error_code", "errorCode"), ("external_ref", "externalRef")):
+            if report.get(key) is not None:
+                body[name] = report[key]
+        if report["settlement"] == "retry":
+            body["retry_at"] = next_attempt_at(int(time.time() * 1000), effect.attempt,
+                                               self.settings.effect_retry_base_ms,
+                                               self.settings.effect_retry_max_ms, self._rng)  # fmt: skip
+        fingerprint = hashlib.sha256(canonical.dumps_bytes(report))
+        body["worker_message"] = {"sender_scope": effect.effect_id, "message_kind": "effect.settle",
+                                  "message_id": f"{effect.claim['lease_generation']}:settle",
+                                  "fingerprint": fingerprint.digest(), "run_id": effect.run_id}  # fmt: skip
+        reply = await self.request("effect.settle", body, slot.actor)
+        if reply.outcome not in ("accepted", "adopted", "claimLost"):
+            log.warning("an effect settlement was not recorded: %s", reply.outcome)
+        if reply.outcome == "unavailable":
+            return  # kept: the writer restarts; _worker_gone or the next recovery ends the attempt
+        slot.effect = None
+        self._end_commands(slot)
+        self._notify(effect.effect_id)
+
+    async def _worker_gone(self, slot: Slot) -> None:
+        self._end_commands(slot)
+        proc = slot.proc
+        if proc is not None:
+            if proc.returncode is None:
+                _kill_group(proc.pid)
+                await proc.wait()
+            self.supervisor.forget_child(proc.pid)
+        effect, slot.effect = slot.effect, None
+        if effect is not None:  # the attempt may or may not have acted
+            retry_at = next_attempt_at(int(time.time() * 1000), effect.attempt, self.settings.effect_retry_base_ms,
+                                       self.settings.effect_retry_max_ms, self._rng)  # fmt: skip
+            reply = await self.request("effect.abandon", {"effect_id": effect.effect_id, "claim": effect.claim,
+                                                          "retry_at": retry_at})  # fmt: skip
+            if reply.outcome not in ("accepted", "claimLost"):
+                log.warning("an abandoned effect was not recorded: %s", reply.outcome)
+            self._notify(effect.effect_id)
+            self.wake()
+
+    async def _renewal(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+            for slot in self.slots:
+                effect = slot.effect
+                if effect is None:
+                    continue
+                reply = await self.request("claim.renew", {"resource_id": effect.effect_id, "claim": effect.claim})
+                if reply.outcome == "claimLost" and slot.effect is effect:
+                    self._end_commands(slot)  # the effect is no longer this slot's (a cancel ended it)
+
+    def cancel_run(self, run_id: str) -> None:
+        """After a committed cancel: the command groups of the run's applying effects are killed."""
+        for slot in self.slots:
+            if slot.effect is not None and slot.effect.run_id == run_id:
+                self._end_commands(slot)
+
+    async def stop(self) -> None:
+        """Shutdown: workers and their command groups end; an attempt they were applying ends
+        uncertain (idempotent: retried after the next start; manual: ambiguous)."""
+        self._stopping = True
+        self._due.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for slot in self.slots:
+            await self._worker_gone(slot)
+
+
+def _kill_group(pid: int) -> None:
+    """A group this supervisor spawned itself (its own handle), or one identity-checked first."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
