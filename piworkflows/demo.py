@@ -1,9 +1,10 @@
 """``python -m piworkflows.demo``: the main job on a fresh temporary state dir.
 
-Starts a real server, runs the built-in demo workflow through the public
-client (exactly what `pi-workflows run start builtin:demo` does), answers
-its checkpoint like an operator would, prints the run view as it finishes,
-and stops the server. Nothing outside the temporary directory is touched.
+Starts a real server (and a local webhook receiver for the demo's http
+node), runs the built-in demo workflow through the public client (exactly
+what `pi-workflows run start builtin:demo` does), answers its checkpoint
+like an operator would, prints the run view as it finishes, and stops the
+server. Nothing outside the temporary directory is touched.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from piworkflows import canonical
@@ -30,6 +33,23 @@ def wait_for(client: WorkflowClient, run_id: str, statuses: set[str], timeout: f
         time.sleep(0.05)
 
 
+class _Hook(BaseHTTPRequestHandler):
+    """The demo's webhook receiver: answers 200 with what it got."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        data = canonical.dumps_bytes({"received": canonical.loads(body) if body else None,
+                                      "idempotencyKey": self.headers.get("Idempotency-Key")})  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m piworkflows.demo")
     parser.add_argument("--who", default="you")
@@ -37,10 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="piw-demo-") as tmp:
         paths = StatePaths.resolve(Path(tmp) / "state")
         print(f"state dir: {paths.state_dir}")
+        hook = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+        threading.Thread(target=hook.serve_forever, daemon=True).start()
         start_server(paths)
         try:
             with WorkflowClient(paths.state_dir) as client:
-                demo_input = {"who": args.who, "noteFile": str(Path(tmp) / "note.txt")}
+                demo_input = {"who": args.who, "noteFile": str(Path(tmp) / "note.txt"),
+                              "hookUrl": f"http://127.0.0.1:{hook.server_address[1]}/demo"}  # fmt: skip
                 started = client.request("run.start", {"projectPath": tmp, "workflowName": "builtin:demo",
                                                        "input": demo_input})  # fmt: skip
                 run_id = started.receipt["runId"]
@@ -56,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']}")
         finally:
             stop_server(paths)  # waits until the server process is gone, before the directory goes
+            hook.shutdown()
     return 0 if done["display"]["status"] == "completed" else 1
 
 

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from stress.bench import runs, server, writer
+from stress.bench import effects, runs, server, writer
 
-BENCHMARKS = {"writer": writer, "server": server, "runs": runs}
+BENCHMARKS = {"writer": writer, "server": server, "runs": runs, "effects": effects}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,6 +177,7 @@ def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'completed: output {"kind":"final","message":"demo finished: 2 words"}' in result.stdout
     assert "summary/describe [compute] completed" in result.stdout
+    assert "post [http] completed" in result.stdout
 
 
 def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project):

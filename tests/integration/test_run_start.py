@@ -60,7 +60,7 @@ def test_a_builtin_run_is_committed_queued(server: ServerProcess, project: Path)
         (run_id, "queued", "demo", "demo for x")
     ]
     assert rows(server, "SELECT queue_status FROM run_queue") == [("queued",)]
-    assert rows(server, "SELECT builtin_id, builtin_revision FROM run_sources") == [("builtin:demo", "3")]
+    assert rows(server, "SELECT builtin_id, builtin_revision FROM run_sources") == [("builtin:demo", "4")]
     digest = rows(server, "SELECT definition_digest FROM runs")[0][0]
     assert "sha256:" + digest.hex() == response.receipt["definitionDigest"]
     assert rows(server, "SELECT canonical_path FROM projects") == [(str(project.resolve()),)]

@@ -2,7 +2,8 @@
 
 compute -> notify -> a shell command (an idempotent effect) -> an action that
 writes a note file (a manual effect; only when the input names ``noteFile``) ->
-an included child workflow -> checkpoint (answer it with
+an http POST of the greeting (an idempotent effect; only when the input names
+``hookUrl``) -> an included child workflow -> checkpoint (answer it with
 `pi-workflows answer RUN_ID ask JSON`) -> a switch on the answer -> a final
 notification.
 """
@@ -15,6 +16,7 @@ from piworkflows.workflows import (
     compute,
     define_workflow,
     edge,
+    http,
     idempotent_effect,
     include_workflow,
     manual_effect,
@@ -23,7 +25,7 @@ from piworkflows.workflows import (
     switch,
 )
 
-REVISION = "3"
+REVISION = "4"
 
 
 def _write_note(ctx):
@@ -60,6 +62,16 @@ workflow = define_workflow(
             parse=lambda out: {"echoed": out["stdout"].strip(), "exitCode": out["exitCode"]},
         ),
         "note": action(effect=manual_effect("demo.note"), run=_write_note),
+        "hook": compute(run=lambda ctx: {"post": bool(ctx.input.get("hookUrl"))}),
+        "post": http(
+            effect=idempotent_effect("demo.post"),
+            request=lambda ctx: {
+                "method": "POST",
+                "url": ctx.input["hookUrl"],
+                "body": {"greeting": ctx.outputs["greet"]["greeting"]},
+            },
+            timeout_ms=10_000,
+        ),
         "ask": checkpoint(summary='Continue the demo? Answer {"continue": true} or {"continue": false}.'),
         "finish": notify(kind="final", message=lambda ctx: "demo finished: " + ctx.outputs["summary/describe"]["line"]),
         "stop": notify(kind="final", message="demo stopped at the checkpoint"),
@@ -69,7 +81,9 @@ workflow = define_workflow(
         edge("greet", "progress"),
         edge("progress", "echo"),
         edge("echo", "note"),
-        edge("note", "summary"),
+        edge("note", "hook"),
+        switch("hook", on="$.post", cases={"true": "post", "false": "summary"}),
+        edge("post", "summary"),
         edge("summary.done", "ask"),
         switch("ask", on="$.continue", cases={"true": "finish", "false": "stop"}),
     ],
