@@ -5,6 +5,7 @@
     request ──> record {method, path, idempotencyKey, headers, body}   (list; JSON line + fsync)
             └─> next scripted action for the path (the last one repeats; default "200")
                   "200" / "500" / any 3-digit code: that status, {"ok", "key", "n"} as JSON
+                  "delay:MS": wait MS milliseconds, then answer 200
                   "hang": no answer until stop() (or 30 s), then close
                   "close": close the connection without an answer
 
@@ -54,6 +55,9 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "hang":
             ledger._stopping.wait(HANG_LIMIT_S)
             return
+        if action.startswith("delay:"):
+            ledger._stopping.wait(int(action.removeprefix("delay:")) / 1000)
+            action = "200"
         if action == "close" or not _STATUS.match(action):
             return
         code = int(action)
