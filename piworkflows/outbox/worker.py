@@ -43,16 +43,18 @@ class Worker:
 
     def _read(self, stdin: BinaryIO) -> None:
         decoder = frames.FrameDecoder()
-        while data := stdin.read1(1 << 16):  # type: ignore[attr-defined]
-            for frame in decoder.feed(data):
-                self.inbox.put(frame)
-        group = self.group  # the supervisor is gone: nothing may go on acting without an owner
-        if group is not None:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        os._exit(0)
+        try:
+            while data := stdin.read1(1 << 16):  # type: ignore[attr-defined]
+                for frame in decoder.feed(data):
+                    self.inbox.put(frame)
+        finally:  # the supervisor is gone (or spoke nonsense): nothing may go on acting without an owner
+            group = self.group
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            os._exit(0)
 
     def send(self, kind: str, body: dict[str, Any]) -> int:
         self.ids += 1

@@ -65,6 +65,7 @@ class Slot:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     effect: Claimed | None = None
     commands: list[Identity] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None
 
     @property
     def actor(self) -> dict[str, str]:
@@ -152,7 +153,7 @@ class OutboxPool:
         )  # fmt: skip
         self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
         slot.proc, slot.frames, slot.arrived = proc, deque(), asyncio.Event()
-        asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
+        slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
 
     async def _read(self, slot: Slot, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -167,6 +168,7 @@ class OutboxPool:
         finally:
             slot.frames.append(None)  # end of the worker
             slot.arrived.set()
+            self.wake()  # an idle slot waiting for a notice sees its worker gone at once
 
     async def _next_frame(self, slot: Slot) -> dict[str, Any] | None:
         while not slot.frames:
@@ -313,10 +315,14 @@ class OutboxPool:
                 self._end_commands(slot)
 
     async def stop(self) -> None:
-        """Shutdown: workers and their command groups end; an attempt they were applying ends
-        uncertain (idempotent: retried after the next start; manual: ambiguous)."""
+        """Shutdown: no new claims; applying effects get stop_grace_ms to settle, then the workers
+        and their command groups end and what was still applying ends uncertain (idempotent:
+        retried after the next start; manual: ambiguous)."""
         self._stopping = True
         self._due.set()
+        deadline = time.monotonic() + self.settings.stop_grace_ms / 1000
+        while any(slot.effect is not None for slot in self.slots) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
