@@ -20,6 +20,7 @@ from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
 
 EXIT_RUNTIME = 1
+OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
 
 def fail(message: str) -> None:
@@ -391,7 +392,9 @@ def _request(
     idempotency_key: str | None = None,
 ) -> client_v1.Response:
     try:
-        with WorkflowClient(paths.state_dir, retry_for=0) as client:
+        # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
+        client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None
+        with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
             return client.request(operation, payload, run_id=run_id, expected_revision=expected_revision,
                                   idempotency_key=idempotency_key)  # fmt: skip
     except (ServerNotRunning, OSError, ConnectionError):

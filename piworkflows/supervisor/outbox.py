@@ -66,6 +66,7 @@ class Slot:
     effect: Claimed | None = None
     commands: list[Identity] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
+    cancelled: bool = False  # its worker was ended for a cancel, not by a failure
 
     @property
     def actor(self) -> dict[str, str]:
@@ -139,6 +140,9 @@ class OutboxPool:
             await self._worker_gone(slot)
             if self._stopping:
                 return
+            if slot.cancelled:  # ended on purpose: back at once
+                slot.cancelled = False
+                continue
             steady = time.monotonic() - began > _STEADY_S
             delay = self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms,
                                                                            delay * 2)  # fmt: skip
@@ -309,10 +313,15 @@ class OutboxPool:
                     self._end_commands(slot)  # the effect is no longer this slot's (a cancel ended it)
 
     def cancel_run(self, run_id: str) -> None:
-        """After a committed cancel: the command groups of the run's applying effects are killed."""
+        """After a committed cancel: the workers applying the run's effects are killed with their
+        command groups (an http request has none: only its worker's end stops it). Each slot
+        restarts its worker at once; the cancel already made the effect ambiguous."""
         for slot in self.slots:
             if slot.effect is not None and slot.effect.run_id == run_id:
                 self._end_commands(slot)
+                slot.cancelled = True
+                if slot.proc is not None and slot.proc.returncode is None:
+                    _kill_group(slot.proc.pid)
 
     async def stop(self) -> None:
         """Shutdown: no new claims; applying effects get stop_grace_ms to settle, then the workers

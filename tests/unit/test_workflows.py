@@ -1049,13 +1049,15 @@ def test_builtin_demo_resolves_loads_and_covers_every_kind(project: Path, user: 
         "progress": "notify",
         "echo": "shell",
         "note": "action",
+        "hook": "compute",
+        "post": "http",
         "ask": "checkpoint",
         "finish": "notify",
         "stop": "notify",
         "summary/count": "compute",
         "summary/describe": "compute",
     }
-    assert {"compute", "notify", "shell", "action", "checkpoint"} <= set(kinds.values())
+    assert {"compute", "notify", "shell", "action", "http", "checkpoint"} <= set(kinds.values())
     assert compiled.snapshot["mounts"] == {"summary": {"workflow": "demo-summary"}}
     assert set(compiled.mounts) == {"summary"}
     assert compiled.snapshot["startAt"] == "greet"
@@ -1064,7 +1066,10 @@ def test_builtin_demo_resolves_loads_and_covers_every_kind(project: Path, user: 
     _assert_plain_json(compiled.snapshot)
     # The include is wired: into the mount's entry and out of its exit.
     assert route(compiled, "progress", "ok") == Route(next_node="echo")
-    assert route(compiled, "note", "ok") == Route(next_node="summary/count")
+    assert route(compiled, "note", "ok") == Route(next_node="hook")
+    assert route(compiled, "hook", "ok", {"post": True}) == Route(next_node="post")
+    assert route(compiled, "hook", "ok", {"post": False}) == Route(next_node="summary/count")
+    assert route(compiled, "post", "ok") == Route(next_node="summary/count")
     assert route(compiled, "summary/count", "ok") == Route(next_node="summary/describe")
     assert route(compiled, "summary/describe", "ok") == Route(next_node="ask")
     assert route(compiled, "ask", "ok", {"continue": True}) == Route(next_node="finish")

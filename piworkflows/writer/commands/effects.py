@@ -370,7 +370,7 @@ class ListEffects(Handler[EffectList]):
                 "maxAttempts": max_attempts, "nextAttemptAt": available_at if status == "pending" else None,
                 "errorCode": error_code, "createdAt": created_at, "updatedAt": updated_at, "settledAt": settled_at,
             }  # fmt: skip
-            if scope == "run":  # the key of a node's effect: [runId, effect type, full node path, visit]
+            if scope == "run" and key.startswith("["):  # a node's key: [runId, effect type, full node path, visit]
                 item["nodePath"], item["visit"] = json.loads(key)[2:4]
             items.append(item)
         return Result(receipt={"items": items, "now": tx.now})
