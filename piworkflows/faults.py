@@ -7,7 +7,8 @@ A point does nothing unless ``PIW_FAULTS`` names it::
 Actions: ``crash`` (SIGKILL to this process: no cleanup, like ``kill -9``),
 ``raise`` (``FaultInjected``), ``sleep:MS``. ``@N`` fires on the Nth hit only
 (default: every hit). Each point is named once, here; call sites use the
-constants.
+constants. An outbox worker the pool restarts runs without ``PIW_FAULTS``, so a
+worker fault fires in the first worker of each slot only.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ ENV = "PIW_FAULTS"
 WRITER_BEFORE_COMMIT = "writer.before_commit"
 WRITER_AFTER_COMMIT = "writer.after_commit"
 WRITER_AFTER_REPLY = "writer.after_reply"
+# In an outbox worker: the attempt is recorded and the effect handed over, nothing acted yet;
+# and (http) the request was sent, its answer not read yet.
+OUTBOX_AFTER_ATTEMPT_RECORDED = "outbox.after_attempt_recorded"
+OUTBOX_AFTER_REQUEST_SENT = "outbox.after_request_sent"
 
-POINTS = frozenset({WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY})
+POINTS = frozenset(
+    {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, OUTBOX_AFTER_ATTEMPT_RECORDED,
+     OUTBOX_AFTER_REQUEST_SENT}
+)  # fmt: skip
 
 
 class FaultInjected(RuntimeError):

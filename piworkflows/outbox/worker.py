@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Any, BinaryIO
 
+from piworkflows import faults
 from piworkflows.performers import Outcome, Performer
 from piworkflows.performers.http import PERFORMER as HTTP
 from piworkflows.performers.http import HttpPerformer
@@ -74,6 +75,7 @@ class Worker:
             if frame["k"] != PERFORM:
                 continue
             task = frame["b"]
+            faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
             performer = PERFORMERS.get(task["performer"])
             if performer is None:
                 outcome = Outcome("rejected", error=f"no performer {task['performer']!r}", error_code="noPerformer")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from piworkflows import canonical
+from piworkflows import canonical, faults
 from piworkflows.credentials import CredentialsError, load_secret, valid_name
 from piworkflows.performers import Outcome
 
@@ -161,6 +161,7 @@ class HttpPerformer:
                 return Outcome("rejected" if manual else "retry", error=error, error_code="connectionFailed")
             try:
                 conn.request(payload["method"], target, body=data, headers=headers)
+                faults.hit(faults.OUTBOX_AFTER_REQUEST_SENT)
                 response = conn.getresponse()
             except Exception as exc:  # sending started: it may have acted
                 error = f"{where}: no answer: {_failure(exc)}"

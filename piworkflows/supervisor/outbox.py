@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from piworkflows import canonical
+from piworkflows import canonical, faults
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED
 from piworkflows.protocol import frames
@@ -67,6 +67,7 @@ class Slot:
     commands: list[Identity] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
     cancelled: bool = False  # its worker was ended for a cancel, not by a failure
+    spawns: int = 0
 
     @property
     def actor(self) -> dict[str, str]:
@@ -150,10 +151,13 @@ class OutboxPool:
             await asyncio.sleep(delay / 1000)
 
     async def _spawn(self, slot: Slot) -> None:
+        # A restarted worker runs without fault rules: a crash point fires once per slot.
+        env = None if slot.spawns == 0 else {k: v for k, v in os.environ.items() if k != faults.ENV}
+        slot.spawns += 1
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MARKER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )  # fmt: skip
         self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
         slot.proc, slot.frames, slot.arrived = proc, deque(), asyncio.Event()
