@@ -99,7 +99,16 @@ def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, 
                         stop_killing.set()
                     return done == RUNS
 
-                wait_until(review, timeout=200, interval=0.2, what="every run completed")
+                try:
+                    wait_until(review, timeout=200, interval=0.2, what="every run completed")
+                except AssertionError:
+                    stuck = query(server, "SELECT r.run_id, r.status, r.park_reason, q.queue_status FROM runs r "
+                                          "JOIN run_queue q USING (run_id) WHERE r.status != 'completed'")  # fmt: skip
+                    effects = query(server, "SELECT run_id, effect_status, recovery_policy, attempt_count "
+                                            "FROM effects WHERE effect_status != 'applied'")  # fmt: skip
+                    raise AssertionError(
+                        f"kills {len(kills)}; runs {stuck}; effects {effects}; log {server.output()[-3000:]}"
+                    ) from None
         finally:
             stop_killing.set()
             assert server.stop() == 0, server.output()
