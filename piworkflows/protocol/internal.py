@@ -281,6 +281,8 @@ class EffectRequest(Model):
     def _json_payload(self) -> EffectRequest:
         if self.payload.media_type != MEDIA_JSON:
             raise ValueError("an effect payload is canonical JSON")
+        if (self.effect_class == "local") != (self.performer == "writer"):
+            raise ValueError("the writer performs exactly the local effects")
         return self
 
     def effect_id(self, source_resource_id: str) -> str:

@@ -67,6 +67,8 @@ class Slot:
     commands: list[Identity] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
     cancelled: bool = False  # its worker was ended for a cancel, not by a failure
+    idle: bool = False  # waiting for a notice or the next retry time
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     spawns: int = 0
 
     @property
@@ -79,7 +81,7 @@ class OutboxPool:
         self.supervisor = supervisor
         self.settings = supervisor.settings
         self.slots = [Slot(i) for i in range(self.settings.outbox_workers)]
-        self._due = asyncio.Event()
+        self._notices = 0  # post-commit notices so far
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -90,8 +92,13 @@ class OutboxPool:
         return reply
 
     def wake(self) -> None:
-        """A post-commit notice: an effect may be due."""
-        self._due.set()
+        """A post-commit notice: an effect may be due. One idle slot looks (no herd of claims);
+        a busy slot looks by itself when it is done, and a slot that was asking asks again."""
+        self._notices += 1
+        for slot in self.slots:
+            if slot.idle and not slot.wakeup.is_set():
+                slot.wakeup.set()
+                return
 
     async def start(self) -> None:
         if not self.slots:
@@ -176,7 +183,7 @@ class OutboxPool:
         finally:
             slot.frames.append(None)  # end of the worker
             slot.arrived.set()
-            self.wake()  # an idle slot waiting for a notice sees its worker gone at once
+            slot.wakeup.set()  # idle, the slot sees its worker gone at once
 
     async def _next_frame(self, slot: Slot) -> dict[str, Any] | None:
         while not slot.frames:
@@ -211,9 +218,10 @@ class OutboxPool:
                     break
 
     async def _claim_next(self, slot: Slot) -> dict[str, Any] | None:
-        """Wait for a notice or the next retry time, then claim one due effect (None: nothing)."""
-        wait_s = self.settings.outbox_idle_check_ms / 1000
+        """Claim one due effect; with none due, wait for a notice or the next retry time (None:
+        the pool stops or the worker is gone)."""
         while not self._stopping and self._alive(slot):
+            notices = self._notices
             claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
             asked = {k: claim[k] for k in ("owner_id", "claim_token_hash", "ttl_ms")}
             reply = await self.request("effect.claim", asked, slot.actor)
@@ -222,18 +230,22 @@ class OutboxPool:
                 claim["lease_generation"] = receipt["leaseGeneration"]
                 slot.effect = Claimed(receipt["effectId"], receipt.get("runId"), claim, reply.revision,
                                       receipt["attemptNumber"])  # fmt: skip
-                self._due.set()  # more may be due: let another idle slot look
+                self.wake()  # more may be due: one more idle slot looks
                 return {"effectId": receipt["effectId"], "performer": receipt["performer"],
                         "idempotencyKey": receipt["idempotencyKey"], "recoveryPolicy": receipt["recoveryPolicy"],
                         "payload": receipt["payload"]}  # fmt: skip
+            if self._notices != notices:
+                continue  # a notice came while this slot asked: ask again
+            wait_s = self.settings.outbox_idle_check_ms / 1000
             if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
-                wait_s = min(wait_s, max(0.0, (receipt["nextDueAt"] - time.time() * 1000) / 1000))
+                wait_s = min(wait_s, max(0.005, (receipt["nextDueAt"] - time.time() * 1000) / 1000))
+            slot.idle = True
             try:
-                await asyncio.wait_for(self._due.wait(), timeout=max(wait_s, 0.005))
+                await asyncio.wait_for(slot.wakeup.wait(), timeout=wait_s)
             except TimeoutError:
                 pass
-            self._due.clear()
-            wait_s = self.settings.outbox_idle_check_ms / 1000
+            slot.idle = False
+            slot.wakeup.clear()
         return None
 
     def _record_command(self, slot: Slot, pid: int) -> bool:
@@ -332,7 +344,8 @@ class OutboxPool:
         and their command groups end and what was still applying ends uncertain (idempotent:
         retried after the next start; manual: ambiguous)."""
         self._stopping = True
-        self._due.set()
+        for slot in self.slots:
+            slot.wakeup.set()
         deadline = time.monotonic() + self.settings.stop_grace_ms / 1000
         while any(slot.effect is not None for slot in self.slots) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -28,7 +28,11 @@ log = logging.getLogger("piworkflows.writer")
 
 SETTLE_QUEUE = "run.settle_queue"
 WRITER = Actor(actor_class="server", actor_id="writer")
-_PENDING = "SELECT 1 FROM effects WHERE effect_class = 'local' AND effect_status = 'pending' LIMIT 1"
+# Local effects are the writer's to perform: the effects_due index finds them.
+_PENDING = (
+    f"SELECT 1 FROM effects WHERE performer = 'writer' AND {records.UNSETTLED_WORK} AND effect_status = 'pending' "
+    "LIMIT 1"
+)
 
 
 def settle_queue(run_id: str, queue_status: str) -> EffectRequest:
@@ -64,7 +68,8 @@ def apply_pending(conn: sqlite3.Connection, now: int) -> int:
         rows = conn.execute(
             "SELECT e.effect_id, e.effect_type, e.run_id, e.payload_digest, r.revision FROM effects e "
             "JOIN resources r ON r.resource_id = e.effect_id "
-            "WHERE e.effect_class = 'local' AND e.effect_status = 'pending' ORDER BY e.created_at, e.effect_id"
+            f"WHERE e.performer = 'writer' AND e.{records.UNSETTLED_WORK} AND e.effect_status = 'pending' "
+            "ORDER BY e.created_at, e.effect_id"
         ).fetchall()
         for effect_id, effect_type, run_id, payload_digest, revision in rows:
             token_hash = os.urandom(32)  # the writer's own claim, released in this transaction

@@ -389,6 +389,9 @@ def cancel_pending_effects(conn: sqlite3.Connection, run_id: str, actor: Actor, 
         write_event(conn, effect_id, increment_revision(conn, effect_id, revision, now), "effect.cancelled", actor, now)
 
 
+# The condition of the partial index effects_due (performer, effect_status, available_at): SQLite
+# uses a partial index only for a query that repeats its WHERE term, so every due query does.
+UNSETTLED_WORK = "effect_status IN ('pending', 'applying')"
 _DEAD_CLAIM = "(l.owner_id IS NULL OR l.expires_at <= ? OR l.owner_id != ?)"
 
 
@@ -412,7 +415,8 @@ def stale_pool_effects(conn: sqlite3.Connection, now: int) -> list[str]:
     performers = ", ".join(f"'{p}'" for p in sorted(POOL_PERFORMERS))
     rows = conn.execute(
         "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
-        f"WHERE e.performer IN ({performers}) AND e.effect_status = 'applying' AND {_DEAD_CLAIM} "
+        f"WHERE e.performer IN ({performers}) AND e.{UNSETTLED_WORK} AND e.effect_status = 'applying' "
+        f"AND {_DEAD_CLAIM} "
         "ORDER BY e.effect_id",
         (now, _owner_now(conn)),
     ).fetchall()

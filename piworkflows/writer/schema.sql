@@ -528,7 +528,8 @@ CREATE TABLE effects (
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
   CHECK ((effect_status IN ('applied', 'rejected', 'cancelled')) = (settled_at IS NOT NULL)),
-  CHECK (attempt_count <= max_attempts)
+  CHECK (attempt_count <= max_attempts),
+  CHECK ((effect_class = 'local') = (performer = 'writer'))
 ) STRICT;
 CREATE UNIQUE INDEX effects_one_deterministic_key ON effects (effect_type, idempotency_key);
 CREATE INDEX effects_due ON effects (performer, effect_status, available_at) WHERE effect_status IN ('pending', 'applying');

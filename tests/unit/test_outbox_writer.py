@@ -20,7 +20,7 @@ from hypothesis.control import currently_in_test_context
 from piworkflows import canonical
 from piworkflows.clock import FakeClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal import BlobValue, EffectRequest
 from piworkflows.settings import Settings
 from piworkflows.writer import records
 from piworkflows.writer.db import GroupExecutor, Submitted, open_database
@@ -175,11 +175,10 @@ def epoch(executor):
 def test_next_due_claim_hands_out_only_the_asked_pool_performers(epoch):
     conn = epoch.conn
     runner_req = effect_request("act", performer="runner")
-    writer_req = effect_request("local", performer="writer")
     http_req = effect_request("h", payload={"url": "https://example.invalid", "n": 1})
     shell_req = effect_request("s", payload={"argv": ["true"]}, policy="manual", effect_type="shell.run",
                                performer="shell.exec")  # fmt: skip
-    runner_id, writer_id, http_id, shell_id = reserved(epoch, runner_req, writer_req, http_req, shell_req)
+    runner_id, http_id, shell_id = reserved(epoch, runner_req, http_req, shell_req)
 
     shell = claimed_ok(epoch, "t1", performers=["shell.exec"])
     assert shell == {
@@ -203,15 +202,21 @@ def test_next_due_claim_hands_out_only_the_asked_pool_performers(epoch):
         http_id, "http.request", {"url": "https://example.invalid", "n": 1})  # fmt: skip
     assert (http["recoveryPolicy"], http["idempotencyKey"], http["attemptNumber"]) == ("idempotent", "h", 1)
 
-    # The runner's and the writer's effects are pending and due, yet never handed to the pool,
-    # and they do not count for nextDueAt either.
+    # The runner's effect is pending and due, yet never handed to the pool, and it does not
+    # count for nextDueAt either.
     (nothing,) = run_group(epoch, pool_claim("t4"))
     assert nothing.outcome == "notFound" and nothing.receipt == {"code": "nothingDue", "nextDueAt": None}
     assert nothing.error
-    for effect_id in (runner_id, writer_id):
-        assert effect_row(conn, effect_id)["effect_status"] == "pending"
-        assert attempts(conn, effect_id) == []
-        assert lease(conn, effect_id) is None
+    assert effect_row(conn, runner_id)["effect_status"] == "pending"
+    assert attempts(conn, runner_id) == [] and lease(conn, runner_id) is None
+
+
+def test_the_writer_performs_exactly_the_local_effects():
+    with pytest.raises(ValueError, match="the writer performs exactly the local effects"):
+        effect_request("local", performer="writer")  # external, yet the writer's
+    with pytest.raises(ValueError, match="the writer performs exactly the local effects"):
+        EffectRequest(effect_type="t", idempotency_key="k", payload=BlobValue.of_json({}), effect_class="local",
+                      performer="http.request", recovery_policy="idempotent", owner_scope="server")  # fmt: skip
 
 
 def test_a_named_claim_takes_a_runner_effect_without_its_payload(epoch):

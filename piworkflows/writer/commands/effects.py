@@ -76,13 +76,15 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
             row = tx.conn.execute(
                 "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
                 "LEFT JOIN leases l ON l.resource_id = e.effect_id "
-                f"WHERE e.performer IN ({marks}) AND e.effect_status = 'pending' AND e.available_at <= ? "
+                f"WHERE e.performer IN ({marks}) AND e.{records.UNSETTLED_WORK} AND e.effect_status = 'pending' "
+                "AND e.available_at <= ? "
                 "AND (l.owner_id IS NULL OR l.expires_at <= ?) ORDER BY e.available_at, e.effect_id LIMIT 1",
                 (*performers, tx.now, tx.now),
             ).fetchone()
             if row is None:
                 (next_due,) = tx.conn.execute(
-                    f"SELECT min(available_at) FROM effects WHERE performer IN ({marks}) AND effect_status = 'pending'",
+                    f"SELECT min(available_at) FROM effects WHERE performer IN ({marks}) AND {records.UNSETTLED_WORK} "
+                    "AND effect_status = 'pending'",
                     performers,
                 ).fetchone()
                 raise CommandError("nothingDue", "no effect is due", nextDueAt=next_due)
@@ -353,13 +355,16 @@ class ListEffects(Handler[EffectList]):
     read_only = True
 
     def execute(self, tx: Tx, cmd: EffectList) -> Result:
-        marks = ", ".join("?" for _ in cmd.statuses)
+        where, params = [f"effect_status IN ({', '.join('?' for _ in cmd.statuses)})"], list(cmd.statuses)
+        for column, value in (("effect_id", cmd.effect_id), ("run_id", cmd.run_id)):
+            if value is not None:  # only the filters given, so SQLite can use their indexes
+                where.append(f"{column} = ?")
+                params.append(value)
         rows = tx.conn.execute(
             "SELECT effect_id, effect_type, effect_status, recovery_policy, performer, run_id, idempotency_key, "
             "owner_scope, attempt_count, max_attempts, available_at, error_code, created_at, updated_at, settled_at "
-            f"FROM effects WHERE effect_status IN ({marks}) AND (? IS NULL OR effect_id = ?) "
-            "AND (? IS NULL OR run_id = ?) ORDER BY created_at DESC, effect_id DESC LIMIT ?",
-            (*cmd.statuses, cmd.effect_id, cmd.effect_id, cmd.run_id, cmd.run_id, cmd.limit),
+            f"FROM effects WHERE {' AND '.join(where)} ORDER BY created_at DESC, effect_id DESC LIMIT ?",
+            (*params, cmd.limit),
         ).fetchall()
         items = []
         for (effect_id, effect_type, status, policy, performer, run_id, key, scope, attempts, max_attempts,
