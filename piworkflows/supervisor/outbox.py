@@ -290,10 +290,11 @@ class OutboxPool:
                                   "message_id": f"{effect.claim['lease_generation']}:settle",
                                   "fingerprint": fingerprint.digest(), "run_id": effect.run_id}  # fmt: skip
         reply = await self.request("effect.settle", body, slot.actor)
+        while reply.outcome == "unavailable" and not self._stopping:  # the writer restarts: the same
+            await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # report again (deduped)
+            reply = await self.request("effect.settle", body, slot.actor)
         if reply.outcome not in ("accepted", "adopted", "claimLost"):
             log.warning("an effect settlement was not recorded: %s", reply.outcome)
-        if reply.outcome == "unavailable":
-            return  # kept: the writer restarts; _worker_gone or the next recovery ends the attempt
         slot.effect = None
         self._end_commands(slot)
         self._notify(effect.effect_id)
@@ -310,8 +311,13 @@ class OutboxPool:
         if effect is not None:  # the attempt may or may not have acted
             retry_at = next_attempt_at(int(time.time() * 1000), effect.attempt, self.settings.effect_retry_base_ms,
                                        self.settings.effect_retry_max_ms, self._rng)  # fmt: skip
-            reply = await self.request("effect.abandon", {"effect_id": effect.effect_id, "claim": effect.claim,
-                                                          "retry_at": retry_at})  # fmt: skip
+            body = {"effect_id": effect.effect_id, "claim": effect.claim, "retry_at": retry_at}
+            reply = await self.request("effect.abandon", body)
+            for _ in range(50):  # the writer restarts: ask again (a repeat finds it abandoned)
+                if reply.outcome != "unavailable":
+                    break
+                await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)
+                reply = await self.request("effect.abandon", body)
             if reply.outcome not in ("accepted", "claimLost"):
                 log.warning("an abandoned effect was not recorded: %s", reply.outcome)
             self._notify(effect.effect_id)

@@ -136,8 +136,12 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
     except BaseException:
         server.stop()
         raise
-    old = [c for c in server.registry()["children"] if c["role"] in ("runner", "command")]
+    old = [c for c in server.registry()["children"] if c["role"] in ("runner", "command", "outbox")]
+    assert {c["role"] for c in old} == {"runner", "command", "outbox"}
     server.kill()
+    # Outbox workers see their supervisor gone (stdin ends): they kill their command group and exit.
+    wait_until(lambda: all(gone(c["pid"]) for c in old if c["role"] in ("outbox", "command")),
+               what="the workers and their commands ended by themselves")  # fmt: skip
     server = ServerProcess(state_dir, env=FAST).start()  # the takeover ends the old groups before it serves
     try:
         assert all(gone(c["pid"]) for c in old), old
