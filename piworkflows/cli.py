@@ -292,6 +292,63 @@ def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> N
         click.echo(f"{item['runId']}  {item['workflowName']:<20} {item['display']['status']:<10} {item['title'] or ''}")
 
 
+@main.group("state")
+def state_group() -> None:
+    """Inspect and verify the durable state (through the server; the CLI never opens it)."""
+
+
+@state_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status receipt as one line of JSON.")
+@click.pass_obj
+def state_status(paths: StatePaths, as_json: bool) -> None:
+    """Database size, safe counts and invariant violations (with the affected run ids).
+
+    Example: pi-workflows state status
+    """
+    status = _accepted(_request(paths, "state.status", {}))
+    if as_json:
+        click.echo(canonical.dumps(status))
+        return
+    pages = f"{status['pageCount']} pages of {status['pageSize']} bytes, {status['freelistCount']} free"
+    click.echo(f"database  {status['fileBytes']} bytes (+ {status['walBytes']} in the WAL); {pages}")
+    counts = dict(status["counts"])
+    runs = counts.pop("runs")
+    click.echo("runs      " + (", ".join(f"{n} {s}" for s, n in sorted(runs.items())) or "none"))
+    for name, value in counts.items():
+        click.echo(f"{name:<20}{value}")
+    _print_violations(status["violations"])
+
+
+def _print_violations(violations: dict[str, list[str]]) -> None:
+    if not violations:
+        click.echo("invariants: all hold")
+    for name, run_ids in violations.items():
+        click.echo(f"VIOLATED {name}: {', '.join(run_ids)}")
+
+
+@state_group.command("verify")
+@click.option("--json", "as_json", is_flag=True, help="Print the verification receipt as one line of JSON.")
+@click.pass_obj
+def state_verify(paths: StatePaths, as_json: bool) -> None:
+    """Check the live database: SQLite integrity and foreign keys, then the spec's invariants.
+
+    Repairs nothing. Exits 0 only if everything holds.
+
+    Example: pi-workflows state verify
+    """
+    result = _accepted(_request(paths, "state.verify", {}))
+    if as_json:
+        click.echo(canonical.dumps(result))
+    else:
+        for problem in result["integrity"]:
+            click.echo(f"INTEGRITY {problem}")
+        if not result["integrity"]:
+            click.echo("integrity_check ok, foreign_key_check ok")
+        _print_violations(result["violations"])
+    if not result["ok"]:
+        sys.exit(EXIT_RUNTIME)
+
+
 @main.command("effects")
 @click.option("--run", "run_id", help="Only effects of this run.")
 @click.option("--all", "show_all", is_flag=True, help="Settled effects too (applied, rejected, cancelled).")

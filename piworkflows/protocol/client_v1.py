@@ -54,7 +54,7 @@ OPERATIONS = (
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
-) | {"protocol.schema"}
+) | {"protocol.schema", "state.verify"}
 
 # Their fingerprint leaves out payload.coordinatorEpoch.
 SESSION_ANSWER_OPERATIONS = frozenset(
@@ -374,6 +374,46 @@ class EffectRecoveryReceipt(BaseModel):
     effectStatus: Literal["applied", "pending"]
 
 
+class StateCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    resources: int
+    runs: dict[str, int]  # by status
+    controllers: int
+    decisions: int
+    settingsScopes: int
+    pendingInteractions: int
+    pendingFollowUps: int
+    activeLeases: int
+    expiredClaims: int
+    unsettledEffects: int
+    ambiguousEffects: int
+
+
+class StateStatusReceipt(BaseModel):
+    """state.status: the database's sizes, safe counts (no actor ids, channel references, payloads
+    or credentials), invariant violations by name with the affected run ids, and the progress of
+    a running backup or prune (``maintenance``, null when none runs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fileBytes: int
+    walBytes: int
+    pageSize: int
+    pageCount: int
+    freelistCount: int
+    counts: StateCounts
+    violations: dict[str, list[str]]
+    maintenance: dict[str, Any] | None
+
+
+class StateVerifyReceipt(BaseModel):
+    """state.verify: ``integrity`` lists what integrity_check and foreign_key_check found."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ok: bool
+    integrity: list[str]
+    violations: dict[str, list[str]]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
     "run.pause": (EmptyPayload, RunPauseReceipt),
@@ -387,6 +427,9 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document
+    # state maintenance (reads: never stored)
+    "state.status": (EmptyPayload, StateStatusReceipt),
+    "state.verify": (EmptyPayload, StateVerifyReceipt),
     # operator recovery of ambiguous effects (the review control)
     "effect.list": (EffectListPayload, EffectListReceipt),
     "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),

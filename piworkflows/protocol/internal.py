@@ -210,6 +210,18 @@ class ServerCounts(ReadCommand):
     kind: ClassVar[str] = "server.counts"
 
 
+class StateStatus(ReadCommand):
+    """state.status: sizes, safe counts and invariant violations (no ids but run ids, no payloads)."""
+
+    kind: ClassVar[str] = "state.status"
+
+
+class StateVerify(ReadCommand):
+    """state.verify: SQLite integrity and foreign keys, then the spec's invariants; repairs nothing."""
+
+    kind: ClassVar[str] = "state.verify"
+
+
 # --- runs ---------------------------------------------------------------------
 
 
@@ -689,6 +701,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         EffectRetry,
         EffectList,
         NodeEffectReserve,
+        StateStatus,
+        StateVerify,
     )
 }
 

@@ -49,6 +49,8 @@ class Router:
             "server.status": self.server_status,
             "server.stop": self.server_stop,
             "protocol.schema": self.protocol_schema,
+            "state.status": self.state_read,
+            "state.verify": self.state_read,
             "effect.list": self.effect_list,
             "effect.confirm": self.effect_recovery,
             "effect.retry": self.effect_recovery,
@@ -242,6 +244,11 @@ class Router:
         if reply.outcome == "accepted":
             self.supervisor.scheduler.wake()
         return from_reply(request, reply)
+
+    async def state_read(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """state.status / state.verify: reads on the writer's connection, between write groups."""
+        return from_reply(request, await self.supervisor.writer.request(request.operation,
+                                                                       {"actor": client_actor(request)}))  # fmt: skip
 
     async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
         body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,

@@ -7,8 +7,9 @@ running and parked queue phases beside live execution states during
 admission; a terminal run whose queue settlement effect is still pending;
 expired claims (recovery facts, not proof of completed work).
 
-Used by the tests today; ``state status``/``state verify`` and the stress
-harness will use the same functions.
+Used by ``state.status``/``state.verify`` (``writer/commands/state.py``) and
+the tests; backup verification and the stress harness will use the same
+functions.
 """
 
 from __future__ import annotations

@@ -538,10 +538,10 @@ def test_operations_match_the_protocol_exactly() -> None:
 def test_read_only_operations() -> None:
     expected = {
         op for op in PROTOCOL_OPERATIONS if op.split(".")[-1] in ("status", "list", "get") or op.startswith("view.")
-    } | {"protocol.schema"}
+    } | {"protocol.schema", "state.verify"}  # verification reads and repairs nothing
     assert set(READ_ONLY_OPERATIONS) == expected
     for op in ("server.status", "run.status", "run.list", "channel.status", "resourceManager.list",
-               "resourceManager.get", "view.run.get", "view.runs.page", "view.content", "state.status",
+               "resourceManager.get", "view.run.get", "view.runs.page", "view.content", "state.status", "state.verify",
                "effect.list", "protocol.schema"):  # fmt: skip
         assert op in READ_ONLY_OPERATIONS
     for op in ("server.stop", "run.start", "run.cancel", "checkpoint.answer", "state.backup", "effect.confirm"):

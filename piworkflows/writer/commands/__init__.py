@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from piworkflows.writer.commands import content, control, effects, nodes, runners, runs, server
+from piworkflows.writer.commands import content, control, effects, nodes, runners, runs, server, state
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler, ...] = (
@@ -17,6 +17,7 @@ HANDLERS: tuple[Handler, ...] = (
     *runners.HANDLERS,
     *nodes.HANDLERS,
     *effects.HANDLERS,
+    *state.HANDLERS,
 )
 
 REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}
