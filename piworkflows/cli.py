@@ -1,7 +1,8 @@
 """``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
 
 Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix).
-The CLI never opens SQLite and never executes workflow code.
+The CLI never executes workflow code and opens SQLite only to verify an
+inactive backup (``state verify BACKUP``, read-only; ``writer/offline.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -327,18 +329,32 @@ def _print_violations(violations: dict[str, list[str]]) -> None:
 
 
 @state_group.command("verify")
+@click.argument("backup", required=False, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the verification receipt as one line of JSON.")
 @click.pass_obj
-def state_verify(paths: StatePaths, as_json: bool) -> None:
-    """Check the live database: SQLite integrity and foreign keys, then the spec's invariants.
+def state_verify(paths: StatePaths, backup: str | None, as_json: bool) -> None:
+    """Check the live database through the server, or an inactive BACKUP file: SQLite
+    integrity and foreign keys, then the spec's invariants.
 
-    Repairs nothing. Exits 0 only if everything holds.
+    A BACKUP is opened read-only here (the only SQLite open outside the server); the
+    active database is refused under any name. Repairs nothing. Exits 0 only if
+    everything holds.
 
-    Example: pi-workflows state verify
+    Example: pi-workflows state verify ~/backups/state-2026-12-02.sqlite
     """
-    result = _accepted(_request(paths, "state.verify", {}))
+    if backup is None:
+        result = _accepted(_request(paths, "state.verify", {}))
+    else:
+        from piworkflows.writer import offline
+
+        try:
+            result = offline.verify_backup(Path(backup), paths.database, int(time.time() * 1000))
+        except offline.NotABackup as exc:
+            raise click.BadParameter(str(exc), param_hint="BACKUP") from None
     if as_json:
         click.echo(canonical.dumps(result))
+    elif result.get("schema"):
+        click.echo(f"SCHEMA {result['schema']}")  # nothing else was checked
     else:
         for problem in result["integrity"]:
             click.echo(f"INTEGRITY {problem}")

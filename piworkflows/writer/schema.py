@@ -111,12 +111,12 @@ def create_database(paths: StatePaths, now_ms: int) -> None:
 
 def verify_database(paths: StatePaths) -> None:
     """Raise ``StateIncompatible`` unless the database is exactly ours. Writes nothing."""
-    _check_header(paths.database)
+    check_header(paths.database)
     with _inspection_connection(paths) as conn:
-        _check_contents(conn)
+        check_contents(conn)
 
 
-def _check_header(path: Path) -> None:
+def check_header(path: Path) -> None:
     with open(path, "rb") as f:
         header = f.read(100)
     if len(header) < 100 or not header.startswith(_MAGIC):
@@ -151,7 +151,7 @@ def _inspection_connection(paths: StatePaths) -> Iterator[sqlite3.Connection]:
         shutil.rmtree(copy_dir, ignore_errors=True)
 
 
-def _check_contents(conn: sqlite3.Connection) -> None:
+def check_contents(conn: sqlite3.Connection) -> None:
     try:
         if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             raise StateIncompatible("wrong application id")

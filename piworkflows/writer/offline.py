@@ -1,0 +1,75 @@
+"""Verification of an inactive backup: the only SQLite open outside the server's writer.
+
+::
+
+    pi-workflows state verify BACKUP
+      stat BACKUP ── same (device, inode) as the active state.sqlite? refused (a symlink, a
+                     hard link, a ".." path or a bind mount of the state dir all name it)
+      -wal/-shm beside it? refused (not an inactive, self-contained backup)
+      open file:BACKUP?mode=ro&immutable=1, PRAGMA query_only = ON
+      header and schema (writer/schema.py) ── integrity_check, foreign_key_check ── the
+      spec's invariants (writer/invariants.py)
+
+Nothing is written, created or repaired: not the backup, and no -wal or -shm.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from piworkflows.errors import StateIncompatible
+from piworkflows.writer import invariants, schema
+
+
+class NotABackup(ValueError):
+    """The path cannot be verified as an inactive backup (the message says why and what to do)."""
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def check_inactive(backup: Path, active_database: Path) -> None:
+    """Refuse the active database under any name, and anything that is not a lone file."""
+    try:
+        found = os.stat(backup)
+    except FileNotFoundError:
+        raise NotABackup(f"{backup} does not exist") from None
+    if not Path(backup).is_file():
+        raise NotABackup(f"{backup} is not a file")
+    try:
+        active = os.stat(active_database)
+    except FileNotFoundError:
+        active = None
+    if active is not None and same_file(found, active):
+        raise NotABackup(
+            f"{backup} is the active database (the same file as {active_database}); verify the live state "
+            "with 'pi-workflows state verify' and a backup by its own path"
+        )
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(f"{backup}{suffix}"):
+            raise NotABackup(f"{backup}{suffix} exists: a backup is one self-contained file, not a live database")
+
+
+def verify_backup(backup: Path, active_database: Path, now_ms: int) -> dict[str, Any]:
+    """The same checks as ``state.verify``, on an inactive backup opened read-only."""
+    check_inactive(backup, active_database)
+    uri = "file:" + quote(str(Path(backup).absolute())) + "?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            schema.check_header(Path(backup))
+            schema.check_contents(conn)
+        except StateIncompatible as exc:  # the reason, not the live state's reset instruction
+            return {"ok": False, "schema": f"not a backup of this build's state: {exc.reason}", "integrity": [],
+                    "violations": {}}  # fmt: skip
+        problems = invariants.integrity(conn)
+        found = invariants.violations(conn, now_ms)
+    finally:
+        conn.close()
+    return {"ok": not problems and not found, "schema": None, "integrity": problems, "violations": found}
