@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,44 @@ def _print_violations(violations: dict[str, list[str]]) -> None:
         click.echo("invariants: all hold")
     for name, run_ids in violations.items():
         click.echo(f"VIOLATED {name}: {', '.join(run_ids)}")
+
+
+@state_group.command("backup")
+@click.argument("destination", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
+    """Back up the live state into DESTINATION, a new file (its directory private, 0700).
+
+    The server copies it with SQLite's online backup API between its write groups
+    (commands keep flowing), then verifies the copy before it answers. On a
+    terminal a progress line follows state.status from a second connection.
+    Repeating the same command adopts the first answer.
+
+    Example: pi-workflows state backup ~/backups/state-2026-12-02.sqlite
+    """
+    target = os.path.abspath(destination)
+    key = f"state.backup:{target}"  # one backup per destination: a repeat adopts it
+    answer: list[client_v1.Response] = []
+    worker = threading.Thread(target=lambda: answer.append(_request(paths, "state.backup", {"destination": target},
+                                                                    idempotency_key=key)), daemon=True)  # fmt: skip
+    worker.start()
+    if sys.stdout.isatty() and not as_json:
+        with WorkflowClient(paths.state_dir, retry_for=0) as watcher:
+            while worker.is_alive():
+                progress = watcher.request("state.status").receipt.get("maintenance") or {}
+                if progress.get("operation") == "backup":
+                    click.echo(f"\rbackup: {progress['done']}/{progress['total']} pages", nl=False)
+                worker.join(0.2)
+        click.echo("\r", nl=False)
+    worker.join()
+    if not answer:  # _request said why (no server)
+        sys.exit(EXIT_RUNTIME)
+    receipt = _accepted(answer[0])
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+    else:
+        click.echo(f"backed up and verified: {receipt['destination']} ({receipt['bytes']} bytes)")
 
 
 @state_group.command("verify")

@@ -58,6 +58,8 @@ class Settings(BaseModel):
     effect_retry_max_ms: int = Field(default=60_000, ge=1)
     # How long a runner waiting on an effect the pool applies waits before it looks again.
     effect_await_ms: int = Field(default=30_000, ge=10)
+    # state.backup copies this many pages between two write groups.
+    backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.
     sql_trace_path: str | None = None
     # How long a stopping child gets between SIGTERM and SIGKILL.

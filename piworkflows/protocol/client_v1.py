@@ -414,6 +414,22 @@ class StateVerifyReceipt(BaseModel):
     violations: dict[str, list[str]]
 
 
+class StateBackupPayload(Payload):
+    """state.backup: a new absolute file path in a private directory (created 0700 if missing)."""
+
+    destination: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+
+
+class StateBackupReceipt(BaseModel):
+    """The copy exists (0600), is one self-contained file, and verified before this answer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    destination: str
+    bytes: int
+    pages: int
+    verified: Literal[True]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
     "run.pause": (EmptyPayload, RunPauseReceipt),
@@ -430,6 +446,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # state maintenance (reads: never stored)
     "state.status": (EmptyPayload, StateStatusReceipt),
     "state.verify": (EmptyPayload, StateVerifyReceipt),
+    "state.backup": (StateBackupPayload, StateBackupReceipt),
     # operator recovery of ambiguous effects (the review control)
     "effect.list": (EffectListPayload, EffectListReceipt),
     "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),

@@ -222,6 +222,23 @@ class StateVerify(ReadCommand):
     kind: ClassVar[str] = "state.verify"
 
 
+class BackupDone(Model):
+    """What the writer loop made before the receipt commits (writer/backup.py)."""
+
+    destination: str
+    bytes: int = Field(ge=0)
+    pages: int = Field(ge=0)
+
+
+class StateBackup(Command):
+    """state.backup: the online backup API on the writer's connection, verified, then the receipt.
+    ``performed`` is set by the writer loop itself once the copy exists and verified."""
+
+    kind: ClassVar[str] = "state.backup"
+    destination: str = Field(min_length=1, max_length=4096)
+    performed: BackupDone | None = None
+
+
 # --- runs ---------------------------------------------------------------------
 
 
@@ -703,6 +720,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         NodeEffectReserve,
         StateStatus,
         StateVerify,
+        StateBackup,
     )
 }
 

@@ -51,6 +51,7 @@ class Router:
             "protocol.schema": self.protocol_schema,
             "state.status": self.state_read,
             "state.verify": self.state_read,
+            "state.backup": self.state_backup,
             "effect.list": self.effect_list,
             "effect.confirm": self.effect_recovery,
             "effect.retry": self.effect_recovery,
@@ -249,6 +250,14 @@ class Router:
         """state.status / state.verify: reads on the writer's connection, between write groups."""
         return from_reply(request, await self.supervisor.writer.request(request.operation,
                                                                        {"actor": client_actor(request)}))  # fmt: skip
+
+    async def state_backup(
+        self, request: client_v1.Request, payload: client_v1.StateBackupPayload
+    ) -> client_v1.Response:
+        """Made by the writer between its write groups; answered after the copy verified."""
+        body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
+                "destination": payload.destination}  # fmt: skip
+        return from_reply(request, await self.supervisor.writer.request("state.backup", body))
 
     async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
         body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,

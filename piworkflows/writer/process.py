@@ -31,16 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from pydantic import ValidationError
 
 from piworkflows import faults
 from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import CommandError, StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready, Reply
+from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready, Reply, StateBackup
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
-from piworkflows.writer import schema
+from piworkflows.writer import backup, records, schema
+from piworkflows.writer.commands import state as state_commands
 from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, open_database, unavailable
 
 log = logging.getLogger("piworkflows.writer")
@@ -84,6 +86,8 @@ class WriterLoop:
         self.executor = GroupExecutor(open_database(paths, settings, clock), settings, clock)
         self.queue: collections.deque[Submitted] = collections.deque()
         self.decoder = frames.FrameDecoder()
+        self.backups: collections.deque[Submitted] = collections.deque()  # state.backup, one at a time
+        self.backing_up = False
 
     def serve(self) -> int:
         self._apply_local_effects()
@@ -107,6 +111,9 @@ class WriterLoop:
                 except OSError:
                     log.warning("the supervisor is gone; the writer exits")
                     return EXIT_PARENT_GONE
+                except frames.FrameError as exc:  # read between the steps of a backup
+                    log.error("malformed frame from the supervisor (%s); the writer exits", exc)
+                    return EXIT_BAD_FRAME
 
     def _drain(self) -> bool:
         """Move every frame already waiting into the queue; False at EOF."""
@@ -124,8 +131,20 @@ class WriterLoop:
                 return True  # a short read: nothing more was waiting
 
     def _run_group(self) -> None:
-        batch = list(self.queue)
+        batch = [item for item in self.queue if item.kind != StateBackup.kind]
+        self.backups.extend(item for item in self.queue if item.kind == StateBackup.kind)
         self.queue.clear()
+        if batch:
+            self._run_batch(batch)
+        if self.backups and not self.backing_up:
+            self.backing_up = True
+            try:
+                self._backup(self.backups.popleft())
+            finally:
+                self.backing_up = False
+                state_commands.MAINTENANCE = None
+
+    def _run_batch(self, batch: list[Submitted]) -> None:
         try:
             replies, leftover = self.executor.run(batch)
         except GroupFailed:
@@ -137,6 +156,35 @@ class WriterLoop:
         self.sock.sendall(b"".join(_encode_reply(corr_id, reply) for corr_id, reply in replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
         self._apply_local_effects()
+
+    def _backup(self, item: Submitted) -> None:
+        """state.backup (writer/backup.py): groups keep running between the copy's steps; the
+        receipt commits after the copy verified. A stored answer is adopted without a copy."""
+        conn = self.executor.conn
+        try:
+            cmd = StateBackup.model_validate(item.body)
+            if cmd.client_receipt is not None and records.find_answer(conn, cmd.client_receipt) is not None:
+                raise CommandError("resourceExists", "answered before")  # adopted in the group below
+            destination = backup.check_destination(cmd.destination, self.paths.database)
+        except (ValidationError, CommandError):
+            self._run_batch([item])  # the executor adopts, or refuses again and stores it with its key
+            return
+        try:
+            done = backup.make_backup(conn, destination, self.paths.database, self.clock.now_ms(),
+                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
+        except (CommandError, sqlite3.Error) as exc:  # not stored: a retry with the same key copies again
+            log.error("a backup failed: %s", type(exc).__name__)
+            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
+            return
+        self._run_batch([Submitted(item.corr_id, item.kind, {**item.body, "performed": done})])
+
+    def _between_backup_steps(self, done: int, total: int) -> None:
+        """Between two steps of the copy: its progress for state.status, and the groups waiting."""
+        state_commands.MAINTENANCE = {"operation": "backup", "done": done, "total": total}
+        if not self._drain():
+            raise OSError("the supervisor closed the pipe")
+        while any(item.kind != StateBackup.kind for item in self.queue):
+            self._run_group()
 
     def _apply_local_effects(self) -> None:
         """Right after the commit that created them (and at open: a crash may have come between)."""

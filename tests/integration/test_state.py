@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,61 @@ def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):
     check_state(server.state_dir)
     stopped = cli(server, "state", "status")
     assert stopped.returncode == 1 and "no server is running" in stopped.stderr
+
+
+def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path: Path, project: Path):
+    """One page per step: the copy takes many steps, and the run starts sent meanwhile are answered
+    between them; state.status shows the progress on a second connection."""
+    write(project, "tenstep", TENSTEP)
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_BACKUP_STEP_PAGES": "1"}).start()
+    backups = tmp_path / "backups"
+    try:
+        for _ in range(20):  # some pages to copy
+            start(server, project, "tenstep")
+        seen: list[dict] = []
+        answers: list = []
+
+        def backup(key: str) -> None:
+            with server.client(client_id="operator") as client:
+                answers.append(client.request("state.backup", {"destination": str(backups / "b1.sqlite")},
+                                              idempotency_key=key))  # fmt: skip
+
+        threads = [threading.Thread(target=backup, args=("backup-1",)) for _ in range(2)]  # one key, twice
+        for thread in threads:
+            thread.start()
+        started = []
+        with server.client() as client:
+            while any(t.is_alive() for t in threads):
+                progress = client.request("state.status").receipt["maintenance"]
+                if progress is not None:
+                    seen.append(progress)
+                    started.append(start(server, project, "tenstep"))  # answered while the copy runs
+        for thread in threads:
+            thread.join()
+        assert sorted(a.outcome for a in answers) == ["accepted", "adopted"], answers
+        assert answers[0].receipt == answers[1].receipt and answers[0].receipt["verified"] is True
+        assert seen and all(p["operation"] == "backup" and 0 <= p["done"] <= p["total"] for p in seen)
+        assert started  # commands kept flowing between the steps
+        copy = backups / "b1.sqlite"
+        assert stat.S_IMODE(copy.stat().st_mode) == 0o600 and stat.S_IMODE(backups.stat().st_mode) == 0o700
+        assert sorted(p.name for p in backups.iterdir()) == ["b1.sqlite"]  # one file, no -wal
+        verified = cli(server, "state", "verify", str(copy), "--json")
+        assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout
+
+        with server.client() as client:
+            relative = client.request("state.backup", {"destination": "b2.sqlite"})
+            exists = client.request("state.backup", {"destination": str(copy)})
+            (tmp_path / "open").mkdir(mode=0o755)
+            open_dir = client.request("state.backup", {"destination": str(tmp_path / "open" / "b.sqlite")})
+            into_state = client.request("state.backup", {"destination": str(server.state_dir / "b.sqlite")})
+        assert relative.outcome == "rejected" and relative.receipt["code"] == "validationFailed"
+        assert exists.outcome == "rejected" and exists.receipt["code"] == "resourceExists"
+        assert open_dir.outcome == "rejected" and "chmod 700" in open_dir.error
+        assert into_state.outcome == "rejected" and "state directory" in into_state.error
+        made = cli(server, "state", "backup", str(backups / "b3.sqlite"))
+        assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
+        again = cli(server, "state", "backup", str(backups / "b3.sqlite"))
+        assert again.returncode == 0, again.stderr  # the same destination again: the first answer adopted
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(server.state_dir)

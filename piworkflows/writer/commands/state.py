@@ -11,13 +11,17 @@ violations with the affected run ids; ``state.verify`` runs SQLite's
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from piworkflows.protocol.internal import StateStatus, StateVerify
-from piworkflows.writer import invariants
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import StateBackup, StateStatus, StateVerify
+from piworkflows.writer import backup, invariants
 from piworkflows.writer.contract import Handler, Result, Tx
 
 MAINTAINERS = frozenset({"client", "operator", "server", "maintenance"})
+# The running backup's progress, set by the writer loop between its steps: {operation, done, total}.
+MAINTENANCE: dict[str, Any] | None = None
 
 # name -> a query returning one count (every one on an indexed or small table)
 COUNTS: dict[str, str] = {
@@ -66,7 +70,7 @@ class Status(Handler[StateStatus]):
                 "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0],
                 "counts": counts,
                 "violations": invariants.violations(conn, tx.now),
-                "maintenance": None,  # a running backup or prune reports its progress here
+                "maintenance": MAINTENANCE,
             }
         )
 
@@ -83,4 +87,20 @@ class Verify(Handler[StateVerify]):
         return Result(receipt={"ok": not problems and not found, "integrity": problems, "violations": found})
 
 
-HANDLERS = (Status(), Verify())
+class Backup(Handler[StateBackup]):
+    """The receipt of a backup the writer loop made and verified (``performed``); a request the
+    loop found invalid is refused here, with the same words, and stored like any answer."""
+
+    kind = StateBackup.kind
+    model = StateBackup
+    actors = MAINTAINERS
+
+    def execute(self, tx: Tx, cmd: StateBackup) -> Result:
+        if cmd.performed is None:
+            active = Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
+            backup.check_destination(cmd.destination, active)  # raises the refusal
+            raise CommandError("notAvailable", "a backup is made by the writer loop, not inside a group")
+        return Result(receipt={**cmd.performed.model_dump(), "verified": True})
+
+
+HANDLERS = (Status(), Verify(), Backup())
