@@ -367,6 +367,49 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
         click.echo(f"backed up and verified: {receipt['destination']} ({receipt['bytes']} bytes)")
 
 
+@state_group.command("prune")
+@click.option("--before", required=True, help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")
+@click.option("--dry-run", "dry_run", is_flag=True, help="Only list eligible and blocked trees (the default).")
+@click.option("--apply", "apply", is_flag=True, help="Delete the eligible trees (needs --backup).")
+@click.option("--backup", "backup_path", type=click.Path(dir_okay=False), help="A new file for the backup first.")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, backup_path: str | None,
+                as_json: bool) -> None:  # fmt: skip
+    """Remove complete terminal root-run trees whose runs all finished before --before.
+
+    --dry-run lists what is eligible and what a safety check blocks, changing
+    nothing. --apply makes and verifies a backup first, rechecks the same
+    selection in one transaction, deletes the trees and unreferenced blobs,
+    truncates the WAL, vacuums, and checks integrity.
+
+    Example: pi-workflows state prune --before 2026-08-01T00:00:00Z --backup /abs/before-prune.sqlite --apply
+    """
+    if apply and dry_run:
+        raise click.UsageError("choose one: --dry-run or --apply")
+    if apply and backup_path is None:
+        raise click.UsageError("--apply needs --backup with a new file path (the backup is made first)")
+    payload: dict[str, Any] = {"before": before, "apply": apply}
+    if backup_path is not None:
+        payload["backupPath"] = os.path.abspath(backup_path)
+    key = f"state.prune:{before}:{payload.get('backupPath')}" if apply else None  # a repeat adopts the apply
+    receipt = _accepted(_request(paths, "state.prune", payload, idempotency_key=key))
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+        return
+    click.echo(f"eligible trees: {len(receipt['eligible'])}" + ("" if apply else " (dry run: nothing changed)"))
+    for root in receipt["eligible"]:
+        click.echo(f"  {root}")
+    for blocked in receipt["blocked"]:
+        click.echo(f"blocked  {blocked['rootRunId']}: {blocked['blocker']}")
+    if apply:
+        deleted = receipt["deleted"]
+        click.echo(f"deleted {deleted['trees']} trees, {deleted['runs']} runs, {deleted['blobs']} blobs; "
+                   f"backup {receipt['backup']}")  # fmt: skip
+        if receipt.get("integrity"):
+            fail("integrity problems after the prune: " + "; ".join(receipt["integrity"]))
+
+
 @state_group.command("verify")
 @click.argument("backup", required=False, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the verification receipt as one line of JSON.")

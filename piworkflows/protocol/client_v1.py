@@ -430,6 +430,38 @@ class StateBackupReceipt(BaseModel):
     verified: Literal[True]
 
 
+class StatePrunePayload(Payload):
+    """state.prune: trees whose runs all finished before ``before`` (ISO 8601 with a zone, e.g.
+    ``2026-08-01T00:00:00Z``). ``apply`` needs ``backupPath`` (a new absolute file); a dry run
+    (``apply: false``) changes nothing and is not stored."""
+
+    before: str = Field(min_length=1, max_length=64)
+    apply: bool = False
+    backupPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
+
+
+class PruneBlocked(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rootRunId: str
+    blocker: str
+
+
+class StatePruneReceipt(BaseModel):
+    """Eligible root run ids and blocked trees; after an apply also what was deleted, the backup,
+    and the state after the WAL truncation and VACUUM (answered, not stored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    applied: bool
+    eligible: list[str]
+    blocked: list[PruneBlocked]
+    deleted: dict[str, int] | None = None
+    backup: str | None = None
+    vacuumed: bool | None = None
+    integrity: list[str] | None = None
+    pageCount: int | None = None
+    freelistCount: int | None = None
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
     "run.pause": (EmptyPayload, RunPauseReceipt),
@@ -447,6 +479,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "state.status": (EmptyPayload, StateStatusReceipt),
     "state.verify": (EmptyPayload, StateVerifyReceipt),
     "state.backup": (StateBackupPayload, StateBackupReceipt),
+    "state.prune": (StatePrunePayload, StatePruneReceipt),
     # operator recovery of ambiguous effects (the review control)
     "effect.list": (EffectListPayload, EffectListReceipt),
     "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),

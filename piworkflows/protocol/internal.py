@@ -239,6 +239,19 @@ class StateBackup(Command):
     performed: BackupDone | None = None
 
 
+class StatePrune(Command):
+    """state.prune: complete terminal root-run trees that finished before ``before_ms``. A dry run
+    only selects; ``apply`` needs a new ``backup_path``, which the writer loop makes and verifies
+    first (``performed_backup``), then the same selection is rechecked and deleted in one
+    transaction."""
+
+    kind: ClassVar[str] = "state.prune"
+    before_ms: int = Field(ge=0)
+    apply: bool = False
+    backup_path: str | None = Field(default=None, min_length=1, max_length=4096)
+    performed_backup: BackupDone | None = None
+
+
 # --- runs ---------------------------------------------------------------------
 
 
@@ -721,6 +734,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         StateStatus,
         StateVerify,
         StateBackup,
+        StatePrune,
     )
 }
 

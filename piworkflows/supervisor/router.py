@@ -19,6 +19,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +53,7 @@ class Router:
             "state.status": self.state_read,
             "state.verify": self.state_read,
             "state.backup": self.state_backup,
+            "state.prune": self.state_prune,
             "effect.list": self.effect_list,
             "effect.confirm": self.effect_recovery,
             "effect.retry": self.effect_recovery,
@@ -258,6 +260,22 @@ class Router:
         body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
                 "destination": payload.destination}  # fmt: skip
         return from_reply(request, await self.supervisor.writer.request("state.backup", body))
+
+    async def state_prune(self, request: client_v1.Request, payload: client_v1.StatePrunePayload) -> client_v1.Response:
+        """A dry run is a read (not stored); an apply is stored with its key, answered after the
+        backup, the deletion, the WAL truncation and VACUUM."""
+        try:
+            before = datetime.fromisoformat(payload.before.replace("Z", "+00:00"))
+            if before.tzinfo is None:
+                raise ValueError("no zone")
+        except ValueError:
+            return refuse(request, CommandError("validationFailed", "before is an ISO 8601 time with a zone, "
+                                                                    "e.g. 2026-08-01T00:00:00Z"))  # fmt: skip
+        body: dict[str, Any] = {"actor": client_actor(request), "before_ms": int(before.timestamp() * 1000),
+                                "apply": payload.apply, "backup_path": payload.backupPath}  # fmt: skip
+        if payload.apply:
+            body["client_receipt"] = receipt_key(request)
+        return from_reply(request, await self.supervisor.writer.request("state.prune", body))
 
     async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
         body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,

@@ -38,10 +38,21 @@ from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import CommandError, StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import FATAL, LOG, READY, REPLY, Fatal, LogRecord, Ready, Reply, StateBackup
+from piworkflows.protocol.internal import (
+    FATAL,
+    LOG,
+    READY,
+    REPLY,
+    Fatal,
+    LogRecord,
+    Ready,
+    Reply,
+    StateBackup,
+    StatePrune,
+)
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
-from piworkflows.writer import backup, records, schema
+from piworkflows.writer import backup, invariants, records, schema
 from piworkflows.writer.commands import state as state_commands
 from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, open_database, unavailable
 
@@ -52,6 +63,8 @@ EXIT_PARENT_GONE = 4
 EXIT_DATABASE_LOST = 5
 EXIT_BAD_FRAME = 6
 _RECV_BYTES = 1 << 20
+# Maintenance the loop runs one at a time, between write groups (never inside one).
+MAINTENANCE_KINDS = frozenset({StateBackup.kind, StatePrune.kind})
 
 
 class PipeLogHandler(logging.Handler):
@@ -131,15 +144,19 @@ class WriterLoop:
                 return True  # a short read: nothing more was waiting
 
     def _run_group(self) -> None:
-        batch = [item for item in self.queue if item.kind != StateBackup.kind]
-        self.backups.extend(item for item in self.queue if item.kind == StateBackup.kind)
+        batch = [item for item in self.queue if item.kind not in MAINTENANCE_KINDS]
+        self.backups.extend(item for item in self.queue if item.kind in MAINTENANCE_KINDS)
         self.queue.clear()
         if batch:
             self._run_batch(batch)
         if self.backups and not self.backing_up:
             self.backing_up = True
             try:
-                self._backup(self.backups.popleft())
+                item = self.backups.popleft()
+                if item.kind == StateBackup.kind:
+                    self._backup(item)
+                else:
+                    self._prune(item)
             finally:
                 self.backing_up = False
                 state_commands.MAINTENANCE = None
@@ -178,12 +195,61 @@ class WriterLoop:
             return
         self._run_batch([Submitted(item.corr_id, item.kind, {**item.body, "performed": done})])
 
+    def _prune(self, item: Submitted) -> None:
+        """state.prune: a dry run is one read; an apply makes and verifies its backup first (groups
+        keep running between the copy's steps), then rechecks and deletes in a group of its own,
+        then checkpoints the WAL, vacuums and checks integrity before it answers."""
+        conn = self.executor.conn
+        try:
+            cmd = StatePrune.model_validate(item.body)
+            if not cmd.apply or cmd.backup_path is None:
+                raise CommandError("validationFailed", "a dry run, or refused")  # answered in the group below
+            if cmd.client_receipt is not None and records.find_answer(conn, cmd.client_receipt) is not None:
+                raise CommandError("resourceExists", "answered before")  # adopted in the group below
+            destination = backup.check_destination(cmd.backup_path, self.paths.database)
+        except (ValidationError, CommandError):
+            self._run_batch([item])
+            return
+        try:
+            done = backup.make_backup(conn, destination, self.paths.database, self.clock.now_ms(),
+                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
+        except (CommandError, sqlite3.Error) as exc:
+            log.error("the backup before a prune failed: %s", type(exc).__name__)
+            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
+            return
+        state_commands.MAINTENANCE = {"operation": "prune", "done": 0, "total": 1}
+        item = Submitted(item.corr_id, item.kind, {**item.body, "performed_backup": done})
+        try:
+            [(corr_id, reply)], _ = self.executor.run([item])
+        except GroupFailed:
+            self._reopen()
+            self.sock.sendall(_encode_reply(item.corr_id, unavailable()))
+            return
+        if reply.outcome == "accepted" and reply.receipt is not None:
+            reply = reply.model_copy(update={"receipt": {**reply.receipt, **self._compact()}})
+        self.sock.sendall(_encode_reply(corr_id, reply))
+        self._apply_local_effects()
+
+    def _compact(self) -> dict[str, object]:
+        """After a committed prune: truncate the WAL, vacuum, then integrity and foreign keys."""
+        conn = self.executor.conn
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("VACUUM")
+            vacuumed = True
+        except sqlite3.Error as exc:  # the deletion stays committed; the free pages are reused
+            log.error("VACUUM after a prune failed: %s", type(exc).__name__)
+            vacuumed = False
+        return {"vacuumed": vacuumed, "integrity": invariants.integrity(conn),
+                "pageCount": conn.execute("PRAGMA page_count").fetchone()[0],
+                "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0]}  # fmt: skip
+
     def _between_backup_steps(self, done: int, total: int) -> None:
         """Between two steps of the copy: its progress for state.status, and the groups waiting."""
         state_commands.MAINTENANCE = {"operation": "backup", "done": done, "total": total}
         if not self._drain():
             raise OSError("the supervisor closed the pipe")
-        while any(item.kind != StateBackup.kind for item in self.queue):
+        while any(item.kind not in MAINTENANCE_KINDS for item in self.queue):
             self._run_group()
 
     def _apply_local_effects(self) -> None:

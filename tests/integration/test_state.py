@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,48 @@ def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path:
         assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
         again = cli(server, "state", "backup", str(backups / "b3.sqlite"))
         assert again.returncode == 0, again.stderr  # the same destination again: the first answer adopted
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(server.state_dir)
+
+
+def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project: Path):
+    write(project, "tenstep", TENSTEP)
+    server = ServerProcess(tmp_path / "s").start()
+    try:
+        done = [start(server, project, "tenstep") for _ in range(3)]
+        for run_id in done:
+            assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
+        with server.client() as client:
+            paused = client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
+            kept = paused.receipt["runId"]
+            assert client.request("run.pause", {}, run_id=kept).outcome == "accepted"  # unfinished: kept
+        cutoff = datetime.fromtimestamp(time.time() + 86_400, tz=UTC).isoformat()
+
+        dry = cli(server, "state", "prune", "--before", cutoff, "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert sorted(json.loads(dry.stdout)["eligible"]) == sorted(done)
+        assert json.loads(cli(server, "state", "status", "--json").stdout)["counts"]["runs"]["completed"] == 3
+
+        backup = tmp_path / "backups" / "before-prune.sqlite"
+        args = ("state", "prune", "--before", cutoff, "--backup", str(backup), "--apply", "--json")
+        applied = cli(server, *args)
+        assert applied.returncode == 0, applied.stderr
+        receipt = json.loads(applied.stdout)
+        assert receipt["applied"] is True and sorted(receipt["eligible"]) == sorted(done)
+        assert receipt["deleted"]["trees"] == 3 and receipt["deleted"]["runs"] == 3 and receipt["deleted"]["blobs"] > 0
+        assert receipt["vacuumed"] is True and receipt["integrity"] == [] and receipt["backup"] == str(backup)
+        again = cli(server, *args)  # the same command: the first answer adopted, nothing copied or deleted
+        assert again.returncode == 0 and json.loads(again.stdout)["deleted"] == receipt["deleted"], again.stderr
+
+        with server.client() as client:
+            listed = client.request("run.list", {"limit": 50}).receipt["items"]
+            assert [item["runId"] for item in listed] == [kept]
+            assert client.request("run.status", {}, run_id=done[0]).outcome == "notFound"
+        assert json.loads(cli(server, "state", "verify", "--json").stdout)["ok"] is True
+        kept_copy = cli(server, "state", "verify", str(backup), "--json")
+        assert kept_copy.returncode == 0 and json.loads(kept_copy.stdout)["ok"] is True  # the runs live on there
+        assert cli(server, "state", "prune", "--before", cutoff, "--apply").returncode == 2  # no --backup
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import StateBackup, StateStatus, StateVerify
-from piworkflows.writer import backup, invariants
+from piworkflows.protocol.internal import StateBackup, StatePrune, StateStatus, StateVerify
+from piworkflows.writer import backup, invariants, prune
 from piworkflows.writer.contract import Handler, Result, Tx
 
 MAINTAINERS = frozenset({"client", "operator", "server", "maintenance"})
@@ -97,10 +97,38 @@ class Backup(Handler[StateBackup]):
 
     def execute(self, tx: Tx, cmd: StateBackup) -> Result:
         if cmd.performed is None:
-            active = Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
-            backup.check_destination(cmd.destination, active)  # raises the refusal
+            backup.check_destination(cmd.destination, _active_database(tx))  # raises the refusal
             raise CommandError("notAvailable", "a backup is made by the writer loop, not inside a group")
         return Result(receipt={**cmd.performed.model_dump(), "verified": True})
 
 
-HANDLERS = (Status(), Verify(), Backup())
+class Prune(Handler[StatePrune]):
+    """A dry run selects and changes nothing; an apply (after the loop made and verified its
+    backup) rechecks the selection and deletes the eligible trees and unreferenced blobs."""
+
+    kind = StatePrune.kind
+    model = StatePrune
+    actors = MAINTAINERS
+
+    def execute(self, tx: Tx, cmd: StatePrune) -> Result:
+        if cmd.apply and cmd.performed_backup is None:
+            if cmd.backup_path is None:
+                raise CommandError("validationFailed", "prune --apply needs --backup with a new absolute path")
+            backup.check_destination(cmd.backup_path, _active_database(tx))  # raises the refusal
+            raise CommandError("notAvailable", "a prune is applied by the writer loop, after its backup")
+        selection = prune.select(tx.conn, cmd.before_ms, tx.now)
+        if not cmd.apply:
+            return Result(receipt={"applied": False, **selection})
+        runs = sum(prune.delete_tree(tx.conn, root) for root in selection["eligible"])
+        blobs = prune.delete_unreferenced_blobs(tx.conn)
+        assert cmd.performed_backup is not None
+        deleted = {"trees": len(selection["eligible"]), "runs": runs, "blobs": blobs}
+        return Result(receipt={"applied": True, **selection, "deleted": deleted,
+                               "backup": cmd.performed_backup.destination})  # fmt: skip
+
+
+def _active_database(tx: Tx) -> Path:
+    return Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
+
+
+HANDLERS = (Status(), Verify(), Backup(), Prune())
