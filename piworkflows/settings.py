@@ -58,6 +58,13 @@ class Settings(BaseModel):
     effect_retry_max_ms: int = Field(default=60_000, ge=1)
     # How long a runner waiting on an effect the pool applies waits before it looks again.
     effect_await_ms: int = Field(default=30_000, ge=10)
+    # Automatic retention (spec, Automatic retention): terminal root-run trees older than
+    # retention_age_ms go; at most one completed sweep per retention_interval_ms; a sweep that found
+    # work active (or failed) is tried again after retention_idle_retry_ms.
+    retention: bool = True  # off only where a test counts the writer's commits
+    retention_age_ms: int = Field(default=30 * 24 * 3600 * 1000, ge=0)
+    retention_interval_ms: int = Field(default=24 * 3600 * 1000, ge=10)
+    retention_idle_retry_ms: int = Field(default=5 * 60 * 1000, ge=10)
     # state.backup copies this many pages between two write groups.
     backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.

@@ -460,6 +460,7 @@ class StatePruneReceipt(BaseModel):
     integrity: list[str] | None = None
     pageCount: int | None = None
     freelistCount: int | None = None
+    pageSize: int | None = None
 
 
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {

@@ -252,6 +252,21 @@ class StatePrune(Command):
     performed_backup: BackupDone | None = None
 
 
+class StateRetain(Command):
+    """Automatic retention, one step: recheck the selection and delete one eligible tree (and the
+    blobs no longer referenced) in one transaction. No backup."""
+
+    kind: ClassVar[str] = "state.retain"
+    cutoff_ms: int = Field(ge=0)
+
+
+class StateCompact(Command):
+    """After a retention sweep, while idle: truncate the WAL, measure, and VACUUM only when at
+    least 64 MiB and 20 percent of the pages are free (the writer loop does it, outside groups)."""
+
+    kind: ClassVar[str] = "state.compact"
+
+
 # --- runs ---------------------------------------------------------------------
 
 
@@ -735,6 +750,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         StateVerify,
         StateBackup,
         StatePrune,
+        StateRetain,
+        StateCompact,
     )
 }
 

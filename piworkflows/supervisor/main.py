@@ -32,6 +32,7 @@ from piworkflows.supervisor.lock import HostLock
 from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
+from piworkflows.supervisor.retention import Retention
 from piworkflows.supervisor.router import Router
 from piworkflows.supervisor.scheduler import Scheduler
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
@@ -65,6 +66,7 @@ class Supervisor:
         self.resolvers = Resolvers(self, settings)
         self.scheduler = Scheduler(self)
         self.outbox = OutboxPool(self)
+        self.retention = Retention(self)
         self.router = Router(self)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -112,6 +114,7 @@ class Supervisor:
             await self._take_epoch()
             await self.outbox.start()
             await self.scheduler.start()
+            self.retention.start()  # after startup recovery
             await self.server.start()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -158,6 +161,7 @@ class Supervisor:
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
+        await self.retention.stop()
         await self.scheduler.stop()
         await self.outbox.stop()
         await self.resolvers.close()

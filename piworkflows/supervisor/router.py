@@ -259,7 +259,17 @@ class Router:
         """Made by the writer between its write groups; answered after the copy verified."""
         body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
                 "destination": payload.destination}  # fmt: skip
-        return from_reply(request, await self.supervisor.writer.request("state.backup", body))
+        return from_reply(request, await self._maintenance("state.backup", body))
+
+    async def _maintenance(self, kind: str, body: dict[str, Any]) -> Reply:
+        """A maintenance command in flight keeps automatic retention away."""
+        retention = self.supervisor.retention
+        retention.maintenance_in_flight += 1
+        try:
+            reply: Reply = await self.supervisor.writer.request(kind, body)
+            return reply
+        finally:
+            retention.maintenance_in_flight -= 1
 
     async def state_prune(self, request: client_v1.Request, payload: client_v1.StatePrunePayload) -> client_v1.Response:
         """A dry run is a read (not stored); an apply is stored with its key, answered after the
@@ -275,7 +285,7 @@ class Router:
                                 "apply": payload.apply, "backup_path": payload.backupPath}  # fmt: skip
         if payload.apply:
             body["client_receipt"] = receipt_key(request)
-        return from_reply(request, await self.supervisor.writer.request("state.prune", body))
+        return from_reply(request, await self._maintenance("state.prune", body))
 
     async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
         body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,

@@ -341,6 +341,7 @@ class Scheduler:
         if handle.record_ended:  # the run ended or waits: that commit ended the runner record
             self.active.pop(handle.run_id, None)
             self.wake()
+            self.supervisor.retention.request()
             return
         body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
                 "stopped_by_server": handle.stopping}  # fmt: skip
@@ -351,6 +352,7 @@ class Scheduler:
             log.warning("the exit of a runner was not recorded: %s", reply.outcome)
         self.active.pop(handle.run_id, None)
         self.wake()
+        self.supervisor.retention.request()  # a lifecycle trigger: retention looks when all is idle
 
     async def _renewal(self) -> None:
         while not self._stopping:

@@ -48,6 +48,7 @@ from piworkflows.protocol.internal import (
     Ready,
     Reply,
     StateBackup,
+    StateCompact,
     StatePrune,
 )
 from piworkflows.protocol.link import AsyncLink, Link
@@ -64,7 +65,9 @@ EXIT_DATABASE_LOST = 5
 EXIT_BAD_FRAME = 6
 _RECV_BYTES = 1 << 20
 # Maintenance the loop runs one at a time, between write groups (never inside one).
-MAINTENANCE_KINDS = frozenset({StateBackup.kind, StatePrune.kind})
+MAINTENANCE_KINDS = frozenset({StateBackup.kind, StatePrune.kind, StateCompact.kind})
+VACUUM_MIN_BYTES = 64 * 1024 * 1024  # retention vacuums only when this much ...
+VACUUM_MIN_FREE = 0.2  # ... and this share of the pages is free
 
 
 class PipeLogHandler(logging.Handler):
@@ -155,8 +158,11 @@ class WriterLoop:
                 item = self.backups.popleft()
                 if item.kind == StateBackup.kind:
                     self._backup(item)
-                else:
+                elif item.kind == StatePrune.kind:
                     self._prune(item)
+                else:
+                    reply = Reply(outcome="accepted", receipt=self._compact(vacuum_if_worth_it=True))
+                    self.sock.sendall(_encode_reply(item.corr_id, reply))
             finally:
                 self.backing_up = False
                 state_commands.MAINTENANCE = None
@@ -230,19 +236,25 @@ class WriterLoop:
         self.sock.sendall(_encode_reply(corr_id, reply))
         self._apply_local_effects()
 
-    def _compact(self) -> dict[str, object]:
-        """After a committed prune: truncate the WAL, vacuum, then integrity and foreign keys."""
+    def _compact(self, vacuum_if_worth_it: bool = False) -> dict[str, object]:
+        """After a committed prune (or a retention sweep, while idle): truncate the WAL, measure,
+        VACUUM (retention: only when at least 64 MiB and 20 percent of the pages are free), then
+        integrity and foreign keys. A skipped or failed VACUUM undoes nothing: free pages are reused."""
         conn = self.executor.conn
+        vacuumed = False
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            conn.execute("VACUUM")
-            vacuumed = True
-        except sqlite3.Error as exc:  # the deletion stays committed; the free pages are reused
-            log.error("VACUUM after a prune failed: %s", type(exc).__name__)
-            vacuumed = False
+            pages, free, size = (conn.execute(f"PRAGMA {name}").fetchone()[0]
+                                 for name in ("page_count", "freelist_count", "page_size"))  # fmt: skip
+            if not vacuum_if_worth_it or (free * size >= VACUUM_MIN_BYTES and free >= VACUUM_MIN_FREE * pages):
+                conn.execute("VACUUM")
+                vacuumed = True
+        except sqlite3.Error as exc:
+            log.error("compacting the database failed: %s", type(exc).__name__)
         return {"vacuumed": vacuumed, "integrity": invariants.integrity(conn),
                 "pageCount": conn.execute("PRAGMA page_count").fetchone()[0],
-                "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0]}  # fmt: skip
+                "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0],
+                "pageSize": conn.execute("PRAGMA page_size").fetchone()[0]}  # fmt: skip
 
     def _between_backup_steps(self, done: int, total: int) -> None:
         """Between two steps of the copy: its progress for state.status, and the groups waiting."""

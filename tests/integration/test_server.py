@@ -613,9 +613,9 @@ def test_kill_9_writer_while_clients_send_commands(cleanup: Cleanup, tmp_path: P
 def test_stop_committed_before_a_writer_crash_is_adopted(cleanup: Cleanup, tmp_path: Path):
     """Commit 1 is the epoch; commit 2 is the server.stop, and the writer dies after COMMIT, before replying."""
     state_dir = tmp_path / "s"
-    # No outbox pool: its startup recovery and claims would be commits too.
+    # No outbox pool and no retention: their startup recovery, claims and sweep would be commits too.
     env = {"PIW_FAULTS": "writer.after_commit=crash@2", "PI_WORKFLOWS_CLAIM_RENEW_MS": "60000",
-           "PI_WORKFLOWS_OUTBOX_WORKERS": "0"}  # fmt: skip
+           "PI_WORKFLOWS_OUTBOX_WORKERS": "0", "PI_WORKFLOWS_RETENTION": "false"}  # fmt: skip
     server = cleanup.server(state_dir, env=env).start()  # readiness only connects: no command, no commit
     old_writer = writer_entry(state_dir)
     assert old_writer is not None

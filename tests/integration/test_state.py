@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine_util import TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -149,3 +149,30 @@ def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
+
+
+def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_rest(tmp_path: Path, project: Path):
+    write(project, "tenstep", TENSTEP)
+    env = {"PI_WORKFLOWS_RETENTION_AGE_MS": "1500", "PI_WORKFLOWS_RETENTION_INTERVAL_MS": "200",
+           "PI_WORKFLOWS_RETENTION_IDLE_RETRY_MS": "200"}  # fmt: skip
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    try:
+        finished = start(server, project, "tenstep")
+        assert wait_status(server, finished, "completed", "failed")["display"]["status"] == "completed"
+        with server.client() as client:
+            paused = client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
+            kept = paused.receipt["runId"]
+            assert client.request("run.pause", {}, run_id=kept).outcome == "accepted"
+
+            def gone() -> bool:
+                return client.request("run.status", {}, run_id=finished).outcome == "notFound"
+
+            wait_until(gone, timeout=30, what="the finished run deleted by retention")
+            assert client.request("run.status", {}, run_id=kept).outcome == "accepted"  # unfinished: kept
+            status = client.request("state.status").receipt
+        assert status["counts"]["runs"] == {"queued": 1} and status["violations"] == {}
+        assert json.loads(cli(server, "state", "verify", "--json").stdout)["ok"] is True
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(server.state_dir)
+    assert "retention deleted 1 trees" in server.output()

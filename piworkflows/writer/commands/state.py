@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import StateBackup, StatePrune, StateStatus, StateVerify
+from piworkflows.protocol.internal import (
+    StateBackup,
+    StateCompact,
+    StatePrune,
+    StateRetain,
+    StateStatus,
+    StateVerify,
+)
 from piworkflows.writer import backup, invariants, prune
 from piworkflows.writer.contract import Handler, Result, Tx
 
@@ -127,8 +134,35 @@ class Prune(Handler[StatePrune]):
                                "backup": cmd.performed_backup.destination})  # fmt: skip
 
 
+class Retain(Handler[StateRetain]):
+    """One tree per transaction: the oldest eligible one, rechecked now; the caller yields between."""
+
+    kind = StateRetain.kind
+    model = StateRetain
+    actors = frozenset({"server"})
+
+    def execute(self, tx: Tx, cmd: StateRetain) -> Result:
+        eligible = prune.select(tx.conn, cmd.cutoff_ms, tx.now)["eligible"]
+        if not eligible:
+            return Result(receipt={"deleted": None, "remaining": 0})
+        runs = prune.delete_tree(tx.conn, eligible[0])
+        blobs = prune.delete_unreferenced_blobs(tx.conn)
+        return Result(receipt={"deleted": eligible[0], "runs": runs, "blobs": blobs, "remaining": len(eligible) - 1})
+
+
+class Compact(Handler[StateCompact]):
+    """Never inside a group: the writer loop checkpoints and vacuums between groups."""
+
+    kind = StateCompact.kind
+    model = StateCompact
+    actors = frozenset({"server"})
+
+    def execute(self, tx: Tx, cmd: StateCompact) -> Result:
+        raise CommandError("notAvailable", "compaction runs in the writer loop, outside any transaction")
+
+
 def _active_database(tx: Tx) -> Path:
     return Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
 
 
-HANDLERS = (Status(), Verify(), Backup(), Prune())
+HANDLERS = (Status(), Verify(), Backup(), Prune(), Retain(), Compact())
