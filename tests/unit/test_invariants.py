@@ -45,6 +45,48 @@ def test_each_planted_violation_is_reported_with_its_run(conn, clock, name, plan
     assert invariants.violations(conn, clock.now_ms()) == {name: ["run-1"]}
 
 
+# A finished attempt of run-1 the rows below hang from (foreign keys are off while planting:
+# each test plants exactly the contradiction it names, nothing else).
+FINISHED_ATTEMPT = (
+    "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+    "attempt_status, outcome, lease_generation, started_at, finished_at) "
+    "VALUES ('att-1', 'run-1', 'a', 'agent', 1, 1, 'completed', 'ok', 1, 1, 2)"
+)
+PLANTED_DEEPER = {
+    "pendingRequestOnInactiveAttempt": [
+        FINISHED_ATTEMPT,
+        "INSERT INTO interactive_requests (request_id, run_id, attempt_id, target_session_id, contract_digest, "
+        "request_status, revision, created_at, updated_at) VALUES ('req-1', 'run-1', 'att-1', 's', zeroblob(32), "
+        "'pending', 1, 1, 1)",
+    ],
+    "missingAcceptedSubmission": [
+        FINISHED_ATTEMPT,
+        "INSERT INTO interactive_requests (request_id, run_id, attempt_id, target_session_id, contract_digest, "
+        "request_status, accepted_submission_id, revision, created_at, updated_at) VALUES ('req-1', 'run-1', "
+        "'att-1', 's', zeroblob(32), 'accepted', 'sub-missing', 1, 1, 1)",
+    ],
+    "invalidActiveClock": [
+        FINISHED_ATTEMPT,
+        "INSERT INTO attempt_active_intervals (attempt_id, interval_number, started_at, last_observed_at) "
+        "VALUES ('att-1', 1, 5, 6)",  # still open on a finished attempt
+    ],
+    "conflictingPiTurn": [
+        "UPDATE runs SET status = 'completed', finished_at = 1",
+        "UPDATE run_queue SET queue_status = 'done'",
+        "INSERT INTO workflow_turns (workflow_turn_id, workflow_message_id, run_id, target_session_id, turn_state, "
+        "started_at) VALUES ('turn-1', 'msg-1', 'run-1', 's', 'open', 1)",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED_DEEPER))
+def test_each_deeper_violation_is_reported_with_its_run(conn, clock, name):
+    conn.execute("PRAGMA foreign_keys = OFF")
+    for statement in PLANTED_DEEPER[name]:
+        conn.execute(statement)
+    assert invariants.violations(conn, clock.now_ms()) == {name: ["run-1"]}
+
+
 def test_an_expired_claim_is_a_recovery_fact_not_a_violation(conn, clock):
     conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'o', zeroblob(32), 0, 0, ?)", (clock.now_ms() - 1,))
     assert invariants.violations(conn, clock.now_ms()) == {}
