@@ -329,6 +329,31 @@ def _print_violations(violations: dict[str, list[str]]) -> None:
         click.echo(f"VIOLATED {name}: {', '.join(run_ids)}")
 
 
+def _with_progress(
+    paths: StatePaths, operation: str, payload: dict[str, Any], key: str | None, show: bool
+) -> client_v1.Response:
+    """Send a long maintenance request; on a terminal, draw its progress from state.status polled
+    on a second connection meanwhile."""
+    answer: list[client_v1.Response] = []
+    worker = threading.Thread(target=lambda: answer.append(_request(paths, operation, payload, idempotency_key=key)),
+                              daemon=True)  # fmt: skip
+    worker.start()
+    if show and sys.stdout.isatty():
+        with WorkflowClient(paths.state_dir, retry_for=0) as watcher:
+            while worker.is_alive():
+                progress = watcher.request("state.status").receipt.get("maintenance") or {}
+                if progress:
+                    done, total = progress["done"], max(progress["total"], 1)
+                    bar = "#" * (30 * done // total)
+                    click.echo(f"\r{progress['operation']:<7} [{bar:<30}] {done}/{total}", nl=False)
+                worker.join(0.2)
+        click.echo("\r" + " " * 60 + "\r", nl=False)
+    worker.join()
+    if not answer:  # _request said why (no server)
+        sys.exit(EXIT_RUNTIME)
+    return answer[0]
+
+
 @state_group.command("backup")
 @click.argument("destination", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
@@ -345,22 +370,7 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
     """
     target = os.path.abspath(destination)
     key = f"state.backup:{target}"  # one backup per destination: a repeat adopts it
-    answer: list[client_v1.Response] = []
-    worker = threading.Thread(target=lambda: answer.append(_request(paths, "state.backup", {"destination": target},
-                                                                    idempotency_key=key)), daemon=True)  # fmt: skip
-    worker.start()
-    if sys.stdout.isatty() and not as_json:
-        with WorkflowClient(paths.state_dir, retry_for=0) as watcher:
-            while worker.is_alive():
-                progress = watcher.request("state.status").receipt.get("maintenance") or {}
-                if progress.get("operation") == "backup":
-                    click.echo(f"\rbackup: {progress['done']}/{progress['total']} pages", nl=False)
-                worker.join(0.2)
-        click.echo("\r", nl=False)
-    worker.join()
-    if not answer:  # _request said why (no server)
-        sys.exit(EXIT_RUNTIME)
-    receipt = _accepted(answer[0])
+    receipt = _accepted(_with_progress(paths, "state.backup", {"destination": target}, key, show=not as_json))
     if as_json:
         click.echo(canonical.dumps(receipt))
     else:
@@ -393,7 +403,7 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
     if backup_path is not None:
         payload["backupPath"] = os.path.abspath(backup_path)
     key = f"state.prune:{before}:{payload.get('backupPath')}" if apply else None  # a repeat adopts the apply
-    receipt = _accepted(_request(paths, "state.prune", payload, idempotency_key=key))
+    receipt = _accepted(_with_progress(paths, "state.prune", payload, key, show=apply and not as_json))
     if as_json:
         click.echo(canonical.dumps(receipt))
         return

@@ -7,10 +7,14 @@ import sqlite3
 import pytest
 
 from piworkflows.writer import invariants, prune
-from tests.support import run_create, run_group, submitted, take_epoch
+from tests.support import effect_request, reserve, run_create, run_group, submitted, take_epoch
 
 pytestmark = pytest.mark.timeout(60)
 CLIENT = {"actor_class": "client", "actor_id": "client-1"}
+
+
+def revision(conn, resource_id: str) -> int:
+    return conn.execute("SELECT revision FROM resources WHERE resource_id = ?", (resource_id,)).fetchone()[0]
 
 
 def finish(conn, run_id: str, at: int) -> None:
@@ -83,3 +87,51 @@ def test_an_apply_without_a_backup_is_refused(executor, conn):
     (reply,) = run_group(executor, submitted("state.prune", {"actor": CLIENT, "before_ms": 5_000, "apply": True}))
     assert reply.outcome == "rejected" and "--backup" in reply.error
     assert conn.execute("SELECT count(*) FROM runs").fetchone() == (3,)
+
+
+def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, clock, paths):
+    """Old completed (goes), old failed with a restart still running, old with an unsettled effect,
+    recent, waiting (all stay); a dry run first changes no byte of the database."""
+    conn = executor.conn
+    runs = {name: f"run-{name}" for name in ("done", "failed", "effect", "recent", "waiting")}
+    run_group(executor, take_epoch(), *[run_create(run_id, input_value={"for": name}) for name, run_id in runs.items()])
+    finish(conn, runs["done"], 1_000)
+    finish(conn, runs["failed"], 1_000)
+    conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = 'run-failed'")
+    run_group(executor, run_create("run-child"))  # its restart, still running
+    conn.execute("UPDATE runs SET lineage = 'restart', root_run_id = 'run-failed', parent_run_id = 'run-failed', "
+                 "restart_number = 1 WHERE run_id = 'run-child'")  # fmt: skip
+    finish(conn, runs["effect"], 1_000)
+    run_group(executor, reserve(revision(conn, "run-effect"), effect_request("k", performer="http.request"),
+                                source="run-effect"))  # fmt: skip
+    conn.execute("UPDATE effects SET run_id = 'run-effect', owner_scope = 'run'")
+    finish(conn, runs["recent"], 9_000)
+    conn.execute("UPDATE runs SET status = 'waiting' WHERE run_id = 'run-waiting'")
+    conn.execute("UPDATE run_queue SET queue_status = 'parked' WHERE run_id = 'run-waiting'")
+    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+                 "attempt_status, lease_generation, started_at) VALUES ('a-wait', 'run-waiting', 'ask', "
+                 "'checkpoint', 1, 1, 'waiting', 1, 1)")  # fmt: skip
+    inputs = dict(conn.execute("SELECT run_id, input_digest FROM runs").fetchall())
+
+    def files() -> tuple[bytes, bytes]:
+        return paths.database.read_bytes(), paths.wal.read_bytes()
+
+    before = files()
+    (dry,) = run_group(executor, submitted("state.prune", {"actor": CLIENT, "before_ms": 5_000}))
+    assert files() == before  # no byte changed
+    blocked = {b["rootRunId"]: b["blocker"] for b in dry.receipt["blocked"]}
+    assert dry.receipt["eligible"] == ["run-done"]
+    assert blocked == {"run-failed": "unfinishedRun", "run-effect": "unsettledEffect"}
+
+    done = {"destination": "/backups/b.sqlite", "bytes": 1, "pages": 1}  # what the writer loop made first
+    (applied,) = run_group(executor, submitted("state.prune", {"actor": CLIENT, "before_ms": 5_000, "apply": True,
+                                                               "backup_path": "/backups/b.sqlite",
+                                                               "performed_backup": done}))  # fmt: skip
+    assert applied.outcome == "accepted", applied
+    assert applied.receipt["deleted"] == {"trees": 1, "runs": 1, "blobs": 1}
+    left = {row[0] for row in conn.execute("SELECT run_id FROM runs")}
+    assert left == set(runs.values()) - {"run-done"} | {"run-child"}
+    blobs = {row[0] for row in conn.execute("SELECT digest FROM blobs")}
+    assert inputs["run-done"] not in blobs
+    assert all(inputs[run_id] in blobs for run_id in left)  # every referenced blob kept
+    assert invariants.integrity(conn) == []
