@@ -25,12 +25,14 @@ WRITER_AFTER_COMMIT = "writer.after_commit"
 WRITER_AFTER_REPLY = "writer.after_reply"
 # In an outbox worker: the attempt is recorded and the effect handed over, nothing acted yet;
 # and (http) the request was sent, its answer not read yet.
+# Between two steps of a backup's copy (tests slow it down to watch it).
+WRITER_BACKUP_STEP = "writer.backup_step"
 OUTBOX_AFTER_ATTEMPT_RECORDED = "outbox.after_attempt_recorded"
 OUTBOX_AFTER_REQUEST_SENT = "outbox.after_request_sent"
 
 POINTS = frozenset(
-    {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, OUTBOX_AFTER_ATTEMPT_RECORDED,
-     OUTBOX_AFTER_REQUEST_SENT}
+    {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, WRITER_BACKUP_STEP,
+     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT}
 )  # fmt: skip
 
 

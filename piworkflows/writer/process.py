@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from pydantic import ValidationError
@@ -183,45 +184,24 @@ class WriterLoop:
     def _backup(self, item: Submitted) -> None:
         """state.backup (writer/backup.py): groups keep running between the copy's steps; the
         receipt commits after the copy verified. A stored answer is adopted without a copy."""
-        conn = self.executor.conn
-        try:
-            cmd = StateBackup.model_validate(item.body)
-            if cmd.client_receipt is not None and records.find_answer(conn, cmd.client_receipt) is not None:
-                raise CommandError("resourceExists", "answered before")  # adopted in the group below
-            destination = backup.check_destination(cmd.destination, self.paths.database)
-        except (ValidationError, CommandError):
-            self._run_batch([item])  # the executor adopts, or refuses again and stores it with its key
+        destination = self._new_copy(item, StateBackup, lambda cmd: cmd.destination)
+        if destination is None:
+            self._run_batch([item])  # adopted, or refused and stored with its key
             return
-        try:
-            done = backup.make_backup(conn, destination, self.paths.database, self.clock.now_ms(),
-                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
-        except (CommandError, sqlite3.Error) as exc:  # not stored: a retry with the same key copies again
-            log.error("a backup failed: %s", type(exc).__name__)
-            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
-            return
-        self._run_batch([Submitted(item.corr_id, item.kind, {**item.body, "performed": done})])
+        done = self._copy(item, destination)
+        if done is not None:
+            self._run_batch([Submitted(item.corr_id, item.kind, {**item.body, "performed": done})])
 
     def _prune(self, item: Submitted) -> None:
         """state.prune: a dry run is one read; an apply makes and verifies its backup first (groups
         keep running between the copy's steps), then rechecks and deletes in a group of its own,
         then checkpoints the WAL, vacuums and checks integrity before it answers."""
-        conn = self.executor.conn
-        try:
-            cmd = StatePrune.model_validate(item.body)
-            if not cmd.apply or cmd.backup_path is None:
-                raise CommandError("validationFailed", "a dry run, or refused")  # answered in the group below
-            if cmd.client_receipt is not None and records.find_answer(conn, cmd.client_receipt) is not None:
-                raise CommandError("resourceExists", "answered before")  # adopted in the group below
-            destination = backup.check_destination(cmd.backup_path, self.paths.database)
-        except (ValidationError, CommandError):
-            self._run_batch([item])
+        destination = self._new_copy(item, StatePrune, lambda cmd: cmd.backup_path if cmd.apply else None)
+        if destination is None:
+            self._run_batch([item])  # a dry run; adopted; or refused and stored with its key
             return
-        try:
-            done = backup.make_backup(conn, destination, self.paths.database, self.clock.now_ms(),
-                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
-        except (CommandError, sqlite3.Error) as exc:
-            log.error("the backup before a prune failed: %s", type(exc).__name__)
-            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
+        done = self._copy(item, destination)
+        if done is None:
             return
         state_commands.MAINTENANCE = {"operation": "prune", "done": 0, "total": 1}
         item = Submitted(item.corr_id, item.kind, {**item.body, "performed_backup": done})
@@ -235,6 +215,33 @@ class WriterLoop:
             reply = reply.model_copy(update={"receipt": {**reply.receipt, **self._compact()}})
         self.sock.sendall(_encode_reply(corr_id, reply))
         self._apply_local_effects()
+
+    def _new_copy(self, item: Submitted, model: type[Any], target: Callable[[Any], str | None]) -> Path | None:
+        """Where a maintenance request wants its new copy, or None when the executor answers the
+        request as it is: invalid (refused there, stored with its key), answered before
+        (adopted), or one that copies nothing (a dry run)."""
+        try:
+            cmd = model.model_validate(item.body)
+            path = target(cmd)
+            if path is None:
+                return None
+            if cmd.client_receipt is not None and records.find_answer(self.executor.conn, cmd.client_receipt):
+                return None
+            checked: Path = backup.check_destination(path, self.paths.database)
+            return checked
+        except (ValidationError, CommandError):
+            return None
+
+    def _copy(self, item: Submitted, destination: Path) -> dict[str, Any] | None:
+        """The verified copy (writer/backup.py), or None after answering unavailable: a failed copy is
+        removed and not stored, so a retry with the same key copies again."""
+        try:
+            return backup.make_backup(self.executor.conn, destination, self.paths.database, self.clock.now_ms(),
+                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
+        except (CommandError, sqlite3.Error) as exc:
+            log.error("a backup failed: %s", type(exc).__name__)
+            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
+            return None
 
     def _compact(self, vacuum_if_worth_it: bool = False) -> dict[str, object]:
         """After a committed prune (or a retention sweep, while idle): truncate the WAL, measure,
@@ -259,6 +266,7 @@ class WriterLoop:
     def _between_backup_steps(self, done: int, total: int) -> None:
         """Between two steps of the copy: its progress for state.status, and the groups waiting."""
         state_commands.MAINTENANCE = {"operation": "backup", "done": done, "total": total}
+        faults.hit(faults.WRITER_BACKUP_STEP)
         if not self._drain():
             raise OSError("the supervisor closed the pipe")
         while any(item.kind not in MAINTENANCE_KINDS for item in self.queue):
