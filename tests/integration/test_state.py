@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -180,3 +181,44 @@ def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
     assert "retention deleted 1 trees" in server.output()
+
+
+def test_a_backup_while_four_clients_write_holds_every_run_acknowledged_before_it(tmp_path: Path, project: Path):
+    """4 client threads start runs continuously; every start acknowledged before the backup was
+    sent is in the verified copy."""
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_BACKUP_STEP_PAGES": "4",
+                                                "PI_WORKFLOWS_MAX_RUNNERS": "0"}).start()  # fmt: skip
+    stop = threading.Event()
+    acknowledged: list[tuple[float, str]] = []
+
+    def writer() -> None:
+        with server.client() as client:
+            while not stop.is_set():
+                answer = client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
+                assert answer.outcome == "accepted", answer
+                acknowledged.append((time.monotonic(), answer.receipt["runId"]))
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(acknowledged) >= 40, what="runs acknowledged before the backup")
+        sent = time.monotonic()
+        before = {run_id for at, run_id in list(acknowledged) if at < sent}
+        backups = tmp_path / "backups"
+        with server.client() as client:
+            made = client.request("state.backup", {"destination": str(backups / "b.sqlite")})
+        assert made.outcome == "accepted", made
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert server.stop() == 0, server.output()
+    assert json.loads(cli(server, "state", "verify", str(backups / "b.sqlite"), "--json").stdout)["ok"] is True
+    copy = sqlite3.connect(f"file:{backups / 'b.sqlite'}?mode=ro&immutable=1", uri=True)
+    try:
+        in_copy = {row[0] for row in copy.execute("SELECT run_id FROM runs")}
+    finally:
+        copy.close()
+    assert before <= in_copy
+    check_state(server.state_dir)

@@ -62,13 +62,15 @@ def test_a_database_that_is_not_ours_fails_on_its_schema(tmp_path, paths):
     assert result["ok"] is False and result["schema"] == "not a backup of this build's state: wrong application id"
 
 
-def test_the_active_database_is_refused_by_every_name(executor, paths, tmp_path):
+def test_the_active_database_is_refused_by_every_name(executor, paths, tmp_path, monkeypatch):
     run_group(executor, take_epoch())
     active = paths.database
     (tmp_path / "link").symlink_to(active)
     os.link(active, tmp_path / "hardlink")
     dotted = active.parent / ".." / active.parent.name / active.name
-    for name in (active, tmp_path / "link", tmp_path / "hardlink", dotted):
+    monkeypatch.chdir(tmp_path)
+    relative = Path(os.path.relpath(active, tmp_path))
+    for name in (active, tmp_path / "link", tmp_path / "hardlink", dotted, relative):
         with pytest.raises(offline.NotABackup, match="is the active database"):
             offline.verify_backup(name, active, NOW)
 
