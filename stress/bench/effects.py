@@ -20,12 +20,12 @@ import os
 import sqlite3
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from stress.bench.fs import bench_dir, cleanup, filesystem_of
+from stress.bench.runs import wait_idle
 from stress.ledger import LedgerServer
 
 WORKFLOW = """
@@ -44,14 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runners", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="outbox workers")
     parser.add_argument("--dir", help="where to create the temporary state dir (a disk, not tmpfs)")
-
-
-def _wait_idle(client: WorkflowClient) -> None:
-    while True:
-        counts = client.request("server.status").receipt
-        if counts["queuedRuns"] + counts["runningRuns"] + counts["parkedRuns"] + counts["waitingRuns"] == 0:
-            return
-        time.sleep(0.02)
 
 
 def _latencies(paths: StatePaths) -> list[int]:
@@ -88,12 +80,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             payload = {"projectPath": str(project), "workflowName": "posts", "input": {"url": ledger.url + "/post"}}
             if client.request("run.start", payload).outcome != "accepted":  # warm-up: runner and resolver start
                 raise SystemExit("the warm-up run failed")
-            _wait_idle(client)
+            wait_idle(client)
             began = time.perf_counter()
             for _ in range(args.runs):
                 if client.request("run.start", payload).outcome != "accepted":
                     raise SystemExit("run.start failed")
-            _wait_idle(client)
+            wait_idle(client)
             elapsed = time.perf_counter() - began
             requests = len(ledger.requests)
         stop_server(paths)

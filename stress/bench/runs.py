@@ -127,14 +127,14 @@ def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float]:
     with WorkflowClient(paths.state_dir) as client:
         payload = {"projectPath": str(project), "workflowName": "ten-nodes"}
         warm_up = [client.request("run.start", payload) for _ in range(4)]  # runner and resolver children start
-        _wait_idle(client)
+        wait_idle(client)
         if any(r.outcome != "accepted" for r in warm_up):
             raise SystemExit("the warm-up runs failed")
         began = time.perf_counter()
         for _ in range(count):
             if client.request("run.start", payload).outcome != "accepted":
                 raise SystemExit("run.start failed")
-        _wait_idle(client)
+        wait_idle(client)
         elapsed = time.perf_counter() - began
         page = client.request("run.list", {"limit": 256}).receipt
         if sum(1 for i in page["items"] if i["display"]["status"] == "completed") != count + len(warm_up):
@@ -155,7 +155,7 @@ def measure_dbos(base: Path, count: int) -> dict[str, Any] | None:
     return result
 
 
-def _wait_idle(client: WorkflowClient) -> None:
+def wait_idle(client: WorkflowClient) -> None:
     """Until no run is queued, running, parked or waiting (polling the cheap counts every 20 ms)."""
     while True:
         counts = client.request("server.status").receipt
