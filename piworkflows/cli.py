@@ -21,6 +21,7 @@ from piworkflows import canonical
 from piworkflows.client import ClientError, ServerNotRunning, StartFailed, WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
+from piworkflows.states import EFFECT_STATUSES
 
 EXIT_RUNTIME = 1
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
@@ -472,7 +473,7 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
     """
     payload: dict[str, Any] = {}
     if show_all:
-        payload["statuses"] = ["pending", "applying", "ambiguous", "applied", "rejected", "cancelled"]
+        payload["statuses"] = sorted(EFFECT_STATUSES)
     page = _accepted(_request(paths, "effect.list", payload, run_id=run_id))
     if as_json:
         for item in page["items"]:
@@ -499,9 +500,10 @@ def effect_group() -> None:
     """Operator recovery of an ambiguous effect (the run view's review control)."""
 
 
-def _ambiguous_effect(paths: StatePaths, effect_id: str) -> dict[str, Any]:
-    statuses = ["pending", "applying", "ambiguous", "applied", "rejected", "cancelled"]
-    items = _accepted(_request(paths, "effect.list", {"effectId": effect_id, "statuses": statuses}))["items"]
+def _effect(paths: StatePaths, effect_id: str) -> dict[str, Any]:
+    """One effect as effect.list shows it, whatever its status."""
+    payload = {"effectId": effect_id, "statuses": sorted(EFFECT_STATUSES)}
+    items = _accepted(_request(paths, "effect.list", payload))["items"]
     if not items:
         fail(f"no effect {effect_id}; list them with 'pi-workflows effects'")
     item: dict[str, Any] = items[0]
@@ -541,7 +543,7 @@ def effect_retry(paths: StatePaths, effect_id: str) -> None:
 
     Example: pi-workflows effect retry effect-0123abcd
     """
-    attempts = _ambiguous_effect(paths, effect_id)["attempts"]
+    attempts = _effect(paths, effect_id)["attempts"]
     key = f"effect.retry:{effect_id}:{attempts}"  # one retry per attempt number: a repeat adopts it
     response = _request(paths, "effect.retry", {"effectId": effect_id}, idempotency_key=key)
     _accepted(response)

@@ -62,6 +62,8 @@ RECOVERY_POLICIES = frozenset({"idempotent", "manual"})
 EFFECT_OWNER_SCOPES = frozenset({"server", "run", "resource_manager", "channel"})
 EFFECT_ATTEMPT_STATUSES = frozenset({"applying", "applied", "rejected", "failed", "ambiguous"})
 UNSETTLED_EFFECT_STATUSES = frozenset({"pending", "applying", "ambiguous"})
+# Still the performer's work (an ambiguous one is an operator's): what a waiting runner waits for.
+EFFECT_WORK_STATUSES = frozenset({"pending", "applying"})
 TERMINAL_EFFECT_STATUSES = frozenset({"applied", "rejected", "cancelled"})
 
 # Allowed effect status transitions. ``applying -> pending`` schedules the next

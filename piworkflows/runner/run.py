@@ -28,6 +28,7 @@ from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
+from piworkflows.states import EFFECT_WORK_STATUSES
 from piworkflows.workflows import CompiledWorkflow, discovery, routing
 from piworkflows.workflows.context import NodeContext
 from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
@@ -88,7 +89,6 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
 
 EFFECT_AMBIGUOUS = "effectAmbiguous"
 Ended = tuple[str, Any, "str | None", "str | None"]  # node outcome, output, error text, error code
-UNSETTLED = ("pending", "applying")
 
 
 def effect_request(node: ActionNode, ctx: NodeContext) -> tuple[str, dict[str, Any]]:
@@ -127,8 +127,8 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
             return None
         receipt = reserved.receipt
         status = receipt["effectStatus"]
-        if status in UNSETTLED and performer != "runner":
-            while status in UNSETTLED:  # the pool performs it; the run's claim stays renewed meanwhile
+        if status in EFFECT_WORK_STATUSES and performer != "runner":
+            while status in EFFECT_WORK_STATUSES:  # the pool performs it; the run's claim stays renewed meanwhile
                 waited = channel.request("effect.await", {"effect_id": receipt["effectId"]})
                 if waited.outcome != "accepted" or waited.receipt is None:
                     return None

@@ -44,7 +44,6 @@ log = logging.getLogger("piworkflows.supervisor")
 
 WORKER_MARKER = "piworkflows.outbox"
 SERVER = {"actor_class": "server"}
-UNSETTLED = frozenset({"pending", "applying"})
 _STEADY_S = 10.0  # a worker that lived this long restarts after the shortest delay again
 
 

@@ -38,7 +38,7 @@ import psutil
 from piworkflows import canonical
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, new_claim
-from piworkflows.states import RUNNER_PARK_REASONS
+from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import Identity
 
@@ -257,7 +257,7 @@ class Scheduler:
         handle.awaiting = settled = pool.watch(effect_id)
         try:
             status = await self._effect_status(effect_id)
-            if status in ("pending", "applying") and not handle.stopping:
+            if status in EFFECT_WORK_STATUSES and not handle.stopping:
                 try:
                     await asyncio.wait_for(asyncio.shield(settled), timeout=self.settings.effect_await_ms / 1000)
                 except TimeoutError:
@@ -271,8 +271,8 @@ class Scheduler:
         return Reply(outcome="accepted", receipt={"effectId": effect_id, "effectStatus": status})
 
     async def _effect_status(self, effect_id: str) -> str | None:
-        statuses = ["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]
-        reply = await self.request("effect.list", {"effect_id": effect_id, "statuses": statuses, "limit": 1})
+        reply = await self.request("effect.list", {"effect_id": effect_id, "statuses": sorted(EFFECT_STATUSES),
+                                                   "limit": 1})  # fmt: skip
         items = (reply.receipt or {}).get("items") if reply.outcome == "accepted" else None
         return items[0]["status"] if items else None
 

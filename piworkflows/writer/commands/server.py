@@ -16,6 +16,7 @@ from piworkflows.protocol.internal import (
     ServerTakeEpoch,
 )
 from piworkflows.writer import records
+from piworkflows.writer.commands import state
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 
 SERVER_RESOURCE_ID = "server"
@@ -138,22 +139,15 @@ class Counts(Handler[ServerCounts]):
         conn = tx.conn
         runs = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
         parked = conn.execute("SELECT count(*) FROM run_queue WHERE queue_status = 'parked'").fetchone()[0]
-        expired = conn.execute(
-            "SELECT count(*) FROM leases WHERE owner_id IS NOT NULL AND expires_at <= ?", (tx.now,)
-        ).fetchone()[0]
-        pending = conn.execute(
-            "SELECT count(*) FROM interactive_requests WHERE request_status IN ('pending', 'validating')"
-        ).fetchone()[0]
-        ambiguous = conn.execute("SELECT count(*) FROM effects WHERE effect_status = 'ambiguous'").fetchone()[0]
+        shared = {name: state.count(conn, name, tx.now)
+                  for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects")}  # fmt: skip
         return Result(
             receipt={
                 "queuedRuns": runs.get("queued", 0),
                 "runningRuns": runs.get("running", 0),
                 "parkedRuns": parked,
                 "waitingRuns": runs.get("waiting", 0),
-                "expiredClaims": expired,
-                "pendingInteractions": pending,
-                "ambiguousEffects": ambiguous,
+                **shared,
             }
         )
 

@@ -11,6 +11,7 @@ violations with the affected run ids; ``state.verify`` runs SQLite's
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,15 @@ COUNTS: dict[str, str] = {
 }
 
 
+def count(conn: sqlite3.Connection, name: str, now: int) -> int:
+    """One of the safe counts (server.status reports some of them too)."""
+    found: int = conn.execute(COUNTS[name], {"now": now}).fetchone()[0]
+    return found
+
+
 def _database_bytes(tx: Tx) -> dict[str, int]:
-    """The main database file and its WAL, in bytes (the connection names the file)."""
-    path = next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main")
+    """The main database file and its WAL, in bytes."""
+    path = str(_active_database(tx))
     sizes = {}
     for name, file in (("fileBytes", path), ("walBytes", path + "-wal")):
         try:
@@ -67,7 +74,7 @@ class Status(Handler[StateStatus]):
 
     def execute(self, tx: Tx, cmd: StateStatus) -> Result:
         conn = tx.conn
-        counts: dict[str, Any] = {name: conn.execute(q, {"now": tx.now}).fetchone()[0] for name, q in COUNTS.items()}
+        counts: dict[str, Any] = {name: count(conn, name, tx.now) for name in COUNTS}
         counts["runs"] = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
         return Result(
             receipt={
@@ -162,6 +169,7 @@ class Compact(Handler[StateCompact]):
 
 
 def _active_database(tx: Tx) -> Path:
+    """The file the writer's connection has open."""
     return Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
 
 
