@@ -258,6 +258,7 @@ class StateRetain(Command):
 
     kind: ClassVar[str] = "state.retain"
     cutoff_ms: int = Field(ge=0)
+    after: tuple[int, str] | None = None  # the sweep's cursor: (finished_at, root run id) last taken
 
 
 class StateCompact(Command):

@@ -6,6 +6,8 @@
       ── due? (no completed sweep in the last retention_interval_ms of this process)
       ── idle? no runner active or pending, no maintenance command, no shutdown
       ── state.retain, one tree per transaction (rechecked at the writer), yield, idle again?
+           the sweep walks the candidates oldest first with a cursor: a tree blocked once waits
+           for the next sweep
            ... until none is eligible: the sweep completed
       ── idle: state.compact (WAL truncated; VACUUM only when it reclaims enough)
     stopped between trees, or work became active: still due (the next trigger continues)
@@ -80,14 +82,15 @@ class Retention:
     async def _sweep(self) -> bool:
         """Delete eligible trees one per transaction; True when none is left (completed)."""
         cutoff = int(time.time() * 1000) - self.settings.retention_age_ms
-        deleted = 0
+        deleted, cursor = 0, None
         while True:
-            reply = await self.supervisor.writer.request("state.retain", {"actor": SERVER, "cutoff_ms": cutoff})
+            body = {"actor": SERVER, "cutoff_ms": cutoff, "after": cursor}
+            reply = await self.supervisor.writer.request("state.retain", body)
             if reply.outcome != "accepted" or reply.receipt is None:
                 raise RuntimeError(f"state.retain answered {reply.outcome}")
             if reply.receipt["deleted"] is None:
                 break
-            deleted += 1
+            deleted, cursor = deleted + 1, reply.receipt["cursor"]
             await asyncio.sleep(0)  # yield: new work goes first
             if not await self._idle():
                 log.info("retention paused after %d trees: work became active", deleted)

@@ -3,21 +3,28 @@
 A tree is a root run and every run whose ``root_run_id`` names it (restarts,
 child runs). It is a candidate when its root finished before the cutoff; it
 is eligible only when no blocker holds for any of its runs. Manual prune and
-(later) automatic retention use these same functions.
+automatic retention use these same functions: prune selects every candidate and
+deletes the eligible trees at once; retention walks the candidates oldest first
+with a cursor and deletes one tree per transaction.
 
 Deleting a tree, in the caller's transaction: the runs (their rows in every
 run-scoped table go with them: ``ON DELETE CASCADE``), then the resources of
 the runs and of what they owned (effects, settings scopes, follow-ups,
 segments, decisions, messages; events and leases go with them), then every
-blob no foreign key references any more.
+blob that a deleted row referenced and no foreign key references any more (only
+those are looked at: a blob written for a command still on its way is never
+touched).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 TREE = "SELECT run_id FROM runs WHERE root_run_id = :root"
+FREED = "piw_freed_digests"  # temp table: the digests the rows deleted by this call referenced
 RETENTION_FUNCTION = "piw_retention_deleting"  # what the events delete trigger asks (writer/db.py registers 0)
 
 # blocker -> a query that returns a row when the tree (:root) must be kept
@@ -40,9 +47,15 @@ BLOCKERS: dict[str, str] = {
     "unsettledEffect": f"SELECT 1 FROM effects WHERE run_id IN ({TREE}) "
     "AND effect_status IN ('pending', 'applying', 'ambiguous')",
     "controllerOwnership": f"SELECT 1 FROM controller_workflows WHERE run_id IN ({TREE})",
-    "outsideReference": f"SELECT 1 FROM runs o WHERE o.root_run_id != :root AND (o.parent_run_id IN ({TREE}) "
-    f"OR o.recovery_root_run_id IN ({TREE}) OR o.parent_attempt_id IN "
-    f"(SELECT attempt_id FROM node_attempts WHERE run_id IN ({TREE})))",
+    # one indexed lookup per lineage column (an OR across them would scan every run)
+    "outsideReference": " UNION ALL ".join(
+        f"SELECT 1 FROM runs o WHERE o.{column} IS NOT NULL AND o.{column} IN ({within}) AND o.root_run_id != :root"
+        for column, within in (
+            ("parent_run_id", TREE),
+            ("recovery_root_run_id", TREE),
+            ("parent_attempt_id", f"SELECT attempt_id FROM node_attempts WHERE run_id IN ({TREE})"),
+        )
+    ),  # fmt: skip
     "outsideEffectSource": f"SELECT 1 FROM effects e WHERE e.source_resource_id IN ({TREE}) "
     f"AND (e.run_id IS NULL OR e.run_id NOT IN ({TREE}))",
 }
@@ -58,25 +71,63 @@ OWNED_RESOURCES = (
 )
 
 
+def candidates(
+    conn: sqlite3.Connection, cutoff_ms: int, after: tuple[int, str] | None = None
+) -> Iterator[tuple[int, str]]:
+    """Root runs that finished before the cutoff, oldest first, as ``(finished_at, root)``, read
+    lazily; ``after`` resumes a walk past the candidates already seen."""
+    low = after if after is not None else (-1, "")
+    yield from conn.execute(  # repeats runs_finished_roots' condition, so SQLite walks that index
+        "SELECT finished_at, run_id FROM runs WHERE run_id = root_run_id AND finished_at IS NOT NULL "
+        "AND finished_at < ? AND (finished_at, run_id) > (?, ?) ORDER BY finished_at, run_id",
+        (cutoff_ms, *low),
+    )
+
+
+def blocker(conn: sqlite3.Connection, root: str, cutoff_ms: int, now_ms: int) -> str | None:
+    """The first blocker that keeps this candidate tree, None when it may go."""
+    params = {"root": root, "cutoff": cutoff_ms, "now": now_ms}
+    return next((name for name, query in BLOCKERS.items() if conn.execute(query, params).fetchone()), None)
+
+
 def select(conn: sqlite3.Connection, cutoff_ms: int, now_ms: int) -> dict[str, Any]:
-    """Candidate trees (root finished before the cutoff): eligible roots, and the blocked ones
-    with their first blocker. Reads only."""
-    roots = [row[0] for row in conn.execute(
-        "SELECT run_id FROM runs WHERE run_id = root_run_id AND finished_at IS NOT NULL AND finished_at < ? "
-        "ORDER BY finished_at, run_id", (cutoff_ms,))]  # fmt: skip
+    """Every candidate tree: the eligible roots, and the blocked ones with their first blocker.
+    Reads only."""
     eligible, blocked = [], []
-    for root in roots:
-        params = {"root": root, "cutoff": cutoff_ms, "now": now_ms}
-        blocker = next((name for name, query in BLOCKERS.items() if conn.execute(query, params).fetchone()), None)
-        if blocker is None:
+    for _, root in list(candidates(conn, cutoff_ms)):
+        found = blocker(conn, root, cutoff_ms, now_ms)
+        if found is None:
             eligible.append(root)
         else:
-            blocked.append({"rootRunId": root, "blocker": blocker})
+            blocked.append({"rootRunId": root, "blocker": found})
     return {"eligible": eligible, "blocked": blocked}
 
 
-def delete_tree(conn: sqlite3.Connection, root: str) -> int:
-    """Delete one eligible tree in the caller's transaction. Returns how many runs it had."""
+def next_eligible(
+    conn: sqlite3.Connection, cutoff_ms: int, now_ms: int, after: tuple[int, str] | None
+) -> tuple[str | None, tuple[int, str] | None]:
+    """The oldest eligible tree after ``after``, and the cursor past it (blocked trees passed on the
+    way are skipped for the rest of this walk). ``(None, None)`` when none is left."""
+    for finished_at, root in candidates(conn, cutoff_ms, after):
+        if blocker(conn, root, cutoff_ms, now_ms) is None:
+            return root, (finished_at, root)
+    return None, None
+
+
+def delete_trees(conn: sqlite3.Connection, roots: list[str]) -> dict[str, int]:
+    """Delete eligible trees in the caller's transaction, then the blobs they alone referenced."""
+    runs = 0
+    with _freed_digests(conn):
+        for root in roots:
+            runs += _delete_tree(conn, root)
+        clauses = " AND ".join(f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
+                               for t, cols in _blob_references(conn).items() for c in cols)  # fmt: skip
+        freed = f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {clauses}"
+        blobs = conn.execute(freed).rowcount
+    return {"trees": len(roots), "runs": runs, "blobs": blobs}
+
+
+def _delete_tree(conn: sqlite3.Connection, root: str) -> int:
     runs = [row[0] for row in conn.execute(TREE, {"root": root})]
     marks = ", ".join("?" for _ in runs)
     owned = [row[0] for query in OWNED_RESOURCES for row in conn.execute(query.format(tree=marks), runs)]
@@ -93,15 +144,29 @@ def delete_tree(conn: sqlite3.Connection, root: str) -> int:
     return len(runs)
 
 
-def _blob_references(conn: sqlite3.Connection) -> list[tuple[str, str]]:
-    """Every (table, column) with a foreign key to blobs, read from the schema itself."""
+def _blob_references(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """Every table with a foreign key to blobs, and those columns, read from the schema itself."""
     tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")]
-    return [(table, fk[3]) for table in tables for fk in conn.execute(f"PRAGMA foreign_key_list({table})")
-            if fk[2] == "blobs"]  # fmt: skip
+    found = {table: [fk[3] for fk in conn.execute(f"PRAGMA foreign_key_list({table})") if fk[2] == "blobs"]
+             for table in tables}  # fmt: skip
+    return {table: columns for table, columns in found.items() if columns}
 
 
-def delete_unreferenced_blobs(conn: sqlite3.Connection) -> int:
-    """Blobs no foreign key references (in the caller's transaction). Returns how many."""
-    clauses = " AND ".join(f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
-                           for t, c in _blob_references(conn))  # fmt: skip
-    return conn.execute(f"DELETE FROM blobs WHERE {clauses}").rowcount
+@contextlib.contextmanager
+def _freed_digests(conn: sqlite3.Connection) -> Iterator[None]:
+    """While open, every digest a deleted row referenced (directly or through a cascade) is noted
+    in FREED by temporary triggers: only those blobs can have become unreferenced. The triggers
+    live in the connection's temp schema (the main schema and its version are untouched)."""
+    references = _blob_references(conn)
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {FREED} (digest BLOB PRIMARY KEY)")
+    conn.execute(f"DELETE FROM temp.{FREED}")
+    for table, columns in references.items():
+        rows = ", ".join(f"(OLD.{column})" for column in columns)
+        conn.execute(f"CREATE TEMP TRIGGER piw_freed_{table} AFTER DELETE ON main.{table} "
+                     f"BEGIN INSERT OR IGNORE INTO {FREED} VALUES {rows}; END")  # fmt: skip
+    try:
+        yield
+    finally:
+        for table in references:
+            conn.execute(f"DROP TRIGGER IF EXISTS temp.piw_freed_{table}")
+        conn.execute(f"DELETE FROM temp.{FREED}")

@@ -227,6 +227,9 @@ CREATE INDEX runs_by_project_status ON runs (project_id, status);
 CREATE INDEX runs_by_status_finished ON runs (status, finished_at);
 CREATE INDEX runs_by_root ON runs (root_run_id);
 CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_by_recovery_root ON runs (recovery_root_run_id) WHERE recovery_root_run_id IS NOT NULL;
+CREATE INDEX runs_by_parent_attempt ON runs (parent_attempt_id) WHERE parent_attempt_id IS NOT NULL;
+CREATE INDEX runs_finished_roots ON runs (finished_at, run_id) WHERE run_id = root_run_id AND finished_at IS NOT NULL;
 CREATE UNIQUE INDEX runs_one_unfinished_interactive_per_session ON runs (origin_session_id) WHERE execution_mode = 'interactive' AND status IN ('queued', 'running', 'waiting');
 CREATE UNIQUE INDEX runs_one_run_per_recovery_message ON runs (recovery_source_message_id) WHERE recovery_source_message_id IS NOT NULL;
 
@@ -666,3 +669,37 @@ CREATE TABLE run_view_content (
   PRIMARY KEY (run_id, digest, media_type)
 ) STRICT;
 CREATE INDEX run_view_content_by_digest ON run_view_content (digest);
+
+-- Every reference to a blob is indexed: retention deletes a blob only when no row references
+-- it, and SQLite's foreign-key check on that delete would otherwise scan each of these tables.
+CREATE INDEX interactive_requests_by_contract_digest ON interactive_requests (contract_digest);
+CREATE INDEX interactive_submissions_by_payload_digest ON interactive_submissions (payload_digest);
+CREATE INDEX interactive_submissions_by_receipt_digest ON interactive_submissions (receipt_digest) WHERE receipt_digest IS NOT NULL;
+CREATE INDEX runs_by_input_digest ON runs (input_digest);
+CREATE INDEX runs_by_launch_options_digest ON runs (launch_options_digest) WHERE launch_options_digest IS NOT NULL;
+CREATE INDEX runs_by_output_digest ON runs (output_digest) WHERE output_digest IS NOT NULL;
+CREATE INDEX runs_by_error_digest ON runs (error_digest) WHERE error_digest IS NOT NULL;
+CREATE INDEX node_attempts_by_output_digest ON node_attempts (output_digest) WHERE output_digest IS NOT NULL;
+CREATE INDEX node_attempts_by_error_digest ON node_attempts (error_digest) WHERE error_digest IS NOT NULL;
+CREATE INDEX node_attempts_by_receipt_digest ON node_attempts (receipt_digest) WHERE receipt_digest IS NOT NULL;
+CREATE INDEX workflow_updates_by_body_digest ON workflow_updates (body_digest);
+CREATE INDEX workflow_settings_by_value_digest ON workflow_settings (value_digest);
+CREATE INDEX workflow_setting_changes_by_patch_digest ON workflow_setting_changes (patch_digest);
+CREATE INDEX workflow_setting_changes_by_value_digest ON workflow_setting_changes (value_digest);
+CREATE INDEX workflow_follow_ups_by_prompt_digest ON workflow_follow_ups (prompt_digest);
+CREATE INDEX session_entries_by_content_digest ON session_entries (content_digest);
+CREATE INDEX human_decisions_by_request_digest ON human_decisions (request_digest);
+CREATE INDEX human_decisions_by_default_response_digest ON human_decisions (default_response_digest) WHERE default_response_digest IS NOT NULL;
+CREATE INDEX human_decision_submissions_by_response_digest ON human_decision_submissions (response_digest);
+CREATE INDEX human_decision_resolutions_by_response_digest ON human_decision_resolutions (response_digest) WHERE response_digest IS NOT NULL;
+CREATE INDEX controller_resources_by_metadata_digest ON controller_resources (metadata_digest) WHERE metadata_digest IS NOT NULL;
+CREATE INDEX controller_resources_by_spec_digest ON controller_resources (spec_digest);
+CREATE INDEX controller_resources_by_status_digest ON controller_resources (status_digest) WHERE status_digest IS NOT NULL;
+CREATE INDEX controller_queue_by_last_error_digest ON controller_queue (last_error_digest) WHERE last_error_digest IS NOT NULL;
+CREATE INDEX effects_by_payload_digest ON effects (payload_digest);
+CREATE INDEX effects_by_result_digest ON effects (result_digest) WHERE result_digest IS NOT NULL;
+CREATE INDEX effects_by_error_digest ON effects (error_digest) WHERE error_digest IS NOT NULL;
+CREATE INDEX effect_attempts_by_result_digest ON effect_attempts (result_digest) WHERE result_digest IS NOT NULL;
+CREATE INDEX effect_attempts_by_error_digest ON effect_attempts (error_digest) WHERE error_digest IS NOT NULL;
+CREATE INDEX workflow_messages_by_content_digest ON workflow_messages (content_digest);
+CREATE INDEX viewer_session_checkpoints_by_state_digest ON viewer_session_checkpoints (state_digest);

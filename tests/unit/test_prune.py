@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 
 import pytest
@@ -62,8 +63,8 @@ def test_deleting_a_tree_removes_its_rows_resources_and_unreferenced_blobs_only(
     (shared_input,) = conn.execute("SELECT input_digest FROM runs WHERE run_id = 'run-new'").fetchone()
     blobs_before = conn.execute("SELECT count(*) FROM blobs").fetchone()[0]
     conn.execute("BEGIN")
-    assert prune.delete_tree(conn, "run-old") == 1
-    assert prune.delete_unreferenced_blobs(conn) == 1  # run-old's own input; the definition is shared
+    # run-old's own input goes; the definition is shared
+    assert prune.delete_trees(conn, ["run-old"]) == {"trees": 1, "runs": 1, "blobs": 1}
     conn.execute("COMMIT")
     assert conn.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall() == [("run-live",), ("run-new",)]
     assert conn.execute("SELECT count(*) FROM resources WHERE resource_id = 'run-old'").fetchone() == (0,)
@@ -73,6 +74,30 @@ def test_deleting_a_tree_removes_its_rows_resources_and_unreferenced_blobs_only(
     with pytest.raises(sqlite3.IntegrityError, match="deleted only by retention"):  # and only by it
         conn.execute("DELETE FROM events WHERE resource_id = 'run-new'")
     assert invariants.integrity(conn) == [] and invariants.violations(conn, clock.now_ms()) == {}
+
+
+def test_blobs_referenced_through_a_cascade_go_and_a_blob_nothing_deleted_referenced_stays(conn, clock):
+    """Only the digests of deleted rows are looked at: a node's output (its row goes with the run)
+    is freed; a blob written for a command still on its way (referenced by nothing yet) is kept."""
+    output, waiting = hashlib.sha256(b"output").digest(), hashlib.sha256(b"waiting").digest()
+    for digest in (output, waiting):
+        conn.execute("INSERT INTO blobs VALUES (?, 'application/json', 2, X'7B7D', 1)", (digest,))
+    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+                 "attempt_status, outcome, lease_generation, output_digest, started_at, finished_at) VALUES "
+                 "('a-1', 'run-old', 'n', 'compute', 1, 1, 'completed', 'ok', 1, ?, 1, 2)", (output,))  # fmt: skip
+    conn.execute("BEGIN")
+    assert prune.delete_trees(conn, ["run-old"]) == {"trees": 1, "runs": 1, "blobs": 2}  # its input and the output
+    conn.execute("COMMIT")
+    blobs = {row[0] for row in conn.execute("SELECT digest FROM blobs")}
+    assert output not in blobs and waiting in blobs
+    assert conn.execute("SELECT count(*) FROM sqlite_temp_schema WHERE type = 'trigger'").fetchone() == (0,)
+
+
+def test_the_sweep_cursor_passes_a_blocked_tree_once(conn, clock):
+    conn.execute("UPDATE run_queue SET queue_status = 'parked' WHERE run_id = 'run-old'")  # blocked: liveQueue
+    root, cursor = prune.next_eligible(conn, 10_000, clock.now_ms(), None)
+    assert root == "run-new" and cursor == (9_000, "run-new")  # run-old passed
+    assert prune.next_eligible(conn, 10_000, clock.now_ms(), cursor) == (None, None)
 
 
 def test_a_dry_run_through_the_writer_changes_nothing(executor, conn):

@@ -29,9 +29,10 @@ class FakeWriter:
         if kind == "state.retain":
             self.on_retain()
             if not self.trees:
-                return Reply(outcome="accepted", receipt={"deleted": None, "remaining": 0})
+                return Reply(outcome="accepted", receipt={"deleted": None, "cursor": None})
             self.trees -= 1
-            return Reply(outcome="accepted", receipt={"deleted": f"run-{self.trees}", "remaining": self.trees})
+            root = f"run-{self.trees}"
+            return Reply(outcome="accepted", receipt={"deleted": root, "cursor": [self.trees, root]})
         return Reply(outcome="accepted", receipt={"vacuumed": False})
 
 

@@ -133,28 +133,25 @@ class Prune(Handler[StatePrune]):
         selection = prune.select(tx.conn, cmd.before_ms, tx.now)
         if not cmd.apply:
             return Result(receipt={"applied": False, **selection})
-        runs = sum(prune.delete_tree(tx.conn, root) for root in selection["eligible"])
-        blobs = prune.delete_unreferenced_blobs(tx.conn)
+        deleted = prune.delete_trees(tx.conn, selection["eligible"])
         assert cmd.performed_backup is not None
-        deleted = {"trees": len(selection["eligible"]), "runs": runs, "blobs": blobs}
         return Result(receipt={"applied": True, **selection, "deleted": deleted,
                                "backup": cmd.performed_backup.destination})  # fmt: skip
 
 
 class Retain(Handler[StateRetain]):
-    """One tree per transaction: the oldest eligible one, rechecked now; the caller yields between."""
+    """One tree per transaction: the oldest eligible one after the sweep's cursor, rechecked now;
+    the caller yields between and passes the receipt's cursor on."""
 
     kind = StateRetain.kind
     model = StateRetain
     actors = frozenset({"server"})
 
     def execute(self, tx: Tx, cmd: StateRetain) -> Result:
-        eligible = prune.select(tx.conn, cmd.cutoff_ms, tx.now)["eligible"]
-        if not eligible:
-            return Result(receipt={"deleted": None, "remaining": 0})
-        runs = prune.delete_tree(tx.conn, eligible[0])
-        blobs = prune.delete_unreferenced_blobs(tx.conn)
-        return Result(receipt={"deleted": eligible[0], "runs": runs, "blobs": blobs, "remaining": len(eligible) - 1})
+        root, cursor = prune.next_eligible(tx.conn, cmd.cutoff_ms, tx.now, cmd.after)
+        if root is None:
+            return Result(receipt={"deleted": None, "cursor": None})
+        return Result(receipt={"deleted": root, "cursor": cursor, **prune.delete_trees(tx.conn, [root])})
 
 
 class Compact(Handler[StateCompact]):
