@@ -36,7 +36,7 @@ from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import COMMAND_MODELS, Reply
 from piworkflows.settings import Settings
-from piworkflows.writer import local_effects, records, schema
+from piworkflows.writer import local_effects, prune, records, schema
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.contract import Handler, Tx
 
@@ -56,11 +56,6 @@ _GROUP_FATAL_CODES = {
 }
 
 
-def retention_deleting() -> int:
-    """Backs the SQL function the ``events`` delete trigger asks; only retention sets it."""
-    return 0
-
-
 def connect(paths: StatePaths, settings: Settings) -> sqlite3.Connection:
     """Open the one writer connection with the spec's pragmas (schema verified before)."""
     # More distinct statements than the default cache of 128 (a miss prepares the statement again).
@@ -73,7 +68,7 @@ def connect(paths: StatePaths, settings: Settings) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout = {settings.busy_timeout_ms}")
     conn.execute(f"PRAGMA wal_autocheckpoint = {settings.wal_autocheckpoint_pages}")
     conn.execute(f"PRAGMA journal_size_limit = {settings.journal_size_limit_bytes}")
-    conn.create_function("piw_retention_deleting", 0, retention_deleting)
+    conn.create_function("piw_retention_deleting", 0, prune.retention_deleting)
     if settings.sql_trace_path:  # benchmarks only: buffered (a write per statement would be measured too)
         trace = open(settings.sql_trace_path, "a", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115
         atexit.register(trace.close)  # the writer exits normally when the benchmark stops the server

@@ -18,14 +18,16 @@ touched).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
+from piworkflows.writer import schema
+
 TREE = "SELECT run_id FROM runs WHERE root_run_id = :root"
 FREED = "piw_freed_digests"  # temp table: the digests the rows deleted by this call referenced
-RETENTION_FUNCTION = "piw_retention_deleting"  # what the events delete trigger asks (writer/db.py registers 0)
+_deleting = False  # see retention_deleting()
 
 # blocker -> a query that returns a row when the tree (:root) must be kept
 BLOCKERS: dict[str, str] = {
@@ -116,15 +118,25 @@ def next_eligible(
 
 def delete_trees(conn: sqlite3.Connection, roots: list[str]) -> dict[str, int]:
     """Delete eligible trees in the caller's transaction, then the blobs they alone referenced."""
-    runs = 0
-    with _freed_digests(conn):
-        for root in roots:
-            runs += _delete_tree(conn, root)
-        clauses = " AND ".join(f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
-                               for t, cols in _blob_references(conn).items() for c in cols)  # fmt: skip
-        freed = f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {clauses}"
-        blobs = conn.execute(freed).rowcount
-    return {"trees": len(roots), "runs": runs, "blobs": blobs}
+    global _deleting
+    _note_freed_digests(conn)
+    conn.execute(f"DELETE FROM temp.{FREED}")
+    _deleting = True
+    try:
+        runs = sum(_delete_tree(conn, root) for root in roots)
+    finally:
+        _deleting = False
+    unreferenced = " AND ".join(f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
+                                for t, columns in _blob_references().items() for c in columns)  # fmt: skip
+    blobs = conn.execute(f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {unreferenced}")
+    conn.execute(f"DELETE FROM temp.{FREED}")
+    return {"trees": len(roots), "runs": runs, "blobs": blobs.rowcount}
+
+
+def retention_deleting() -> int:
+    """The SQL function ``piw_retention_deleting()`` (registered by writer/db.py): 1 only while
+    delete_trees deletes. The events delete trigger refuses every other delete."""
+    return int(_deleting)
 
 
 def _delete_tree(conn: sqlite3.Connection, root: str) -> int:
@@ -133,40 +145,37 @@ def _delete_tree(conn: sqlite3.Connection, root: str) -> int:
     owned = [row[0] for query in OWNED_RESOURCES for row in conn.execute(query.format(tree=marks), runs)]
     conn.execute("PRAGMA defer_foreign_keys = ON")  # a tree's runs reference each other (lineage)
     conn.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", runs)
-    # Events are immutable; only retention deletes them, with their resources (schema.sql trigger).
-    conn.create_function(RETENTION_FUNCTION, 0, lambda: 1)
-    try:
-        for ids in (owned, runs):
-            if ids:
-                conn.execute(f"DELETE FROM resources WHERE resource_id IN ({', '.join('?' for _ in ids)})", ids)
-    finally:
-        conn.create_function(RETENTION_FUNCTION, 0, lambda: 0)
+    for ids in (owned, runs):  # events go with their resources (only here: the schema.sql trigger)
+        if ids:
+            conn.execute(f"DELETE FROM resources WHERE resource_id IN ({', '.join('?' for _ in ids)})", ids)
     return len(runs)
 
 
-def _blob_references(conn: sqlite3.Connection) -> dict[str, list[str]]:
-    """Every table with a foreign key to blobs, and those columns, read from the schema itself."""
-    tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")]
-    found = {table: [fk[3] for fk in conn.execute(f"PRAGMA foreign_key_list({table})") if fk[2] == "blobs"]
-             for table in tables}  # fmt: skip
+@functools.cache
+def _blob_references() -> dict[str, list[str]]:
+    """Every table with a foreign key to blobs, and those columns, read from the DDL itself (the
+    writer verifies that the database has exactly this schema)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(schema.DDL_PATH.read_text(encoding="utf-8"))
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")]
+        found = {table: [fk[3] for fk in conn.execute(f"PRAGMA foreign_key_list({table})") if fk[2] == "blobs"]
+                 for table in tables}  # fmt: skip
+    finally:
+        conn.close()
     return {table: columns for table, columns in found.items() if columns}
 
 
-@contextlib.contextmanager
-def _freed_digests(conn: sqlite3.Connection) -> Iterator[None]:
-    """While open, every digest a deleted row referenced (directly or through a cascade) is noted
-    in FREED by temporary triggers: only those blobs can have become unreferenced. The triggers
-    live in the connection's temp schema (the main schema and its version are untouched)."""
-    references = _blob_references(conn)
+def _note_freed_digests(conn: sqlite3.Connection) -> None:
+    """Temporary triggers (the connection's temp schema; the main schema and its version are
+    untouched) note in FREED every digest a row deleted by delete_trees referenced, directly or
+    through a cascade: only those blobs can have become unreferenced. Made once per connection."""
+    references = _blob_references()
+    made = conn.execute("SELECT count(*) FROM sqlite_temp_schema WHERE type = 'trigger' AND name LIKE 'piw_freed_%'")
+    if made.fetchone()[0] == len(references):
+        return
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {FREED} (digest BLOB PRIMARY KEY)")
-    conn.execute(f"DELETE FROM temp.{FREED}")
     for table, columns in references.items():
-        rows = ", ".join(f"(OLD.{column})" for column in columns)
-        conn.execute(f"CREATE TEMP TRIGGER piw_freed_{table} AFTER DELETE ON main.{table} "
-                     f"BEGIN INSERT OR IGNORE INTO {FREED} VALUES {rows}; END")  # fmt: skip
-    try:
-        yield
-    finally:
-        for table in references:
-            conn.execute(f"DROP TRIGGER IF EXISTS temp.piw_freed_{table}")
-        conn.execute(f"DELETE FROM temp.{FREED}")
+        note = f"INSERT OR IGNORE INTO {FREED} VALUES {', '.join(f'(OLD.{column})' for column in columns)}"
+        conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS piw_freed_{table} AFTER DELETE ON main.{table} "
+                     f"WHEN piw_retention_deleting() BEGIN {note}; END")  # fmt: skip

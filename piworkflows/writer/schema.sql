@@ -134,6 +134,7 @@ CREATE TABLE run_workers (
   CHECK ((outcome IS NULL) = (ended_at IS NULL))
 ) STRICT;
 CREATE UNIQUE INDEX run_workers_one_live_per_run ON run_workers (run_id) WHERE ended_at IS NULL;
+CREATE INDEX run_workers_by_run ON run_workers (run_id);  -- deleting a run checks every runner it had
 
 CREATE TABLE worker_messages (
   sender_scope TEXT NOT NULL,
@@ -400,6 +401,7 @@ CREATE TABLE attempt_entries (
   FOREIGN KEY (run_id, first_seq) REFERENCES session_entries (run_id, run_seq),
   FOREIGN KEY (run_id, last_seq) REFERENCES session_entries (run_id, run_seq)
 ) STRICT;
+CREATE INDEX attempt_entries_by_run ON attempt_entries (run_id, prompt_seq);  -- deleting a run or its entries
 
 CREATE TABLE session_events (
   run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,

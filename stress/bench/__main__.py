@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from stress.bench import effects, runs, server, writer
+from stress.bench import effects, retention, runs, server, writer
 
-BENCHMARKS = {"writer": writer, "server": server, "runs": runs, "effects": effects}
+BENCHMARKS = {"writer": writer, "server": server, "runs": runs, "effects": effects, "retention": retention}
 
 
 def main(argv: list[str] | None = None) -> int:
