@@ -2,8 +2,9 @@
 
 ::
 
-    request ──> record {method, path, idempotencyKey, headers, body}   (list; JSON line + fsync)
-            └─> next scripted action for the path (the last one repeats; default "200")
+    request ──> next scripted action for the path (the last one repeats; default "200")
+            └─> record {method, path, idempotencyKey, headers, body, answer: the action}
+                (list; JSON line + fsync) before answering
                   "200" / "500" / any 3-digit code: that status, {"ok", "key", "n"} as JSON
                   "delay:MS": wait MS milliseconds, then answer 200
                   "hang": no answer until stop() (or 30 s), then close
@@ -80,6 +81,10 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False  # stop() never waits for a handler (a hanging one wakes on its own)
     ledger: LedgerServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a sender killed mid-request is expected
+            super().handle_error(request, client_address)
+
 
 class LedgerServer:
     def __init__(
@@ -148,30 +153,32 @@ class LedgerServer:
             return sum(1 for r in self.requests if r["idempotencyKey"] == key)
 
     def _record(self, record: dict[str, Any], path: str) -> tuple[str, int]:
-        """Store ``record`` (durably with a ledger file) and pick its action: (action, n for its key)."""
+        """Pick the action, store ``record`` with it (durably with a ledger file): (action, n for its key)."""
         with self._lock:
+            actions = self._script.get(path) or ["200"]
+            index = self._consumed.get(path, 0)
+            self._consumed[path] = index + 1
+            record["answer"] = actions[min(index, len(actions) - 1)]
             self.requests.append(record)
             if self._ledger is not None:
                 self._ledger.write(json.dumps(record, sort_keys=True) + "\n")
                 self._ledger.flush()
                 os.fsync(self._ledger.fileno())
-            actions = self._script.get(path) or ["200"]
-            index = self._consumed.get(path, 0)
-            self._consumed[path] = index + 1
             n = sum(1 for r in self.requests if r["idempotencyKey"] == record["idempotencyKey"])
-            return actions[min(index, len(actions) - 1)], n
+            return record["answer"], n
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.ledger")
     parser.add_argument("--ledger", required=True, help="append one JSON line per request to this file")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--script", default="{}", help='JSON: {"/path": ["500", "200"]}')
+    parser.add_argument("--script", default="{}", help='JSON: {"/path": ["500", "200"]}, or @FILE holding it')
     args = parser.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    with LedgerServer(json.loads(args.script), args.ledger, args.port) as ledger:
+    script = Path(args.script[1:]).read_text(encoding="utf-8") if args.script.startswith("@") else args.script
+    with LedgerServer(json.loads(script), args.ledger, args.port) as ledger:
         print(f"ready {ledger.url}", flush=True)
         done.wait()
     return 0

@@ -68,6 +68,15 @@ CHECKS: dict[str, str] = {
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id
         WHERE q.queue_status IN ('starting', 'running') AND r.finished_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL)""",
+    # Fencing: a resource is never written under an older lease generation than one it was already
+    # written under (a stale owner's write would be). The id is the resource's.
+    "staleGenerationWrite": """
+        SELECT resource_id FROM (
+            SELECT resource_id, lease_generation, max(lease_generation) OVER (
+                PARTITION BY resource_id ORDER BY resource_revision
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+            FROM events WHERE lease_generation IS NOT NULL)
+        WHERE lease_generation < before""",
 }
 
 

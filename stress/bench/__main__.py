@@ -1,4 +1,5 @@
-"""``python -m stress.bench NAME``: run one benchmark and print one JSON line."""
+"""``python -m stress.bench NAME``: run one benchmark (or ``all``, one after another) and print one
+JSON line per benchmark."""
 
 from __future__ import annotations
 
@@ -16,10 +17,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="name", required=True)
     for name, module in BENCHMARKS.items():
         module.add_arguments(sub.add_parser(name, help=module.__doc__.splitlines()[0]))
+    every = sub.add_parser("all", help="every benchmark with its defaults, one JSON line each")
+    every.add_argument("--dir", help="where to create the temporary state dirs (a disk, not tmpfs)")
     args = parser.parse_args(argv)
-    figures = BENCHMARKS[args.name].run(args)
-    print(json.dumps(figures, sort_keys=True))
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    for name in names:
+        own = args if args.name != "all" else _defaults(name, args.dir)
+        print(json.dumps(BENCHMARKS[name].run(own), sort_keys=True), flush=True)
     return 0
+
+
+def _defaults(name: str, directory: str | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    BENCHMARKS[name].add_arguments(parser)
+    return parser.parse_args(["--dir", directory] if directory else [])
 
 
 if __name__ == "__main__":

@@ -76,6 +76,10 @@ PLANTED_DEEPER = {
         "INSERT INTO workflow_turns (workflow_turn_id, workflow_message_id, run_id, target_session_id, turn_state, "
         "started_at) VALUES ('turn-1', 'msg-1', 'run-1', 's', 'open', 1)",
     ],
+    "staleGenerationWrite": [  # written under generation 5, then accepted from generation 4
+        "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, lease_generation, committed_at) "
+        "VALUES ('run-1', 2, 'node.started', 'runner', 5, 2), ('run-1', 3, 'node.finished', 'runner', 4, 3)",
+    ],
 }
 
 

@@ -1,0 +1,1 @@
+"""``python -m stress.crash``: the crash-recovery stress harness (see ``harness.py``)."""

@@ -1,0 +1,92 @@
+"""``python -m stress.crash``: run the crash-recovery stress harness and report.
+
+Exit code 0 only when nothing acknowledged was lost, no effect was duplicated, no invariant
+was violated and no run is stuck; 1 otherwise (the state dir is kept and the command that
+repeats the run is printed); 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from piworkflows import faults
+from stress.crash.harness import TARGETS, Harness, Options
+
+
+def _names(known: frozenset[str] | tuple[str, ...], what: str):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        unknown = [name for name in names if name not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; "
+                                             f"use a comma-separated list of: {', '.join(sorted(known))}")  # fmt: skip
+        return names
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stress.crash", description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the load and the kills run")
+    p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
+    p.add_argument("--clients", type=int, default=4, help="client processes")
+    p.add_argument("--kill-every", type=int, default=2000, metavar="MS", help="mean time between two kills")
+    p.add_argument("--targets", type=_names(TARGETS, "target"), default=TARGETS, help=",".join(TARGETS))
+    p.add_argument("--faults", type=_names(faults.POINTS, "fault point"), default=(),
+                   help="fault points a restart may arm (crash at the Nth hit)")  # fmt: skip
+    p.add_argument("--state-dir", type=Path, default=None, help="default: a new temporary directory")
+    p.add_argument(
+        "--quiet-seconds",
+        type=float,
+        default=60.0,
+        help="the longest kill-free settling period at the end (it ends once no run is queued or running)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    return p
+
+
+def human(report: dict[str, Any]) -> str:
+    rows = [
+        ("seed", report["seed"]),
+        ("kills", ", ".join(f"{k} {v}" for k, v in report["kills"].items()) + f" (total {report['killsTotal']})"),
+        ("faults armed", report["faultsArmed"]),
+        ("server starts", f"{report['restarts']} (stopped by itself {report['serverExits']})"),
+        ("commands", ", ".join(f"{k} {v}" for k, v in report["commands"].items())),
+        ("runs", report["runs"]),
+        ("effects", ", ".join(f"{k} {v}" for k, v in report["effects"].items())),
+        ("violations", report["violations"]),
+        ("stuck runs", report["stuck"]),
+        (
+            "latency outside crash windows",
+            f"p50 {report['latencyMs']['p50']} ms, p99 {report['latencyMs']['p99']} ms "
+            f"({report['latencyMs']['count']} commands)",
+        ),  # fmt: skip
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    for name, items in report["findings"].items():
+        lines += [f"{name}:"] + [f"  {item}" for item in items]
+    lines.append("PASS" if report["ok"] else f"FAIL: state kept in {report['stateDir']}\nrepeat: {report['reproduce']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.seconds <= 0 or args.clients < 1 or args.kill_every < 50:
+        parser().error("--seconds must be > 0, --clients >= 1 and --kill-every >= 50 ms")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1 << 31)
+    options = Options(seconds=args.seconds, seed=seed, clients=args.clients, kill_every_ms=args.kill_every,
+                      targets=args.targets, faults=args.faults, state_dir=args.state_dir,
+                      quiet_s=args.quiet_seconds)  # fmt: skip
+    report = Harness(options).run()
+    print(json.dumps(report, sort_keys=True) if args.json else human(report), flush=True)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The crash-recovery stress harness: a real server under load, killed again and again.
+
+::
+
+    ledger process (HTTP, scripted answers, every request fsynced with its key and answer)
+    server (detached, short durations) <── N client processes (workload.py, seeded)
+      ├─ every --kill-every ms: SIGKILL one target, drawn from the seed:
+      │    supervisor | group (the supervisor's process group) -> restart the server
+      │    writer | outbox | runner                            -> its supervisor restarts it
+      │  a restart may arm one --faults point (crash@N) for that server's life
+      ├─ a server that stopped by itself (epoch claim lost) is restarted and counted
+      ├─ after every restart: state.verify (integrity, foreign keys, the spec's invariants)
+    end: clients stop; a kill-free quiet period; every unanswered command retried with its key;
+         the server stops; the database is read read-only; oracles.judge; the report
+
+The evidence (client logs, harness log, ledger) lives in the work directory beside the
+state dir; a failed run keeps both and prints the command that repeats it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from piworkflows import faults
+from piworkflows.client import ClientError, WorkflowClient, start_server, stop_server
+from piworkflows.paths import StatePaths
+from piworkflows.supervisor.registry import Registry
+from stress.crash import evidence, oracles, snapshot, workload
+
+TARGETS = ("supervisor", "writer", "outbox", "runner", "group")
+# Short durations (ARCHITECTURE.md, Time and identity): recovery within seconds, not minutes.
+SERVER_ENV = {
+    "PI_WORKFLOWS_CLAIM_TTL_MS": "3000",
+    "PI_WORKFLOWS_CLAIM_RENEW_MS": "300",
+    "PI_WORKFLOWS_WRITER_RESTART_MIN_MS": "20",
+    "PI_WORKFLOWS_WRITER_RESTART_MAX_MS": "300",
+    "PI_WORKFLOWS_OUTBOX_RESTART_MIN_MS": "20",
+    "PI_WORKFLOWS_OUTBOX_RESTART_MAX_MS": "300",
+    "PI_WORKFLOWS_PARENT_CHECK_MS": "100",
+    "PI_WORKFLOWS_STOP_GRACE_MS": "2000",
+    "PI_WORKFLOWS_EFFECT_RETRY_BASE_MS": "100",
+    "PI_WORKFLOWS_EFFECT_RETRY_MAX_MS": "1000",
+    "PI_WORKFLOWS_EFFECT_AWAIT_MS": "2000",
+    "PI_WORKFLOWS_SCHEDULER_TICK_MS": "200",
+    "PI_WORKFLOWS_OUTBOX_IDLE_CHECK_MS": "500",
+}
+CLIENT_RETRY_S = 30.0  # a client waits this long for a server that is being restarted
+WATCH_S = 0.25  # how often the harness looks whether the server is still there
+# A crash window: from a kill until the server has recovered (children respawned, warm again).
+CHILD_WINDOW_S = 1.0  # after a child kill
+RESTART_WINDOW_S = 3.0  # after a restarted server is ready
+
+
+@dataclass
+class Options:
+    seconds: float = 60.0
+    seed: int = 1
+    clients: int = 4
+    kill_every_ms: int = 2000
+    targets: tuple[str, ...] = TARGETS
+    faults: tuple[str, ...] = ()
+    state_dir: Path | None = None
+    quiet_s: float = 60.0
+    pace_ms: int = 100
+
+    def command(self) -> str:
+        """The command that repeats this run's schedule."""
+        parts = [sys.executable, "-m", "stress.crash", "--seconds", f"{self.seconds:g}", "--seed", str(self.seed),
+                 "--clients", str(self.clients), "--kill-every", str(self.kill_every_ms),
+                 "--targets", ",".join(self.targets)]  # fmt: skip
+        if self.faults:
+            parts += ["--faults", ",".join(self.faults)]
+        return " ".join(parts)
+
+
+@dataclass
+class Tally:
+    kills: dict[str, int] = field(default_factory=lambda: {target: 0 for target in TARGETS})
+    restarts: int = 0
+    exits: int = 0  # the server stopped by itself (not killed by the harness)
+    faults_armed: int = 0
+    windows: list[tuple[float, float]] = field(default_factory=list)  # crash windows (wall clock)
+
+
+class Harness:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.rng = random.Random(f"{options.seed}:harness")
+        if options.state_dir is not None:
+            state_dir = options.state_dir.absolute()
+            self.work = state_dir.parent / f"{state_dir.name}.crash"
+        else:
+            import tempfile
+
+            self.work = Path(tempfile.mkdtemp(prefix="piw-crash-"))
+            state_dir = self.work / "state"
+        self.paths = StatePaths.resolve(state_dir)
+        self.evidence_dir = self.work / "evidence"
+        self.project = self.work / "project"
+        self.log = None
+        self.tally = Tally()
+        self.checks: list[dict[str, Any]] = []
+        self.ledger: subprocess.Popen[str] | None = None
+
+    # --- the run -------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.evidence_dir.mkdir(parents=True, exist_ok=True)
+        workload.write_project(self.project)
+        self.log = evidence.EvidenceLog(self.evidence_dir / "harness.jsonl")
+        os.environ.update(SERVER_ENV, PI_WORKFLOWS_CONFIG_DIR=str(self.work / "config"))
+        ledger_url = self._start_ledger()
+        try:
+            self._start_server(arm=False)
+            stop, procs = self._start_clients(ledger_url)
+            began = time.monotonic()
+            next_kill = began + self._kill_delay()
+            while time.monotonic() - began < self.options.seconds:
+                time.sleep(WATCH_S)
+                self._restart_if_gone()
+                if time.monotonic() >= next_kill:
+                    self._kill_one()
+                    next_kill = time.monotonic() + self._kill_delay()
+            stop.set()
+            while any(proc.is_alive() for proc in procs):  # each finishes its command (the server kept up)
+                self._restart_if_gone()
+                time.sleep(WATCH_S)
+            self._restart_if_gone()
+            if os.environ.get(faults.ENV):  # the quiet period is free of faults too
+                stop_server(self.paths)
+                self._start_server(arm=False)
+            self._quiet()
+            evidence_now = self._evidence()
+            stop_server(self.paths)
+            state = snapshot.read(self.paths.database, int(time.time() * 1000))
+        finally:
+            self._stop_ledger()
+            self._end_server()
+        findings = oracles.judge(evidence_now, state, frozenset({workload.MANUAL_PATH}))
+        report = self._report(evidence_now, state, findings)
+        if report["ok"] and self.options.state_dir is None:
+            shutil.rmtree(self.work, ignore_errors=True)  # a passing run leaves nothing behind
+        return report
+
+    def _kill_delay(self) -> float:
+        """Seconds to the next kill: the mean --kill-every, drawn from the seed."""
+        return self.rng.uniform(0.5, 1.5) * self.options.kill_every_ms / 1000
+
+    # --- kills and restarts ------------------------------------------------
+
+    def _kill_one(self) -> None:
+        target = self.rng.choice(self.options.targets)
+        registry = Registry.load(self.paths.registry)
+        at = time.time()
+        if target in ("supervisor", "group"):
+            if registry.supervisor is None:
+                return
+            pid = registry.supervisor.pid
+            try:
+                if target == "group":
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            self._wait_gone(pid)
+            self.tally.kills[target] += 1
+            self._record({"t": "kill", "target": target, "pid": pid, "at": at})
+            self._start_server(arm=True)
+            self.tally.windows.append((at, time.time() + RESTART_WINDOW_S))
+            return
+        candidates = [child for child in registry.children if child.role == target]
+        if not candidates:
+            self._record({"t": "skip", "target": target, "at": at})
+            return
+        child = self.rng.choice(candidates)
+        if not _same_process(child.pid, child.createTime):
+            return
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.tally.kills[target] += 1
+        self.tally.windows.append((at, at + CHILD_WINDOW_S))
+        self._record({"t": "kill", "target": target, "pid": child.pid, "at": at})
+
+    def _restart_if_gone(self, arm: bool = True) -> None:
+        """A server that stopped by itself (it lost its epoch claim while its writer was down
+        longer than the claim TTL) is restarted, as a user would; it is counted, not hidden."""
+        supervisor = Registry.load(self.paths.registry).supervisor
+        if supervisor is not None and _same_process(supervisor.pid, supervisor.createTime):
+            return
+        at = time.time()
+        self.tally.exits += 1
+        self._record({"t": "exited", "at": at})
+        self._start_server(arm=arm)
+        self.tally.windows.append((at, time.time() + RESTART_WINDOW_S))
+
+    def _start_server(self, arm: bool) -> None:
+        os.environ.pop(faults.ENV, None)
+        if arm and self.options.faults and self.rng.random() < 0.5:
+            point = self.rng.choice(self.options.faults)
+            os.environ[faults.ENV] = f"{point}=crash@{self.rng.randint(20, 200)}"
+            self.tally.faults_armed += 1
+            self._record({"t": "arm", "fault": os.environ[faults.ENV], "at": time.time()})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                start_server(self.paths)
+                break
+            except ClientError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # the killed group's children are still letting go of the lock
+        self.tally.restarts += 1
+        self._verify(after=f"start {self.tally.restarts}")
+
+    def _verify(self, after: str) -> None:
+        try:
+            with WorkflowClient(self.paths.state_dir, retry_for=CLIENT_RETRY_S) as client:
+                response = client.request("state.verify")
+        except (ClientError, OSError, ConnectionError) as exc:
+            self._record({"t": "verifyUnanswered", "after": after, "error": type(exc).__name__})
+            return
+        if response.outcome == "accepted":
+            check = {"after": after, "integrity": response.receipt["integrity"],
+                     "violations": response.receipt["violations"]}  # fmt: skip
+            self.checks.append(check)
+            self._record({"t": "check", **check})
+
+    def _wait_gone(self, pid: int) -> None:
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.01)
+
+    def _end_server(self) -> None:
+        try:
+            stop_server(self.paths)
+        except (ClientError, OSError):
+            pass
+
+    # --- load ----------------------------------------------------------------
+
+    def _start_ledger(self) -> str:
+        script = self.work / "ledger-script.json"
+        script.write_text(json.dumps(workload.ledger_script(self.options.seed)), encoding="utf-8")
+        self.ledger = subprocess.Popen(
+            [sys.executable, "-m", "stress.ledger", "--ledger", str(self.evidence_dir / "ledger.jsonl"),
+             "--script", f"@{script}"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert self.ledger.stdout is not None
+        line = self.ledger.stdout.readline().split()
+        if line[:1] != ["ready"]:
+            raise RuntimeError("the ledger did not start")
+        return line[1]
+
+    def _stop_ledger(self) -> None:
+        if self.ledger is not None:
+            self.ledger.terminate()
+            self.ledger.wait(timeout=30)
+
+    def _start_clients(self, ledger_url: str) -> tuple[Any, list[Any]]:
+        ctx = multiprocessing.get_context("spawn")
+        stop = ctx.Event()
+        common = (self.options.seed, str(self.paths.state_dir), str(self.project), ledger_url, str(self.evidence_dir),
+                  CLIENT_RETRY_S, stop, self.options.pace_ms)  # fmt: skip
+        procs = [ctx.Process(target=workload.client_main, args=(i, *common)) for i in range(self.options.clients)]
+        for proc in procs:
+            proc.start()
+        return stop, procs
+
+    def _quiet(self) -> None:
+        """No kills: the unanswered commands are retried with their keys, then the runs settle."""
+        final = workload.Client(self.options.clients, self.options.seed, self.paths.state_dir, self.project, "",
+                                self.evidence_dir, CLIENT_RETRY_S)  # fmt: skip
+        try:
+            acks = {(r["clientId"], r["key"]) for r in evidence.load_all(self.evidence_dir, "client-*.jsonl")
+                    if r["t"] == "ack" and r["outcome"] != "unavailable"}  # fmt: skip
+            for sent in evidence.load_all(self.evidence_dir, "client-*.jsonl"):
+                if sent["t"] == "sent" and (sent["clientId"], sent["key"]) not in acks:
+                    final.client.client_id = sent["clientId"]  # the same client and key: it must converge
+                    final.send(sent["op"], sent["payload"], sent["runId"], sent["revision"], key=sent["key"])
+            deadline = time.monotonic() + self.options.quiet_s
+            while time.monotonic() < deadline:  # bounded: what is left then is stuck
+                self._restart_if_gone(arm=False)
+                try:
+                    counts = final.client.request("server.status").receipt
+                except (ClientError, OSError, ConnectionError):
+                    continue  # it stopped by itself: restarted above on the next turn
+                if counts["queuedRuns"] + counts["runningRuns"] == 0:
+                    break
+                time.sleep(0.2)
+        finally:
+            final.close()
+
+    # --- evidence and report ----------------------------------------------------
+
+    def _record(self, record: dict[str, Any]) -> None:
+        assert self.log is not None
+        self.log.append(record)
+
+    def _evidence(self) -> dict[str, Any]:
+        records = evidence.load_all(self.evidence_dir, "client-*.jsonl")
+        return {
+            "sent": [r for r in records if r["t"] == "sent"],
+            "acks": [r for r in records if r["t"] == "ack"],
+            "ledger": evidence.load(self.evidence_dir / "ledger.jsonl"),
+            "checks": self.checks,
+        }
+
+    def _report(self, found: dict[str, Any], state: snapshot.State, findings: dict[str, list[str]]) -> dict[str, Any]:
+        acks = [a for a in found["acks"] if a["outcome"] != "unavailable"]
+        calm = [1000 * (a["ackedAt"] - a["sentAt"]) for a in acks if not self._in_window(a["sentAt"], a["ackedAt"])]
+        statuses = [effect["status"] for effect in state.effects.values()]
+        ok = not any(findings.values())
+        return {
+            "ok": ok,
+            "seed": self.options.seed,
+            "seconds": self.options.seconds,
+            "clients": self.options.clients,
+            "kills": dict(self.tally.kills),
+            "killsTotal": sum(self.tally.kills.values()),
+            "faultsArmed": self.tally.faults_armed,
+            "restarts": self.tally.restarts,
+            "serverExits": self.tally.exits,
+            "commands": {
+                "sent": len({(s["clientId"], s["key"]) for s in found["sent"]}),
+                "acknowledged": len({(a["clientId"], a["key"]) for a in acks}),
+                "lost": len(findings["lost"]),
+            },  # fmt: skip
+            "runs": len(state.runs),
+            "effects": {
+                "applied": statuses.count("applied"),
+                "ambiguous": statuses.count("ambiguous"),
+                "duplicated": len(findings["duplicated"]),
+                "total": len(statuses),
+            },  # fmt: skip
+            "violations": len(findings["violations"]),
+            "stuck": len(findings["stuck"]),
+            "latencyMs": _percentiles(calm),
+            "findings": {name: items[:20] for name, items in findings.items() if items},
+            "stateDir": str(self.paths.state_dir) if not ok else None,
+            "reproduce": self.options.command() if not ok else None,
+        }
+
+    def _in_window(self, start: float, end: float) -> bool:
+        return any(start < w_end and end > w_start for w_start, w_end in self.tally.windows)
+
+
+def _same_process(pid: int, create_time: float) -> bool:
+    """psutil: the pid still names the process host.json recorded (not a reused pid)."""
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) < 0.05
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None, "count": 0}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 2), "p99": round(ordered[min(len(ordered) - 1,
+            int(len(ordered) * 0.99))], 2), "count": len(ordered)}  # fmt: skip
