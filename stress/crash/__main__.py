@@ -75,10 +75,19 @@ def human(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _used(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.seconds <= 0 or args.clients < 1 or args.kill_every < 50:
         parser().error("--seconds must be > 0, --clients >= 1 and --kill-every >= 50 ms")
+    if args.state_dir is not None and (
+        _used(args.state_dir) or _used(args.state_dir.parent / f"{args.state_dir.name}.crash")
+    ):
+        parser().error(f"--state-dir {args.state_dir} is in use: name a new or empty directory (the oracles compare "
+                       "the whole database with this run's evidence)")  # fmt: skip
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1 << 31)
     options = Options(seconds=args.seconds, seed=seed, clients=args.clients, kill_every_ms=args.kill_every,
                       targets=args.targets, faults=args.faults, state_dir=args.state_dir,

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +104,6 @@ class Harness:
             state_dir = options.state_dir.absolute()
             self.work = state_dir.parent / f"{state_dir.name}.crash"
         else:
-            import tempfile
-
             self.work = Path(tempfile.mkdtemp(prefix="piw-crash-"))
             state_dir = self.work / "state"
         self.paths = StatePaths.resolve(state_dir)
@@ -135,9 +134,12 @@ class Harness:
                     self._kill_one()
                     next_kill = time.monotonic() + self._kill_delay()
             stop.set()
-            while any(proc.is_alive() for proc in procs):  # each finishes its command (the server kept up)
-                self._restart_if_gone()
+            deadline = time.monotonic() + 3 * CLIENT_RETRY_S
+            while any(proc.is_alive() for proc in procs) and time.monotonic() < deadline:
+                self._restart_if_gone()  # each client finishes its command: the server is kept up
                 time.sleep(WATCH_S)
+            for proc in procs:
+                proc.kill()  # one still waiting: its command is unanswered and retried below
             self._restart_if_gone()
             if os.environ.get(faults.ENV):  # the quiet period is free of faults too
                 stop_server(self.paths)
@@ -170,7 +172,7 @@ class Harness:
                 return
             pid = registry.supervisor.pid
             try:
-                if target == "group":
+                if target == "group" and os.getpgid(pid) != os.getpgrp():  # never the harness's own group
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
                 else:
                     os.kill(pid, signal.SIGKILL)

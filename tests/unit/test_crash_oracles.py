@@ -125,3 +125,11 @@ def test_bad_arguments_exit_2_naming_the_fix(capsys):
         crash_main.main(["--targets", "writer,printer"])
     assert exit_info.value.code == 2
     assert "unknown target printer" in capsys.readouterr().err
+
+
+def test_a_state_dir_in_use_is_refused(tmp_path, capsys):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "state.sqlite").write_bytes(b"")
+    with pytest.raises(SystemExit) as exit_info:
+        crash_main.main(["--state-dir", str(tmp_path / "used")])
+    assert exit_info.value.code == 2 and "name a new or empty directory" in capsys.readouterr().err
