@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows import faults
-from stress.crash.harness import TARGETS, Harness, Options
+from stress.crash.harness import CRASH_POINTS, TARGETS, Harness, Options
 
 
 def _names(known: frozenset[str] | tuple[str, ...], what: str):
@@ -35,10 +35,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=60.0, help="how long the load and the kills run")
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
     p.add_argument("--clients", type=int, default=4, help="client processes")
-    p.add_argument("--kill-every", type=int, default=2000, metavar="MS", help="mean time between two kills")
+    p.add_argument("--kill-every", type=int, default=1500, metavar="MS", help="mean time between two kills")
     p.add_argument("--targets", type=_names(TARGETS, "target"), default=TARGETS, help=",".join(TARGETS))
-    p.add_argument("--faults", type=_names(faults.POINTS, "fault point"), default=(),
-                   help="fault points a restart may arm (crash at the Nth hit)")  # fmt: skip
+    p.add_argument("--faults", type=_names(faults.POINTS, "fault point"), default=CRASH_POINTS,
+                   help="fault points a restart may arm (crash at the Nth hit); default: " + ",".join(CRASH_POINTS))  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None, help="default: a new temporary directory")
     p.add_argument(
         "--quiet-seconds",

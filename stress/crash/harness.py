@@ -42,6 +42,7 @@ from piworkflows.supervisor.registry import Registry
 from stress.crash import evidence, oracles, snapshot, workload
 
 TARGETS = ("supervisor", "writer", "outbox", "runner", "group")
+CRASH_POINTS = tuple(sorted(faults.POINTS - {faults.WRITER_BACKUP_STEP}))  # the harness makes no backups
 # Short durations (ARCHITECTURE.md, Time and identity): recovery within seconds, not minutes.
 SERVER_ENV = {
     "PI_WORKFLOWS_CLAIM_TTL_MS": "3000",
@@ -70,9 +71,9 @@ class Options:
     seconds: float = 60.0
     seed: int = 1
     clients: int = 4
-    kill_every_ms: int = 2000
+    kill_every_ms: int = 1500
     targets: tuple[str, ...] = TARGETS
-    faults: tuple[str, ...] = ()
+    faults: tuple[str, ...] = CRASH_POINTS
     state_dir: Path | None = None
     quiet_s: float = 60.0
     pace_ms: int = 100
@@ -142,11 +143,11 @@ class Harness:
                 proc.kill()  # one still waiting: its command is unanswered and retried below
             self._restart_if_gone()
             if os.environ.get(faults.ENV):  # the quiet period is free of faults too
-                stop_server(self.paths)
+                self._stop_server()
                 self._start_server(arm=False)
             self._quiet()
             evidence_now = self._evidence()
-            stop_server(self.paths)
+            self._stop_server()
             state = snapshot.read(self.paths.database, int(time.time() * 1000))
         finally:
             self._stop_ledger()
@@ -253,11 +254,26 @@ class Harness:
                 return
             time.sleep(0.01)
 
+    def _stop_server(self) -> None:
+        """server.stop, asked again while the server cannot record it yet (its writer restarting)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                stop_server(self.paths)
+                return
+            except (ClientError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(WATCH_S)
+
     def _end_server(self) -> None:
+        """Whatever happened, no server of this run is left behind."""
         try:
-            stop_server(self.paths)
+            self._stop_server()
         except (ClientError, OSError):
-            pass
+            supervisor = Registry.load(self.paths.registry).supervisor
+            if supervisor is not None and _same_process(supervisor.pid, supervisor.createTime):
+                os.killpg(supervisor.pid, signal.SIGKILL)  # its own group (start_new_session); children follow
 
     # --- load ----------------------------------------------------------------
 
