@@ -178,6 +178,8 @@ class Scheduler:
                 steps=state.receipt["steps"],
             )
             outcome = await self._relay(handle, proc, launch)
+        except (ConnectionResetError, BrokenPipeError):  # its pipe closed under a write: it died (a crash)
+            log.warning("the runner of %s died", handle.run_id)
         except Exception as exc:
             log_failure(log, f"the runner of {handle.run_id} failed", exc)
         finally:
