@@ -55,7 +55,11 @@ def human(report: dict[str, Any]) -> str:
         ("seed", report["seed"]),
         ("kills", ", ".join(f"{k} {v}" for k, v in report["kills"].items()) + f" (total {report['killsTotal']})"),
         ("faults armed", report["faultsArmed"]),
-        ("server starts", f"{report['restarts']} (stopped by itself {report['serverExits']})"),
+        (
+            "server starts",
+            f"{report['restarts']} (stopped by itself {report['serverExits']}, "
+            f"verified after {report['verifiedStarts']})",
+        ),
         ("commands", ", ".join(f"{k} {v}" for k, v in report["commands"].items())),
         ("runs", report["runs"]),
         ("effects", ", ".join(f"{k} {v}" for k, v in report["effects"].items())),

@@ -100,7 +100,8 @@ class Tally:
 class Harness:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.rng = random.Random(f"{options.seed}:harness")
+        self.rng = random.Random(f"{options.seed}:harness")  # kill times and targets
+        self.fault_rng = random.Random(f"{options.seed}:faults")  # armed faults (also after a self-stop)
         if options.state_dir is not None:
             state_dir = options.state_dir.absolute()
             self.work = state_dir.parent / f"{state_dir.name}.crash"
@@ -169,9 +170,10 @@ class Harness:
         registry = Registry.load(self.paths.registry)
         at = time.time()
         if target in ("supervisor", "group"):
-            if registry.supervisor is None:
-                return
-            pid = registry.supervisor.pid
+            supervisor = registry.supervisor
+            if supervisor is None or not _same_process(supervisor.pid, supervisor.createTime):
+                return  # gone already: the watch restarts it
+            pid = supervisor.pid
             try:
                 if target == "group" and os.getpgid(pid) != os.getpgrp():  # never the harness's own group
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -214,9 +216,9 @@ class Harness:
 
     def _start_server(self, arm: bool) -> None:
         os.environ.pop(faults.ENV, None)
-        if arm and self.options.faults and self.rng.random() < 0.5:
-            point = self.rng.choice(self.options.faults)
-            os.environ[faults.ENV] = f"{point}=crash@{self.rng.randint(20, 200)}"
+        if arm and self.options.faults and self.fault_rng.random() < 0.5:
+            point = self.fault_rng.choice(self.options.faults)
+            os.environ[faults.ENV] = f"{point}=crash@{self.fault_rng.randint(20, 200)}"
             self.tally.faults_armed += 1
             self._record({"t": "arm", "fault": os.environ[faults.ENV], "at": time.time()})
         deadline = time.monotonic() + 60
@@ -238,11 +240,13 @@ class Harness:
         except (ClientError, OSError, ConnectionError) as exc:
             self._record({"t": "verifyUnanswered", "after": after, "error": type(exc).__name__})
             return
-        if response.outcome == "accepted":
-            check = {"after": after, "integrity": response.receipt["integrity"],
-                     "violations": response.receipt["violations"]}  # fmt: skip
-            self.checks.append(check)
-            self._record({"t": "check", **check})
+        if response.outcome != "accepted":
+            self._record({"t": "verifyUnanswered", "after": after, "error": response.outcome})
+            return
+        check = {"after": after, "integrity": response.receipt["integrity"],
+                 "violations": response.receipt["violations"]}  # fmt: skip
+        self.checks.append(check)
+        self._record({"t": "check", **check})
 
     def _wait_gone(self, pid: int) -> None:
         deadline = time.monotonic() + 10
@@ -358,6 +362,7 @@ class Harness:
             "faultsArmed": self.tally.faults_armed,
             "restarts": self.tally.restarts,
             "serverExits": self.tally.exits,
+            "verifiedStarts": len(self.checks),  # starts after which state.verify answered
             "commands": {
                 "sent": len({(s["clientId"], s["key"]) for s in found["sent"]}),
                 "acknowledged": len({(a["clientId"], a["key"]) for a in acks}),

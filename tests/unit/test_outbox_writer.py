@@ -663,6 +663,25 @@ def test_review_while_the_runner_still_runs_leaves_the_run_alone(executor):
     assert run_facts(conn) == before  # not parked: nothing to continue (the runner learns the result itself)
 
 
+def test_a_runner_asking_to_park_for_an_ambiguity_already_reviewed_queues_the_run(executor, clock):
+    """The race a CI run found: the runner saw the effect ambiguous and exits asking to park the
+    run for it, but an operator confirmed the effect in between. Parked for it, nothing would ever
+    continue the run; it is queued instead (the next runner adopts the applied result). (A pause
+    in between cannot meet this exit: it ends the runner record itself.)"""
+    run = RunBuilder(executor)
+    effect_id = run.ambiguous("greet")
+    (reply,) = run_group(executor, confirm(effect_id))
+    assert reply.outcome == "accepted"
+    body = {"actor": SERVER, "run_id": "run-1", "runner_epoch": 1, "outcome": "exited", "stopped_by_server": False,
+            "park_reason": "effectAmbiguous"}  # fmt: skip
+    (exited_reply,) = run_group(executor, submitted("runner.exited", body))
+    assert exited_reply.receipt == {"runId": "run-1", "placement": "requeued"}, exited_reply
+    assert run_facts(executor.conn)[:4] == ("queued", None, 0, "queued")
+    (claimable,) = run_group(executor, submitted("run.claimable", {"actor": SERVER}))
+    assert claimable.receipt["runIds"] == ["run-1"]
+    assert violations(executor.conn, clock.now_ms()) == {}
+
+
 # --- 7. effect.list ----------------------------------------------------------------------------------
 
 

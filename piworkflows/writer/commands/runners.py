@@ -140,19 +140,22 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         ambiguous = any(records.uncertain_effect_status(conn, e, False)[0] == "ambiguous" for e in stale) or bool(
             conn.execute("SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'",
                          (cmd.run_id,)).fetchone())  # fmt: skip
+        # Whether an effect is still ambiguous is the database's to say: an operator may have
+        # reviewed it after the runner saw it and before this exit; then the run goes on.
+        reviewed = cmd.park_reason == "effectAmbiguous" and not ambiguous
         if status in TERMINAL_RUN_STATUSES:
             queue, run_status, park = None, status, None
             placement = "finished"
         elif ambiguous and not paused:
             queue, run_status, park = "parked", "running", "effectAmbiguous"
             placement = "parked"
-        elif cmd.park_reason is not None:
+        elif cmd.park_reason is not None and not reviewed:
             queue, run_status, park = "parked", "running", cmd.park_reason
             placement = "parked"
         elif cmd.stopped_by_server:
             queue, run_status, park = "parked", "running", ("paused" if paused else "shutdown")
             placement = "parked"
-        elif resource.revision > start_revision:
+        elif resource.revision > start_revision or reviewed:
             queue, run_status, park = "queued", "queued", None
             placement = "requeued"
         else:
