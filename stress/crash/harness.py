@@ -313,12 +313,10 @@ class Harness:
         final = workload.Client(self.options.clients, self.options.seed, self.paths.state_dir, self.project, "",
                                 self.evidence_dir, CLIENT_RETRY_S)  # fmt: skip
         try:
-            acks = {(r["clientId"], r["key"]) for r in evidence.load_all(self.evidence_dir, "client-*.jsonl")
-                    if r["t"] == "ack" and r["outcome"] != "unavailable"}  # fmt: skip
-            for sent in evidence.load_all(self.evidence_dir, "client-*.jsonl"):
-                if sent["t"] == "sent" and (sent["clientId"], sent["key"]) not in acks:
-                    final.client.client_id = sent["clientId"]  # the same client and key: it must converge
-                    final.send(sent["op"], sent["payload"], sent["runId"], sent["revision"], key=sent["key"])
+            found = self._evidence()
+            for sent in oracles.unanswered_commands(found["sent"], found["acks"]):
+                final.client.client_id = sent["clientId"]  # the same client and key: it must converge
+                final.send(sent["op"], sent["payload"], sent["runId"], sent["revision"], key=sent["key"])
             deadline = time.monotonic() + self.options.quiet_s
             while time.monotonic() < deadline:  # bounded: what is left then is stuck
                 self._restart_if_gone(arm=False)

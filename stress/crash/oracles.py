@@ -44,12 +44,16 @@ def acknowledged_missing(acks: list[dict[str, Any]], state: State) -> list[str]:
     return found
 
 
+def unanswered_commands(sent: list[dict[str, Any]], acks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sent records of the commands without a final answer (``unavailable`` is none), once each."""
+    answered = {(a["clientId"], a["key"]) for a in acks if a["outcome"] != "unavailable"}
+    return list({(s["clientId"], s["key"]): s for s in sent if (s["clientId"], s["key"]) not in answered}.values())
+
+
 def unanswered(sent: list[dict[str, Any]], acks: list[dict[str, Any]]) -> list[str]:
     """Every command sent got a final answer: the harness retried each unanswered one with its
     key at the end, and an idempotent retry converges (adopted, or applied once)."""
-    answered = {(a["clientId"], a["key"]) for a in acks if a["outcome"] != "unavailable"}
-    return [f"{s['op']} {s['key']} never got a final answer" for s in sent
-            if (s["clientId"], s["key"]) not in answered]  # fmt: skip
+    return [f"{s['op']} {s['key']} never got a final answer" for s in unanswered_commands(sent, acks)]
 
 
 def applied_twice(state: State) -> list[str]:
