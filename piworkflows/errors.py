@@ -26,6 +26,7 @@ CODES: dict[str, str] = {
     "requestInFlight": "conflict",
     "leaseHeld": "conflict",
     "sessionReserved": "conflict",
+    "runFinished": "conflict",
     # notFound
     "resourceNotFound": "notFound",
     "effectNotFound": "notFound",
@@ -53,10 +54,12 @@ CODES: dict[str, str] = {
     "internalError": "rejected",
     "maxStepsExceeded": "rejected",
     "responseTooLarge": "rejected",
+    "databaseCorrupt": "rejected",  # a client must not retry it: every write is refused until an operator acts
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",
     "shuttingDown": "unavailable",
+    "diskFull": "unavailable",
 }
 
 
