@@ -65,6 +65,8 @@ class Settings(BaseModel):
     retention_age_ms: int = Field(default=30 * 24 * 3600 * 1000, ge=0)
     retention_interval_ms: int = Field(default=24 * 3600 * 1000, ge=10)
     retention_idle_retry_ms: int = Field(default=5 * 60 * 1000, ge=10)
+    # Retention vacuums only when at least this many bytes (and 20 percent of the pages) are free.
+    retention_vacuum_min_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     # state.backup copies this many pages between two write groups.
     backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.

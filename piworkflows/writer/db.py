@@ -162,6 +162,12 @@ class GroupExecutor:
             faults.hit(faults.WRITER_AFTER_COMMIT)
         return replies + done, leftover
 
+    def vacuum(self) -> None:
+        """VACUUM between groups. It rebuilds the file and bumps SQLite's schema cookie without
+        changing the schema, so the cookie the next group compares with is read again here."""
+        self.conn.execute("VACUUM")
+        self.schema_cookie = self._schema_cookie()
+
     def apply_local_effects(self) -> int:
         """The follow-up transaction of local effects (writer/local_effects.py); after the replies were sent."""
         return local_effects.apply_pending(self.conn, self.clock.now_ms())

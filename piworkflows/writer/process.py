@@ -67,8 +67,7 @@ EXIT_BAD_FRAME = 6
 _RECV_BYTES = 1 << 20
 # Maintenance the loop runs one at a time, between write groups (never inside one).
 MAINTENANCE_KINDS = frozenset({StateBackup.kind, StatePrune.kind, StateCompact.kind})
-VACUUM_MIN_BYTES = 64 * 1024 * 1024  # retention vacuums only when this much ...
-VACUUM_MIN_FREE = 0.2  # ... and this share of the pages is free
+VACUUM_MIN_FREE = 0.2  # retention vacuums only when this share of the pages is free (and enough bytes)
 
 
 class PipeLogHandler(logging.Handler):
@@ -253,8 +252,9 @@ class WriterLoop:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             pages, free, size = (conn.execute(f"PRAGMA {name}").fetchone()[0]
                                  for name in ("page_count", "freelist_count", "page_size"))  # fmt: skip
-            if not vacuum_if_worth_it or (free * size >= VACUUM_MIN_BYTES and free >= VACUUM_MIN_FREE * pages):
-                conn.execute("VACUUM")
+            worth_it = free * size >= self.settings.retention_vacuum_min_bytes and free >= VACUUM_MIN_FREE * pages
+            if not vacuum_if_worth_it or worth_it:
+                self.executor.vacuum()
                 vacuumed = True
         except sqlite3.Error as exc:
             log.error("compacting the database failed: %s", type(exc).__name__)

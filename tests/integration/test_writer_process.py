@@ -269,3 +269,22 @@ def test_a_queue_settlement_left_pending_by_a_crash_is_applied_when_the_writer_o
     assert conn.execute("SELECT queue_status FROM run_queue").fetchone() == ("cancelled",)
     assert conn.execute("SELECT effect_status, attempt_count FROM effects").fetchone() == ("applied", 1)
     conn.close()
+
+
+def test_the_command_after_a_vacuum_commits(paths: StatePaths):
+    """VACUUM bumps SQLite's schema cookie; the writer's own compaction must not make the next group
+    look like a schema change (it was answered unavailable and the writer reopened)."""
+    schema.ensure_database(paths, 1)
+    conn = sqlite3.connect(paths.database, isolation_level=None)
+    conn.execute("INSERT INTO blobs VALUES (zeroblob(32), 'application/json', 400000, zeroblob(400000), 1)")
+    conn.execute("DELETE FROM blobs")  # free pages for VACUUM to reclaim
+    conn.close()
+    writer = spawn(paths.state_dir, Settings(retention_vacuum_min_bytes=0))
+    try:
+        assert writer.link.request("project.ensure", project_body(1), timeout=30).outcome == "accepted"
+        compacted = writer.link.request("state.compact", {"actor": SERVER}, timeout=30)
+        assert compacted.outcome == "accepted" and compacted.receipt["vacuumed"] is True, compacted
+        after = writer.link.request("project.ensure", project_body(2), timeout=30)
+        assert after.outcome == "accepted", after
+    finally:
+        assert writer.stop() == 0
