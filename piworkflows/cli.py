@@ -103,12 +103,15 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     if as_json:
         click.echo(canonical.dumps(receipt))
         return
-    click.echo(f"running ({paths.state_dir}), server epoch {receipt['epoch']}")
-    click.echo(f"  runs: {receipt['queuedRuns']} queued, {receipt['runningRuns']} running, "
-               f"{receipt['parkedRuns']} parked, {receipt['waitingRuns']} waiting")  # fmt: skip
-    click.echo(f"  active runners: {receipt['activeRunners']}, expired claims: {receipt['expiredClaims']}")
-    click.echo(f"  pending interactions: {receipt['pendingInteractions']}, "
-               f"ambiguous effects: {receipt['ambiguousEffects']}")  # fmt: skip
+    counts = {name: "-" if value is None else value for name, value in receipt.items()}  # null: not readable now
+    click.echo(f"{receipt['state']} ({paths.state_dir}), server epoch {receipt['epoch']}")
+    if receipt["reason"] is not None:
+        click.echo(f"  {receipt['reason']['code']}: {receipt['reason']['message']}")
+    click.echo(f"  runs: {counts['queuedRuns']} queued, {counts['runningRuns']} running, "
+               f"{counts['parkedRuns']} parked, {counts['waitingRuns']} waiting")  # fmt: skip
+    click.echo(f"  active runners: {counts['activeRunners']}, expired claims: {counts['expiredClaims']}")
+    click.echo(f"  pending interactions: {counts['pendingInteractions']}, "
+               f"ambiguous effects: {counts['ambiguousEffects']}")  # fmt: skip
 
 
 @server.command("stop")

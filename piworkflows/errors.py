@@ -60,6 +60,7 @@ CODES: dict[str, str] = {
     "writerRestarting": "unavailable",
     "shuttingDown": "unavailable",
     "diskFull": "unavailable",
+    "ioError": "unavailable",
 }
 
 
@@ -114,3 +115,24 @@ class StateIncompatible(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(self.MESSAGE)
         self.reason = reason  # for logs and tests; the user sees MESSAGE
+
+
+class StateCorrupt(Exception):
+    """The state database is damaged: the server refuses it (at start) or refuses every write (at
+    run time). The message names the file and the ways back; nothing was changed."""
+
+    def __init__(self, database: str, finding: str) -> None:
+        finding = " ".join(finding.split())[:300]  # SQLite's report spans lines; the message is one
+        super().__init__(
+            f"Pi Workflows state database {database} is damaged ({finding}). It was not changed. "
+            "Keep a copy of it, then either restore a verified backup (stop the server, "
+            "'pi-workflows state verify BACKUP', 'pi-workflows state reset --backup /abs/new-dir/', "
+            f"copy the backup to {database} with mode 0600) or move the damaged files aside "
+            "('pi-workflows state reset --backup /abs/new-dir/') to start with a new database."
+        )
+        self.finding = finding  # for logs and tests
+
+
+class StatePathRefused(Exception):
+    """A path in the state directory the server must not use (a link, another owner, a wider mode,
+    not a regular file, unreadable). The message names the path and the fix; nothing was changed."""

@@ -5,14 +5,16 @@ A point does nothing unless ``PIW_FAULTS`` names it::
     PIW_FAULTS="writer.after_commit=crash@3,writer.before_commit=sleep:50"
 
 Actions: ``crash`` (SIGKILL to this process: no cleanup, like ``kill -9``),
-``raise`` (``FaultInjected``), ``sleep:MS``. ``@N`` fires on the Nth hit only
-(default: every hit). Each point is named once, here; call sites use the
-constants. An outbox worker the pool restarts runs without ``PIW_FAULTS``, so a
+``raise`` (``FaultInjected``), ``sleep:MS``, ``enospc`` and ``eio`` (the
+``OSError`` a full or failing disk gives at that write). ``@N`` fires on the
+Nth hit only, ``@N-M`` on hits N to M (default: every hit). Each point is
+named once, here; call sites use the constants. An outbox worker the pool restarts runs without ``PIW_FAULTS``, so a
 worker fault fires in the first worker of each slot only.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -29,11 +31,17 @@ WRITER_AFTER_REPLY = "writer.after_reply"
 WRITER_BACKUP_STEP = "writer.backup_step"
 OUTBOX_AFTER_ATTEMPT_RECORDED = "outbox.after_attempt_recorded"
 OUTBOX_AFTER_REQUEST_SENT = "outbox.after_request_sent"
+# The supervisor's own writes: host.json (before its temp file is renamed into place) and a
+# line of server.log.
+SUPERVISOR_REGISTRY_SAVE = "supervisor.registry_save"
+SUPERVISOR_LOG_WRITE = "supervisor.log_write"
 
 POINTS = frozenset(
     {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, WRITER_BACKUP_STEP,
-     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT}
+     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT, SUPERVISOR_REGISTRY_SAVE, SUPERVISOR_LOG_WRITE}
 )  # fmt: skip
+ACTIONS = ("crash", "raise", "sleep", "enospc", "eio")
+_DISK_ERRORS = {"enospc": errno.ENOSPC, "eio": errno.EIO}
 
 
 class FaultInjected(RuntimeError):
@@ -44,7 +52,8 @@ class FaultInjected(RuntimeError):
 class _Rule:
     action: str
     arg: int
-    nth: int | None
+    first: int | None  # fires on hits first..last (None: every hit)
+    last: int | None
     hits: int = 0
 
 
@@ -54,11 +63,13 @@ def parse(spec: str) -> dict[str, _Rule]:
         name, _, action = item.partition("=")
         if name not in POINTS:
             raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
-        action, _, nth = action.partition("@")
+        action, _, hits = action.partition("@")
         action, _, arg = action.partition(":")
-        if action not in ("crash", "raise", "sleep") or (action == "sleep") != bool(arg):
-            raise ValueError(f"bad fault action in {item!r}: use crash, raise or sleep:MS")
-        rules[name] = _Rule(action, int(arg or 0), int(nth) if nth else None)
+        if action not in ACTIONS or (action == "sleep") != bool(arg):
+            raise ValueError(f"bad fault action in {item!r}: use crash, raise, sleep:MS, enospc or eio")
+        first, _, last = hits.partition("-")
+        window = (int(first), int(last or first)) if first else (None, None)
+        rules[name] = _Rule(action, int(arg or 0), *window)
     return rules
 
 
@@ -71,12 +82,15 @@ def hit(point: str) -> None:
     if rule is None:
         return
     rule.hits += 1
-    if rule.nth is not None and rule.hits != rule.nth:
+    if rule.first is not None and rule.last is not None and not rule.first <= rule.hits <= rule.last:
         return
     if rule.action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     elif rule.action == "raise":
         raise FaultInjected(point)
+    elif rule.action in _DISK_ERRORS:
+        code = _DISK_ERRORS[rule.action]
+        raise OSError(code, os.strerror(code), point)
     else:
         time.sleep(rule.arg / 1000)
 

@@ -107,3 +107,10 @@ CONTROLLER_QUEUE_STATUSES = frozenset({"queued", "claimed", "idle"})
 CHANNEL_KINDS = frozenset({"telegram"})
 CHANNEL_RECORD_KINDS = frozenset({"delivery", "settlement"})
 PATCH_OPS = frozenset({"add", "replace", "remove", "append"})
+
+# The server (server.status): its state, and why it cannot commit when it cannot. The writer says
+# what it can do (its HEALTH frames) or why it could not start (its FATAL frame).
+SERVER_STATES = ("running", "unavailable", "refusing", "stopping")  # refusing: every write refused
+WRITER_HEALTH_CODES = ("diskFull", "ioError", "databaseCorrupt")
+WRITER_START_FAILURES = (*WRITER_HEALTH_CODES, "stateIncompatible", "statePathRefused", "cannotOpen")
+UNAVAILABLE_REASONS = (*WRITER_START_FAILURES, "writerRestarting")

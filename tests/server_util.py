@@ -90,6 +90,16 @@ class ServerProcess:
     def client(self, **kwargs: Any) -> WorkflowClient:
         return WorkflowClient(self.state_dir, **kwargs)
 
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``pi-workflows --state-dir STATE ARGS`` in this server's environment."""
+        command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(self.state_dir), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=self.env,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+
+    def server_log(self) -> str:
+        path = self.state_dir / "host" / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def registry(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.state_dir / "host" / "host.json").read_text())
         return data

@@ -105,8 +105,9 @@ class ShellPerformer:
             os.close(go_write)
             _kill_group(proc.pid)
             proc.wait()
-            return Outcome("rejected", error="the command's process group could not be recorded",
-                           error_code="spawnFailed")  # fmt: skip
+            # Nothing ran: an idempotent effect is tried again later (host.json may be writable then).
+            return Outcome("rejected" if policy == "manual" else "retry",
+                           error="the command's process group could not be recorded", error_code="spawnFailed")  # fmt: skip
         started = time.monotonic()
         os.write(go_write, b"go\n")
         os.close(go_write)

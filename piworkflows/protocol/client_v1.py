@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
+from piworkflows.states import SERVER_STATES, UNAVAILABLE_REASONS
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -219,25 +220,45 @@ class ErrorReceipt(BaseModel):
     code: str
 
 
-class ServerStatusReceipt(BaseModel):
+class UnavailableReason(BaseModel):
+    """Why the server cannot commit now: a full disk (with the free bytes it saw), an I/O error, a
+    damaged database (every write refused), a writer that cannot start or is restarting."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    state: Literal["running", "stopping"]
+    code: Literal[UNAVAILABLE_REASONS]  # type: ignore[valid-type]
+    message: str
+    freeBytes: int | None = None
+
+
+class ServerStatusReceipt(BaseModel):
+    """``state``: running; unavailable (nothing can be committed now, ``reason`` says why; it
+    serves again by itself when the cause passes); refusing (the database is damaged: every write
+    is refused, reads that still work are answered); stopping. The counts are null when the
+    writer cannot read them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state: Literal[SERVER_STATES]  # type: ignore[valid-type]
+    reason: UnavailableReason | None = None
     socketAvailable: bool
     epoch: int
     activeRunners: int
-    queuedRuns: int
-    runningRuns: int
-    parkedRuns: int
-    waitingRuns: int
-    expiredClaims: int
-    pendingInteractions: int
-    ambiguousEffects: int
+    queuedRuns: int | None = None
+    runningRuns: int | None = None
+    parkedRuns: int | None = None
+    waitingRuns: int | None = None
+    expiredClaims: int | None = None
+    pendingInteractions: int | None = None
+    ambiguousEffects: int | None = None
 
 
 class ServerStopReceipt(BaseModel):
+    """``recorded`` false: the stop could not be confirmed as recorded (a full disk, a damaged
+    database, no writer); it is carried out all the same."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     stopping: bool
     serverEpoch: int
+    recorded: bool = True
 
 
 class RunStartPayload(Payload):

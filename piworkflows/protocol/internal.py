@@ -22,13 +22,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piworkflows import canonical
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, WRITER_HEALTH_CODES, WRITER_START_FAILURES
 
 # Frame kinds that are not commands.
 READY = "ready"
 FATAL = "fatal"
 REPLY = "reply"
 LOG = "log"  # a child's log record, written to the server log by the supervisor
+HEALTH = "health"  # the writer's ability to commit changed (WriterHealth)
 
 MAX_FRAME_BYTES = 1024 * 1024
 MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its envelope
@@ -787,8 +788,22 @@ class Ready(Model):
 
 
 class Fatal(Model):
-    code: str
+    """Why a writer cannot open the state database: ``stateIncompatible``, ``databaseCorrupt``,
+    ``statePathRefused``, ``diskFull`` (with the free bytes it saw), ``ioError``, ``cannotOpen``."""
+
+    code: Literal[WRITER_START_FAILURES]  # type: ignore[valid-type]
     message: str
+    free_bytes: int | None = None
+
+
+class WriterHealth(Model):
+    """What the writer can do now, sent when it changes: commit (``code`` None); ``diskFull`` or
+    ``ioError`` (each write group fails until one commits again); ``databaseCorrupt`` (every write
+    refused, reads still answered). ``message`` is for server status and the log."""
+
+    code: Literal[WRITER_HEALTH_CODES] | None  # type: ignore[valid-type]
+    message: str | None = None
+    free_bytes: int | None = None
 
 
 class LogRecord(Model):

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import logging
 import os
 import sys
 
-from piworkflows.errors import StateIncompatible
+from piworkflows.errors import StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths, ensure_private_dir
 from piworkflows.settings import Settings
 from piworkflows.supervisor import logs
 from piworkflows.supervisor.lock import AlreadyRunning
 from piworkflows.supervisor.main import StartupFailed, Supervisor
 from piworkflows.supervisor.server import SocketPathTooLong
-from piworkflows.writer.process import WriterStartError
+from piworkflows.writer.process import WriterStartError, free_bytes
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+REFUSALS = (AlreadyRunning, StateIncompatible, StateCorrupt, StatePathRefused, SocketPathTooLong, StartupFailed,
+            WriterStartError, OSError)  # fmt: skip
 
 
 def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) -> int:
@@ -36,17 +40,33 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
             os.close(ready_fd)
             ready_fd = None
 
-    try:
-        ensure_private_dir(paths.state_dir)
-        ensure_private_dir(paths.host_dir)
-        logs.configure(paths, settings, to_stderr=foreground)
-        asyncio.run(Supervisor(paths, settings).run(ready=lambda: tell("ready")))
-    except (AlreadyRunning, StateIncompatible, SocketPathTooLong, StartupFailed, WriterStartError, OSError) as exc:
-        message = str(exc)
+    def refuse(exc: BaseException) -> int:
+        message = _describe(exc, paths)
         tell("error: " + message)
         print(f"pi-workflows: {message}", file=sys.stderr)
         return EXIT_FAILED
+
+    try:  # nothing is written into a state dir the server must not use, not even its log
+        ensure_private_dir(paths.state_dir)
+        ensure_private_dir(paths.host_dir)
+        logs.configure(paths, settings, to_stderr=foreground)
+    except (StatePathRefused, OSError) as exc:
+        return refuse(exc)
+    try:
+        asyncio.run(Supervisor(paths, settings).run(ready=lambda: tell("ready")))
+    except REFUSALS as exc:
+        logging.getLogger("piworkflows.supervisor").error("the server did not start: %s", _describe(exc, paths))
+        return refuse(exc)
     return EXIT_OK
+
+
+def _describe(exc: BaseException, paths: StatePaths) -> str:
+    """One sentence for the CLI and the log; a disk error says which disk and how full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk holding {paths.state_dir} is full ({free_bytes(paths.state_dir)} bytes free)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from piworkflows.paths import FILE_MODE, StatePaths, ensure_private_dir
+from piworkflows.paths import StatePaths, ensure_private_dir, open_private
 
 
 class AlreadyRunning(Exception):
@@ -26,7 +26,7 @@ class HostLock:
     def acquire(self) -> None:
         ensure_private_dir(self.paths.state_dir)
         ensure_private_dir(self.paths.host_dir)
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        fd = open_private(self.paths.lock, os.O_RDWR, create=True)  # never through a planted link
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,7 +1,11 @@
 """The server log: ``host/server.log``, bounded and rotated, 0600.
 
 Log lines name operations, outcomes, codes and process ids; never payloads,
-receipts, tokens or frames.
+receipts, tokens or frames. The file is opened without following a link and
+only if it is this user's (``paths.open_private``). A line that cannot be
+written (a full or failing disk) is dropped, never raised and never printed
+as a traceback; the next line that can be written first says how many were
+lost.
 """
 
 from __future__ import annotations
@@ -11,17 +15,57 @@ import logging.handlers
 import os
 import sys
 import traceback
+from pathlib import Path
 
-from piworkflows.paths import FILE_MODE, StatePaths
+from piworkflows import faults
+from piworkflows.paths import StatePaths, open_private
 from piworkflows.settings import Settings
 
 FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 
 
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.lost = 0  # lines dropped since the last line written
+        self.lost_reason = ""
+        self._error: BaseException | None = None
+
     def _open(self):  # type: ignore[no-untyped-def]
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        fd = open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND, create=True)
         return os.fdopen(fd, "a", encoding="utf-8")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the line, after a note of the lines lost before it; count it when it cannot be."""
+        if self.lost:
+            note = logging.LogRecord(record.name, logging.WARNING, __file__, 0, "%d log lines were lost (%s)",
+                                     (self.lost, self.lost_reason), None)  # fmt: skip
+            if self._write(note):
+                self.lost = 0
+        if self.lost or not self._write(record):
+            self.lost += 1
+
+    def _write(self, record: logging.LogRecord) -> bool:
+        self._error = None
+        try:
+            faults.hit(faults.SUPERVISOR_LOG_WRITE)
+            super().emit(record)  # a failed write reaches handleError, not here
+        except Exception as exc:
+            self._error = exc
+        if self._error is None:
+            return True
+        error = self._error
+        self.lost_reason = os.strerror(error.errno) if isinstance(error, OSError) and error.errno else "write failed"
+        if isinstance(error, OSError):
+            try:  # reopened by the next line (a full disk may leave a half-written buffer behind)
+                self.close()
+            except Exception:
+                pass
+        return False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Never raised or printed with a traceback: ``_write`` counts the line as lost."""
+        self._error = sys.exc_info()[1] or RuntimeError("write failed")
 
 
 def configure(paths: StatePaths, settings: Settings, to_stderr: bool) -> None:

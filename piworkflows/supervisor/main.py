@@ -11,6 +11,13 @@
 
 The supervisor never opens SQLite. The claim token lives only in its memory;
 the database stores its SHA-256.
+
+A full or failing disk never ends it: a host.json that cannot be written is
+kept as it was and written again by the heartbeat (a child that could not be
+recorded is ended before it acts and started again later); an epoch claim
+that expired while nothing could be committed is replaced in place by a new
+epoch, with the children of the old one ended and started again, as at a
+start (this supervisor still holds the lock, so no other server took over).
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from collections.abc import Callable
 import psutil
 
 from piworkflows.paths import StatePaths
+from piworkflows.protocol.internal import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.lock import HostLock
 from piworkflows.supervisor.outbox import OutboxPool
-from piworkflows.supervisor.registry import Identity, Registry
+from piworkflows.errors import StatePathRefused
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.retention import Retention
 from piworkflows.supervisor.router import Router
@@ -74,6 +83,7 @@ class Supervisor:
         self._token = secrets.token_bytes(32)  # memory only
         self._stop = asyncio.Event()
         self._stop_reason = ""
+        self._registry_unsaved = False  # host.json is behind the registry in memory
 
     @property
     def token_hash(self) -> bytes:
@@ -88,17 +98,37 @@ class Supervisor:
     def _record_writer(self, identity: Identity | None) -> None:
         self.registry.children = [c for c in self.registry.children if c.role != "writer"]
         if identity is not None:
-            self.registry.children.append(identity)
-        self.registry.save(self.paths.registry)
+            self.record_child(identity)
+        else:
+            self.save_registry()
 
     def record_child(self, identity: Identity) -> None:
-        """In host.json before the child is waited for, so a takeover can end it."""
+        """In host.json before the child does anything, so a takeover can end it. Raises
+        ChildNotRecorded when host.json cannot be written: the caller ends the child."""
         self.registry.set_child(identity)
-        self.registry.save(self.paths.registry)
+        if not self.save_registry():
+            self.registry.drop_child(identity.pid)
+            raise ChildNotRecorded(f"the {identity.role} could not be recorded in host.json")
 
     def forget_child(self, pid: int) -> None:
         self.registry.drop_child(pid)
-        self.registry.save(self.paths.registry)
+        self.save_registry()
+
+    def save_registry(self) -> bool:
+        """Write host.json; when it cannot be written (a full disk) the previous file stays, one line
+        is logged, and the heartbeat writes it again. Returns whether it was written."""
+        try:
+            self.registry.save(self.paths.registry)
+        except (OSError, StatePathRefused) as exc:
+            if not self._registry_unsaved:
+                log.error("host.json could not be written (%s); the previous one is kept and written again later",
+                          exc.strerror if isinstance(exc, OSError) else exc)  # fmt: skip
+            self._registry_unsaved = True
+            return False
+        if self._registry_unsaved:
+            log.info("host.json is written again")
+            self._registry_unsaved = False
+        return True
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until stopped. Raises AlreadyRunning / StateIncompatible / StartupFailed."""
@@ -109,9 +139,11 @@ class Supervisor:
             if ended:
                 log.warning("ended leftover processes of an older server: %s", ", ".join(ended))
             self.registry = Registry(supervisor=Identity.of("supervisor", os.getpid(), SUPERVISOR_MARKER))
-            self.registry.save(self.paths.registry)
+            self.registry.save(self.paths.registry)  # at the start a failed write is a failed start
             await self.writer.start()
-            await self._take_epoch()
+            reply = await self._take_epoch()
+            if reply.outcome != "accepted":
+                raise StartupFailed(f"could not take a server epoch: {reply.error}")
             await self.outbox.start()
             await self.scheduler.start()
             self.retention.start()  # after startup recovery
@@ -131,32 +163,55 @@ class Supervisor:
             await self.writer.stop()
             if self.registry.supervisor is not None:  # ours: an older server's record is kept otherwise
                 self.registry.children = []
-                self.registry.save(self.paths.registry)
+                self.save_registry()
             self.lock.release()
 
-    async def _take_epoch(self) -> None:
+    async def _take_epoch(self) -> Reply:
         me = psutil.Process()
-        reply = await self.writer.request(
+        reply: Reply = await self.writer.request(
             "server.take_epoch",
             {"actor": SERVER, "host_id": "host-" + secrets.token_hex(8), "claim_token_hash": self.token_hash,
              "pid": me.pid, "process_started_at": int(me.create_time() * 1000), "ttl_ms": self.settings.claim_ttl_ms},
         )  # fmt: skip
-        if reply.outcome != "accepted" or reply.receipt is None:
-            raise StartupFailed(f"could not take a server epoch: {reply.error}")
-        self.epoch = int(reply.receipt["serverEpoch"])
-        self.registry.serverEpoch = self.epoch
-        self.registry.save(self.paths.registry)
+        if reply.outcome == "accepted" and reply.receipt is not None:
+            self.epoch = int(reply.receipt["serverEpoch"])
+            self.registry.serverEpoch = self.epoch
+            self.save_registry()
+        return reply
 
     async def _heartbeat(self) -> None:
-        body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash,
-                "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
         while True:
             await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+            if self._registry_unsaved:
+                self.save_registry()
+            body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash,
+                    "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
             reply = await self.writer.request("server.renew_epoch", body)
-            if reply.outcome == "claimLost":
-                log.error("the server epoch claim is lost (%s); stopping", (reply.receipt or {}).get("code"))
+            code = (reply.receipt or {}).get("code")
+            if reply.outcome == "claimLost" and code == "claimExpired":
+                await self._new_epoch()
+            elif reply.outcome == "claimLost":
+                log.error("the server epoch claim is lost (%s); stopping", code)
                 self.request_stop("epoch claim lost")
                 return
+
+    async def _new_epoch(self) -> None:
+        """The epoch claim expired while nothing could be committed (a full disk, a writer that could
+        not start). The lock is still ours, so no other server took over: as at a start, end the old
+        epoch's runners and workers, take a new epoch (asked again until the writer commits), and
+        start them again; their recovery reclaims what the old epoch held."""
+        log.warning("the server epoch claim expired while nothing could be committed; taking a new epoch")
+        await self.scheduler.stop()
+        await self.outbox.stop()
+        self._token = secrets.token_bytes(32)
+        while (await self._take_epoch()).outcome != "accepted":
+            if self._stop.is_set():
+                return
+            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+        log.info("serving under server epoch %d", self.epoch)
+        self.scheduler, self.outbox = Scheduler(self), OutboxPool(self)
+        await self.outbox.start()
+        await self.scheduler.start()
 
     async def _shutdown(self) -> None:
         self.state = "stopping"

@@ -38,7 +38,7 @@ from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, new_claim
 from piworkflows.supervisor.logs import log_failure
-from piworkflows.supervisor.registry import Identity
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -142,6 +142,8 @@ class OutboxPool:
             try:
                 await self._spawn(slot)
                 await self._serve(slot)
+            except ChildNotRecorded as exc:
+                log.warning("outbox worker %d not started: %s", slot.index, exc)
             except Exception as exc:  # one slot's failure never stops the pool
                 log_failure(log, f"outbox worker {slot.index} failed", exc)
             await self._worker_gone(slot)
@@ -165,7 +167,12 @@ class OutboxPool:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True, env=env,
         )  # fmt: skip
-        self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
+        try:
+            self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
+        except ChildNotRecorded:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise
         slot.proc, slot.frames, slot.arrived = proc, deque(), asyncio.Event()
         slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
 
@@ -255,8 +262,11 @@ class OutboxPool:
             identity = Identity.of("command", pid, "", process_group=True)
         except psutil.Error:
             return False
+        try:
+            self.supervisor.record_child(identity)
+        except ChildNotRecorded:
+            return False  # the worker ends the group: nothing ran
         slot.commands.append(identity)
-        self.supervisor.record_child(identity)
         return True
 
     def _end_commands(self, slot: Slot) -> None:

@@ -7,7 +7,10 @@
      "children": [{"role": "writer", "pid": 101, "createTime": ..., "marker": "piworkflows.writer",
                    "processGroup": false}]}
 
-Written atomically (temp file, fsync, rename, 0600). On takeover a new
+Written atomically: a new temp file beside it (``O_EXCL``, never through a
+link, 0600), fsync, ``os.replace``, fsync of ``host/``; a write that fails
+(a full disk) removes its temp file and leaves the previous host.json as it
+was. On takeover a new
 supervisor ends the processes an older epoch recorded, but only through
 ``psutil.Process`` after pid, create time and command-line marker all match
 (a pid read from disk may belong to an unrelated process by now).
@@ -24,7 +27,12 @@ from typing import Any
 
 import psutil
 
-from piworkflows.paths import FILE_MODE
+from piworkflows import faults
+from piworkflows.paths import open_private
+
+
+class ChildNotRecorded(OSError):
+    """host.json could not be written (a full disk): the child must end before it does anything."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,8 @@ class Registry:
     @classmethod
     def load(cls, path: Path) -> Registry:
         try:
-            data: dict[str, Any] = json.loads(path.read_text())
+            with os.fdopen(open_private(path, os.O_RDONLY), "rb") as f:
+                data: dict[str, Any] = json.loads(f.read())
             return cls(
                 serverEpoch=int(data.get("serverEpoch", 0)),
                 supervisor=Identity(**data["supervisor"]) if data.get("supervisor") else None,
@@ -80,14 +89,22 @@ class Registry:
             return cls()  # unreadable: nothing can be matched, so nothing is signalled
 
     def save(self, path: Path) -> None:
+        """Replace host.json whole, or raise OSError and leave it as it was."""
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self), f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        data = json.dumps(asdict(self), sort_keys=True).encode()
+        tmp.unlink(missing_ok=True)  # one a crash left behind (unlinking a link removes the link only)
+        fd = open_private(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                faults.hit(faults.SUPERVISOR_REGISTRY_SAVE)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(dir_fd)
         finally:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import MAX_FRAME_BYTES, Resolution, ResolveRequest
 from piworkflows.settings import Settings
-from piworkflows.supervisor.registry import Identity
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 1000
@@ -55,7 +55,12 @@ class Resolvers:
             sys.executable, "-m", "piworkflows.runner", "resolve",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
-        self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
+        try:
+            self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
+        except ChildNotRecorded:
+            proc.kill()
+            await proc.wait()
+            raise
         return _Child(proc)
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:

@@ -14,6 +14,7 @@ code ``notAvailable`` and store nothing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -29,6 +30,7 @@ from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal import Actor, BlobValue, ClientReceiptKey, Reply, Resolution, RunCreate
 from piworkflows.states import MEDIA_JSON
+from piworkflows.supervisor.registry import ChildNotRecorded
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -73,30 +75,45 @@ class Router:
         return await route(request, payload)
 
     async def server_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """Always answered: with the writer's counts when it can read them, and why nothing can be
+        committed when that is so (a full disk, a damaged database, no writer)."""
+        reason = self.supervisor.writer.unavailable_reason()
+        state = self.supervisor.state
+        if state != "stopping" and reason is not None:
+            state = "refusing" if reason["code"] == "databaseCorrupt" else "unavailable"
         reply = await self.supervisor.writer.request("server.counts", {"actor": {"actor_class": "server"}})
-        if reply.outcome != "accepted":
-            return from_reply(request, reply)
+        counts = reply.receipt if reply.outcome == "accepted" and reply.receipt else {}
         receipt = client_v1.ServerStatusReceipt(
-            state=self.supervisor.state,
+            state=state,
+            reason=reason,
             socketAvailable=True,
             epoch=self.supervisor.epoch,
             activeRunners=len(self.supervisor.scheduler.active),
-            **reply.receipt,
+            **counts,
         )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
 
     async def server_stop(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
-        reply = await self.supervisor.writer.request(
-            "server.record_stop",
-            {"actor": client_actor(request), "client_receipt": receipt_key(request),
-             "server_epoch": self.supervisor.epoch},
-        )  # fmt: skip
+        """Recorded on the server resource, then carried out. A writer lost meanwhile is asked again
+        with the same key (for up to stop_grace_ms); when nothing can be committed (a full disk, a
+        damaged database, no writer) the stop is carried out all the same, answered unconfirmed."""
+        body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
+                "server_epoch": self.supervisor.epoch}  # fmt: skip
+        deadline = asyncio.get_running_loop().time() + self.supervisor.settings.stop_grace_ms / 1000
+        reply = await self.supervisor.writer.request("server.record_stop", body)
+        while _code(reply) == "writerRestarting" and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(self.supervisor.settings.writer_restart_min_ms / 1000)
+            reply = await self.supervisor.writer.request("server.record_stop", body)
         # adopted: the stop was recorded but its first answer was lost (the
         # writer died after COMMIT); it is still this epoch's stop to carry out.
         if reply.outcome == "accepted" or (
             reply.outcome == "adopted" and (reply.receipt or {}).get("serverEpoch") == self.supervisor.epoch
         ):
             self.supervisor.request_stop("server.stop from a client")
+        elif reply.outcome == "unavailable" or _code(reply) == "databaseCorrupt":
+            self.supervisor.request_stop(f"server.stop from a client (not confirmed as recorded: {_code(reply)})")
+            receipt = client_v1.ServerStopReceipt(stopping=True, serverEpoch=self.supervisor.epoch, recorded=False)
+            return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
         return from_reply(request, reply)
 
     async def stored_answer(self, request: client_v1.Request) -> client_v1.Response | None:
@@ -127,7 +144,11 @@ class Router:
         workflow changed or vanished since.
         """
         project_path = os.path.realpath(payload.projectPath)
-        resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
+        try:
+            resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
+        except ChildNotRecorded:
+            return refuse(request, CommandError("unavailable", "the server cannot start a resolver now (host.json "
+                                                               "cannot be written); retry with the same key"))
         refusal = None
         if not resolution.ok:
             code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
@@ -333,6 +354,11 @@ def _source_mismatch(payload: client_v1.RunStartPayload, resolution: Resolution)
     ):
         return "workflowSource differs from the source the server resolved"
     return None
+
+
+def _code(reply: Reply) -> str | None:
+    code: str | None = (reply.receipt or {}).get("code")
+    return code
 
 
 def client_actor(request: client_v1.Request) -> dict[str, Any]:

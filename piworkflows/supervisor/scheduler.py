@@ -40,7 +40,7 @@ from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, new_claim
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
-from piworkflows.supervisor.registry import Identity
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -178,6 +178,9 @@ class Scheduler:
                 steps=state.receipt["steps"],
             )
             outcome = await self._relay(handle, proc, launch)
+        except ChildNotRecorded as exc:  # ended before it ran anything; the run waits for the next launch
+            log.warning("no runner for %s: %s", handle.run_id, exc)
+            handle.stopping = True
         except (ConnectionResetError, BrokenPipeError):  # its pipe closed under a write: it died (a crash)
             log.warning("the runner of %s died", handle.run_id)
         except Exception as exc:
@@ -201,7 +204,12 @@ class Scheduler:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True,  # its own process group: stopping the run stops the whole group
         )  # fmt: skip
-        self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+        try:
+            self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+        except ChildNotRecorded:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
         return proc
 
     async def _keep_spares(self) -> None:
@@ -210,7 +218,10 @@ class Scheduler:
             await self._spare_needed.wait()
             self._spare_needed.clear()
             while len(self._ready) < self._spares and not self._stopping:
-                self._ready.append(await self._spawn_runner())
+                try:
+                    self._ready.append(await self._spawn_runner())
+                except ChildNotRecorded:
+                    break  # host.json cannot be written now: the next launch asks again
 
     async def _relay(self, handle: RunnerHandle, proc: asyncio.subprocess.Process, launch: RunnerLaunch) -> str:
         assert proc.stdin is not None and proc.stdout is not None

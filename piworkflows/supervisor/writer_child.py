@@ -5,6 +5,8 @@
     request(kind, body) ──> Link (socketpair) ──> writer ──> Reply
           │ writer down or restarting: Reply unavailable (never a guess)
     monitor: writer exited ──> backoff (doubling, bounded) ──> spawn again
+             (a damaged, incompatible or refused file: no more restarts, an operator acts)
+    health: what the writer can do now (its HEALTH frames; a failed start's reason)
 
 Commands in flight when the writer dies are answered ``unavailable`` by the
 Link; their clients retry with the same idempotency key.
@@ -15,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
-from piworkflows.errors import StateIncompatible
+from piworkflows.errors import CommandError, StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import Reply
+from piworkflows.protocol.internal import Reply, WriterHealth
 from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
@@ -28,6 +31,8 @@ log = logging.getLogger("piworkflows.supervisor")
 
 WRITER_MARKER = "piworkflows.writer"
 RESTARTING = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is restarting")
+# Reasons a writer cannot start that another start does not mend: an operator acts.
+PERMANENT = frozenset({"stateIncompatible", "databaseCorrupt", "statePathRefused"})
 
 
 class WriterChild:
@@ -43,6 +48,8 @@ class WriterChild:
         self.on_spawn = on_spawn  # records the child's identity in host.json (None: gone)
         self.extra_env = extra_env
         self.restarts = 0
+        self.health = WriterHealth(code=None)  # what the live writer said it can do
+        self.start_failure: WriterStartError | None = None  # why the last start failed (None: it did not)
         self._proc: WriterProcess | None = None
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None
@@ -56,20 +63,50 @@ class WriterChild:
         def record(pid: int) -> None:  # in host.json before the writer is waited for
             self.on_spawn(Identity.of("writer", pid, WRITER_MARKER))
 
+        def on_health(health: WriterHealth) -> None:  # on the loop: the link's reader calls it
+            self.health = health
+
         proc = await asyncio.get_running_loop().run_in_executor(
             None,
-            lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True, on_started=record),
-        )
+            lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True,
+                          on_started=record, on_health=on_health),
+        )  # fmt: skip
         assert isinstance(proc.link, AsyncLink)
+        self.health, self.start_failure = WriterHealth(code=None), None
         await proc.link.start()
         return proc
+
+    @property
+    def up(self) -> bool:
+        return self._proc is not None and not self._stopping and not self._proc.link.closed
 
     async def request(self, kind: str, body: dict) -> Reply:
         proc = self._proc
         if proc is None or self._stopping or proc.link.closed:
-            return RESTARTING
+            return self._down_reply()
         assert isinstance(proc.link, AsyncLink)
         return await proc.link.request(kind, body)
+
+    def unavailable_reason(self) -> dict[str, Any] | None:
+        """Why nothing can be committed now (server.status ``reason``), or None when it can."""
+        if self.up:
+            health = self.health
+            if health.code is None:
+                return None
+            return {"code": health.code, "message": health.message or health.code, "freeBytes": health.free_bytes}
+        failure = self.start_failure
+        if failure is not None and failure.code is not None:
+            return {"code": failure.code, "message": str(failure), "freeBytes": failure.free_bytes}
+        return {"code": "writerRestarting", "message": "the writer is restarting", "freeBytes": None}
+
+    def _down_reply(self) -> Reply:
+        """The answer while no writer runs: why, when the last start said (nothing was committed)."""
+        failure = self.start_failure
+        if failure is None or failure.code not in ("diskFull", "ioError", "databaseCorrupt"):
+            return RESTARTING
+        details = {"freeBytes": failure.free_bytes} if failure.code == "diskFull" else {}
+        refusal = CommandError(failure.code, str(failure), **details)
+        return Reply(outcome=refusal.outcome, receipt=refusal.receipt(), error=refusal.message)
 
     @property
     def pid(self) -> int | None:
@@ -94,7 +131,15 @@ class WriterChild:
                 try:
                     self._proc = await self._spawn()
                 except (StateIncompatible, WriterStartError, OSError) as exc:
-                    log.error("the writer could not start: %s", exc)
+                    self.on_spawn(None)  # the recorded writer is gone
+                    failure = exc if isinstance(exc, WriterStartError) else WriterStartError(
+                        str(exc), "stateIncompatible" if isinstance(exc, StateIncompatible) else None)
+                    if failure.code != (self.start_failure.code if self.start_failure else None):
+                        log.error("the writer could not start: %s", failure)  # once per reason
+                    self.start_failure = failure
+                    if failure.code in PERMANENT:
+                        log.error("no more writer restarts: the state database needs an operator")
+                        return
                     continue
                 self.restarts += 1
                 delay = self.settings.writer_restart_min_ms

@@ -48,6 +48,7 @@ class Tx:
 class Result:
     revision: int | None = None
     receipt: dict[str, Any] | None = None
+    damage: str | None = None  # a read found the file damaged: the writer refuses every write from now on
 
 
 class Handler(Generic[C]):

@@ -22,6 +22,7 @@ docs/design/group-commit.md for why each command keeps its guarantees.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import sqlite3
@@ -54,6 +55,26 @@ _GROUP_FATAL_CODES = {
     sqlite3.SQLITE_BUSY,
     sqlite3.SQLITE_LOCKED,
 }
+
+
+# What a failed group says about the file or the disk beneath it (writer/process.py acts on it):
+# diskFull and ioError fail each group until they pass; databaseCorrupt refuses every write.
+_SQLITE_CONDITIONS = {
+    sqlite3.SQLITE_FULL: "diskFull",
+    sqlite3.SQLITE_IOERR: "ioError",
+    sqlite3.SQLITE_CORRUPT: "databaseCorrupt",
+    sqlite3.SQLITE_NOTADB: "databaseCorrupt",
+}
+_OS_CONDITIONS = {errno.ENOSPC: "diskFull", errno.EDQUOT: "diskFull", errno.EIO: "ioError"}
+
+
+def condition_of(exc: BaseException) -> str | None:
+    """``diskFull``, ``ioError``, ``databaseCorrupt``, or None for any other failure."""
+    if isinstance(exc, sqlite3.Error):
+        return _SQLITE_CONDITIONS.get((getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF)
+    if isinstance(exc, OSError):
+        return _OS_CONDITIONS.get(exc.errno or 0)
+    return None
 
 
 def connect(paths: StatePaths, settings: Settings) -> sqlite3.Connection:
@@ -92,7 +113,12 @@ class Submitted:
 
 
 class GroupFailed(Exception):
-    """The whole transaction ended; nothing of the group was acknowledged."""
+    """The whole transaction ended; nothing of the group was acknowledged. ``condition``: what it
+    says about the disk or the file (``condition_of``), if anything."""
+
+    def __init__(self, message: str, condition: str | None = None) -> None:
+        super().__init__(message)
+        self.condition = condition
 
 
 def _is_group_fatal(conn: sqlite3.Connection, exc: sqlite3.Error) -> bool:
@@ -109,6 +135,7 @@ class GroupExecutor:
         self.clock = clock
         self.schema_cookie = self._schema_cookie()
         self.groups_committed = 0
+        self.damage: str | None = None  # what a read found damaged (Result.damage), once
 
     def _schema_cookie(self) -> int:
         cookie: int = self.conn.execute("PRAGMA schema_version").fetchone()[0]
@@ -151,16 +178,33 @@ class GroupExecutor:
                 done.append((item.corr_id, self._run_one(handler, cmd)))
             if writes:
                 faults.hit(faults.WRITER_BEFORE_COMMIT)
-            self.conn.execute("COMMIT")
-        except (sqlite3.Error, GroupFailed, faults.FaultInjected) as exc:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            log.error("group of %d commands not committed: %s", len(decoded), type(exc).__name__)
-            raise GroupFailed(str(exc)) from exc
+                self.conn.execute("COMMIT")
+            else:
+                self._end_reads()
+        except (sqlite3.Error, GroupFailed, faults.FaultInjected, OSError) as exc:
+            condition = exc.condition if isinstance(exc, GroupFailed) else condition_of(exc)
+            try:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the connection is reopened (or refused) by the loop
+            log.error("group of %d commands not committed: %s", len(decoded), condition or type(exc).__name__)
+            raise GroupFailed(str(exc), condition) from exc
         if writes:
             self.groups_committed += 1
             faults.hit(faults.WRITER_AFTER_COMMIT)
         return replies + done, leftover
+
+    def _end_reads(self) -> None:
+        """End a group of reads. Nothing is committed, so a failing COMMIT loses nothing: the reads
+        are answered (after a statement met damage, SQLite fails the COMMIT with it too)."""
+        try:
+            self.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            if condition_of(exc) == "databaseCorrupt":
+                self.damage = self.damage or str(exc)
 
     def vacuum(self) -> None:
         """VACUUM between groups. It rebuilds the file and bumps SQLite's schema cookie without
@@ -188,6 +232,7 @@ class GroupExecutor:
         try:
             result = handler.run(tx, cmd)
             answer = records.StoredAnswer("accepted", result.revision, result.receipt, None)
+            self.damage = self.damage or result.damage
         except CommandError as exc:
             answer = records.StoredAnswer(exc.outcome, None, exc.receipt(), exc.message)
         except sqlite3.IntegrityError as exc:

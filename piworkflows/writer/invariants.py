@@ -15,6 +15,7 @@ functions.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from piworkflows.writer.local_effects import SETTLE_QUEUE
 
@@ -91,8 +92,41 @@ def violations(conn: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     return found
 
 
+def damage(conn: sqlite3.Connection, check: str = "integrity_check") -> list[str]:
+    """What SQLite's ``integrity_check`` (or the cheaper ``quick_check``) finds damaged in the file;
+    a file too damaged for the check to finish is reported as the check's own finding."""
+    try:
+        return [row[0] for row in conn.execute(f"PRAGMA {check}") if row[0] != "ok"]
+    except sqlite3.DatabaseError as exc:
+        return [f"{check}: {exc}"]
+
+
 def integrity(conn: sqlite3.Connection) -> list[str]:
     """SQLite's own checks: 'ok' from integrity_check and no foreign key violation, else the problems."""
-    problems = [row[0] for row in conn.execute("PRAGMA integrity_check") if row[0] != "ok"]
-    problems += [f"foreign key: {row[0]} row {row[1]} -> {row[2]}" for row in conn.execute("PRAGMA foreign_key_check")]
-    return problems
+    return sum(_sqlite_checks(conn), [])
+
+
+def _sqlite_checks(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+    """(damage to the file, foreign key violations)."""
+    damaged = damage(conn)
+    try:
+        keys = [f"foreign key: {row[0]} row {row[1]} -> {row[2]}" for row in conn.execute("PRAGMA foreign_key_check")]
+    except sqlite3.DatabaseError as exc:
+        keys = [f"foreign_key_check: {exc}"]
+    return damaged, keys
+
+
+def verify(conn: sqlite3.Connection, now: int) -> tuple[dict[str, Any], list[str]]:
+    """``state.verify`` and the inactive verification: SQLite's checks, then (on a sound file) the
+    invariants. Returns the report and the damage it found to the file itself. Reports; never
+    raises for what it finds, never repairs."""
+    damaged, keys = _sqlite_checks(conn)
+    problems = damaged + keys
+    found: dict[str, list[str]] = {}
+    if not problems:
+        try:
+            found = violations(conn, now)
+        except sqlite3.DatabaseError as exc:
+            damaged = [f"invariants: {exc}"]
+            problems += damaged
+    return {"ok": not problems and not found, "integrity": problems, "violations": found}, damaged

@@ -68,8 +68,7 @@ def verify_backup(backup: Path, active_database: Path, now_ms: int) -> dict[str,
         except StateIncompatible as exc:  # the reason, not the live state's reset instruction
             return {"ok": False, "schema": f"not a backup of this build's state: {exc.reason}", "integrity": [],
                     "violations": {}}  # fmt: skip
-        problems = invariants.integrity(conn)
-        found = invariants.violations(conn, now_ms)
+        report, _ = invariants.verify(conn, now_ms)
+        return {**report, "schema": None}
     finally:
         conn.close()
-    return {"ok": not problems and not found, "schema": None, "integrity": problems, "violations": found}

@@ -36,11 +36,12 @@ from pydantic import ValidationError
 
 from piworkflows import faults
 from piworkflows.clock import Clock, SystemClock
-from piworkflows.errors import CommandError, StateIncompatible
+from piworkflows.errors import CommandError, StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import (
     FATAL,
+    HEALTH,
     LOG,
     READY,
     REPLY,
@@ -51,12 +52,14 @@ from piworkflows.protocol.internal import (
     StateBackup,
     StateCompact,
     StatePrune,
+    WriterHealth,
 )
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
 from piworkflows.writer import backup, invariants, records, schema
 from piworkflows.writer.commands import state as state_commands
-from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, open_database, unavailable
+from piworkflows.writer.commands import REGISTRY
+from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, condition_of, connect, open_database, unavailable
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -104,6 +107,10 @@ class WriterLoop:
         self.decoder = frames.FrameDecoder()
         self.backups: collections.deque[Submitted] = collections.deque()  # state.backup, one at a time
         self.backing_up = False
+        # What the writer can do now, as last told to the supervisor (HEALTH frames): None (commit),
+        # diskFull or ioError (each write group fails until one commits), databaseCorrupt (every
+        # write refused for the life of this writer: an operator restores or moves the file).
+        self.health = WriterHealth(code=None)
 
     def serve(self) -> int:
         self._apply_local_effects()
@@ -156,7 +163,9 @@ class WriterLoop:
             self.backing_up = True
             try:
                 item = self.backups.popleft()
-                if item.kind == StateBackup.kind:
+                if self.health.code == "databaseCorrupt":
+                    self.sock.sendall(_encode_reply(item.corr_id, self._refusal("databaseCorrupt")))
+                elif item.kind == StateBackup.kind:
                     self._backup(item)
                 elif item.kind == StatePrune.kind:
                     self._prune(item)
@@ -168,17 +177,69 @@ class WriterLoop:
                 state_commands.MAINTENANCE = None
 
     def _run_batch(self, batch: list[Submitted]) -> None:
+        refused: list[tuple[int, Reply]] = []
+        if self.health.code == "databaseCorrupt":  # reads still answered; no write is tried
+            refused = [(item.corr_id, self._refusal("databaseCorrupt")) for item in batch if _writes(item)]
+            batch = [item for item in batch if not _writes(item)]
+        committed = self.executor.groups_committed
         try:
-            replies, leftover = self.executor.run(batch)
-        except GroupFailed:
+            replies, leftover = self.executor.run(batch) if batch else ([], [])
+        except GroupFailed as failed:
             group = batch[: self.settings.group_max_commands]
-            replies = [(item.corr_id, unavailable()) for item in group]
+            if failed.condition is not None:
+                self._tell_health(failed.condition)
+            replies = [(item.corr_id, self._refusal(failed.condition)) for item in group]
             leftover = batch[len(group) :]
-            self._reopen()
+            if self.health.code != "databaseCorrupt":
+                self._reopen()
+        else:
+            if self.executor.damage is not None and self.health.code != "databaseCorrupt":
+                self._tell_health("databaseCorrupt", self.executor.damage)
+            elif self.executor.groups_committed != committed and self.health.code is not None:
+                self._tell_health(None)  # a write group committed: the disk takes writes again
         self.queue.extendleft(reversed(leftover))
-        self.sock.sendall(b"".join(_encode_reply(corr_id, reply) for corr_id, reply in replies))
+        self.sock.sendall(b"".join(_encode_reply(corr_id, reply) for corr_id, reply in refused + replies))
         faults.hit(faults.WRITER_AFTER_REPLY)
         self._apply_local_effects()
+
+    def _tell_health(self, code: str | None, finding: str | None = None) -> None:
+        """Record what the writer can do now and tell the supervisor when it changed (one log line)."""
+        if code == "databaseCorrupt":
+            message = str(StateCorrupt(str(self.paths.database), finding or "SQLITE_CORRUPT at run time"))
+            health = WriterHealth(code=code, message=message)
+        elif code == "diskFull":
+            free = free_bytes(self.paths.state_dir)
+            health = WriterHealth(code=code, free_bytes=free, message=(
+                f"the disk holding {self.paths.state_dir} is full ({free} bytes free); nothing was committed"))
+        elif code == "ioError":
+            health = WriterHealth(code=code, message=f"an I/O error on {self.paths.database}; nothing was committed")
+        else:
+            health = WriterHealth(code=None)
+        if health.code == self.health.code:
+            self.health = health  # the newest free bytes; no new line
+            return
+        self.health = health
+        if code == "databaseCorrupt":
+            log.error("the state database is damaged (%s): every write is refused from now on", finding)
+        elif code is not None:
+            log.error("writes fail: %s", code)
+        else:
+            log.info("writes commit again")
+        frames.send(self.sock, HEALTH, 0, health.model_dump())
+
+    def _refusal(self, code: str | None) -> Reply:
+        """The answer to a command the writer could not commit, by what failed (``condition_of``)."""
+        if code == "databaseCorrupt":
+            refusal = CommandError("databaseCorrupt", "the state database is damaged; every write is refused "
+                                                      "until an operator restores it ('pi-workflows server status')")
+        elif code == "diskFull":
+            refusal = CommandError("diskFull", "the disk holding the state is full; retry with the same idempotency "
+                                               "key once there is space", freeBytes=self.health.free_bytes)
+        elif code == "ioError":
+            refusal = CommandError("ioError", "an I/O error on the state database; retry with the same idempotency key")
+        else:
+            return unavailable()
+        return Reply(outcome=refusal.outcome, receipt=refusal.receipt(), error=refusal.message)
 
     def _backup(self, item: Submitted) -> None:
         """state.backup (writer/backup.py): groups keep running between the copy's steps; the
@@ -237,8 +298,8 @@ class WriterLoop:
         try:
             return backup.make_backup(self.executor.conn, destination, self.paths.database, self.clock.now_ms(),
                                       self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
-        except (CommandError, sqlite3.Error) as exc:
-            log.error("a backup failed: %s", type(exc).__name__)
+        except (CommandError, sqlite3.Error, OSError) as exc:
+            log.error("a backup failed: %s", condition_of(exc) or type(exc).__name__)
             self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
             return None
 
@@ -274,21 +335,30 @@ class WriterLoop:
 
     def _apply_local_effects(self) -> None:
         """Right after the commit that created them (and at open: a crash may have come between)."""
+        if self.health.code == "databaseCorrupt":
+            return
         try:
             self.executor.apply_local_effects()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             log.error("local effects not applied (they stay pending): %s", type(exc).__name__)
-            self._reopen()
+            if condition_of(exc) == "databaseCorrupt":
+                self._tell_health("databaseCorrupt", str(exc))
+            else:
+                self._reopen()
 
     def _reopen(self) -> None:
-        """After a failed transaction: close, verify the schema again, reopen."""
-        self.executor.conn.close()
+        """After a failed transaction: close, reopen and verify the schema on the new connection (the
+        file was verified when this writer started; no copy is made, so a full disk does not stop it)."""
         try:
-            self.executor = GroupExecutor(
-                open_database(self.paths, self.settings, self.clock), self.settings, self.clock
-            )
-        except Exception:
-            log.exception("the writer cannot reopen the state database")
+            self.executor.conn.close()
+        except sqlite3.Error:
+            pass  # its last checkpoint may fail on a full disk; the WAL keeps every commit
+        try:
+            conn = connect(self.paths, self.settings)
+            schema.check_open(self.paths, conn)
+            self.executor = GroupExecutor(conn, self.settings, self.clock)
+        except Exception as exc:
+            log.error("the writer cannot reopen the state database: %s", condition_of(exc) or type(exc).__name__)
             raise SystemExit(EXIT_DATABASE_LOST) from None
 
     def _parent_alive(self) -> bool:
@@ -299,6 +369,21 @@ class WriterLoop:
             return psutil.Process(pid).create_time() == started_at
         except psutil.Error:
             return False
+
+
+def _writes(item: Submitted) -> bool:
+    """A command that would write (maintenance included); an unknown kind is refused by the executor."""
+    handler = REGISTRY.get(item.kind)
+    return item.kind in MAINTENANCE_KINDS or (handler is not None and not handler.read_only)
+
+
+def free_bytes(path: Path) -> int:
+    """What an unprivileged write could still use on the filesystem holding ``path``."""
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return 0
+    return found.f_bavail * found.f_frsize
 
 
 def _encode_reply(corr_id: int, reply: Reply) -> bytes:
@@ -329,9 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     parent = (args.parent_pid, args.parent_started_at) if args.parent_pid else None
     try:
         loop = WriterLoop(sock, paths, Settings.from_env(), SystemClock(), parent)
-    except StateIncompatible as exc:
-        log.error("state database incompatible: %s", exc.reason)
-        frames.send(sock, FATAL, 0, Fatal(code="stateIncompatible", message=exc.MESSAGE).model_dump())
+    except (StateIncompatible, StateCorrupt, StatePathRefused, OSError, sqlite3.Error) as exc:
+        fatal = _fatal(exc, paths)
+        log.error("the state database cannot be used: %s",
+                  exc.reason if isinstance(exc, StateIncompatible) else fatal.message)  # fmt: skip
+        frames.send(sock, FATAL, 0, fatal.model_dump())
         return EXIT_INCOMPATIBLE
     ready = Ready(
         pid=os.getpid(),
@@ -343,8 +430,32 @@ def main(argv: list[str] | None = None) -> int:
     return loop.serve()
 
 
+def _fatal(exc: BaseException, paths: StatePaths) -> Fatal:
+    """Why the writer cannot open the state database, for the supervisor (and the user)."""
+    if isinstance(exc, StateIncompatible):
+        return Fatal(code="stateIncompatible", message=exc.MESSAGE)
+    if isinstance(exc, StateCorrupt):
+        return Fatal(code="databaseCorrupt", message=str(exc))
+    if isinstance(exc, StatePathRefused):
+        return Fatal(code="statePathRefused", message=str(exc))
+    condition = condition_of(exc)
+    if condition == "diskFull":
+        free = free_bytes(paths.state_dir)
+        return Fatal(code=condition, free_bytes=free,
+                     message=f"the disk holding {paths.state_dir} is full ({free} bytes free)")  # fmt: skip
+    if condition == "databaseCorrupt":
+        return Fatal(code=condition, message=str(StateCorrupt(str(paths.database), str(exc))))
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return Fatal(code=condition or "cannotOpen", message=f"{paths.database} cannot be opened: {reason}")
+
+
 class WriterStartError(RuntimeError):
-    pass
+    """The writer did not start. ``code``: the writer's reason (``Fatal.code``) when it gave one."""
+
+    def __init__(self, message: str, code: str | None = None, free_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.free_bytes = free_bytes
 
 
 @dataclass
@@ -375,11 +486,13 @@ def spawn(
     extra_env: dict[str, str] | None = None,
     event_loop_link: bool = False,
     on_started: Callable[[int], None] | None = None,
+    on_health: Callable[[WriterHealth], None] | None = None,
 ) -> WriterProcess:
     """Start a writer and wait until it verified the schema (or refused it).
 
     ``on_started(pid)`` runs as soon as the process exists, before the
-    handshake (the supervisor records the child's identity there). The link
+    handshake (the supervisor records the child's identity there).
+    ``on_health`` gets what the writer can do whenever that changes. The link
     is a thread-read ``Link``, or with ``event_loop_link`` an ``AsyncLink``
     that the caller starts on its event loop.
     """
@@ -420,8 +533,16 @@ def spawn(
         fatal = Fatal.model_validate(first["b"])
         if fatal.code == "stateIncompatible":
             raise StateIncompatible("reported by the writer")
-        raise WriterStartError(fatal.message)
-    link = (AsyncLink if event_loop_link else Link)(ours, on_frame=_relay_log, decoder=decoder)
+        raise WriterStartError(fatal.message, fatal.code, fatal.free_bytes)
+
+    def on_frame(frame: dict) -> None:
+        if frame["k"] == HEALTH:
+            if on_health is not None:
+                on_health(WriterHealth.model_validate(frame["b"]))
+        else:
+            _relay_log(frame)
+
+    link = (AsyncLink if event_loop_link else Link)(ours, on_frame=on_frame, decoder=decoder)
     return WriterProcess(popen, link, Ready.model_validate(first["b"]))
 
 

@@ -2,6 +2,7 @@
 
 ::
 
+    the state dir, state.sqlite, -wal, -shm: this user's, no links, 0600 (paths.py)
     state.sqlite missing ──> create in a private temp file ──> rename into place
     state.sqlite present ──> header bytes (magic, application id, user version)
                          ──> schema inspection, never on the live files:
@@ -9,11 +10,15 @@
                                -wal or -shm: a private copy of the three files
                          ──> schema_meta, DDL digest, exact sqlite_schema shape
                              (compared with schema.sql executed in memory)
+                         ──> PRAGMA quick_check (the whole file, with its WAL)
 
-Anything that does not match raises ``StateIncompatible`` with the spec's
-instruction and leaves ``state.sqlite``, ``-wal`` and ``-shm`` byte-identical
-(a read-only SQLite open of a WAL database can still write ``-shm`` or create
-missing files, which is why inspection happens on a copy).
+A file that does not match raises ``StateIncompatible`` with the spec's
+instruction, a damaged one ``StateCorrupt``, a path the server must not use
+``StatePathRefused``; each leaves ``state.sqlite``, ``-wal`` and ``-shm``
+byte-identical (a read-only SQLite open of a WAL database can still write
+``-shm`` or create missing files, which is why inspection happens on a copy).
+``check_open`` repeats the schema checks on the writer's own connection when
+it reopens after a failed transaction (no copy: the disk may be full).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from piworkflows import __version__
-from piworkflows.errors import StateIncompatible
-from piworkflows.paths import FILE_MODE, StatePaths, ensure_private_dir
+from piworkflows.writer import invariants
+from piworkflows.errors import StateCorrupt, StateIncompatible
+from piworkflows.paths import FILE_MODE, StatePaths, check_private_file, ensure_private_dir
 
 APPLICATION_ID = 0x50495746  # "PIWF"
 USER_VERSION = 1
@@ -72,6 +78,8 @@ def expected_shape() -> tuple[tuple[str, str, str, str | None], ...]:
 def ensure_database(paths: StatePaths, now_ms: int) -> None:
     """Create the database if there is none; otherwise verify it. Changes nothing else."""
     ensure_private_dir(paths.state_dir)
+    for path in (paths.database, paths.wal, paths.shm):
+        check_private_file(path)
     if paths.database.exists():
         verify_database(paths)
         return
@@ -85,7 +93,7 @@ def create_database(paths: StatePaths, now_ms: int) -> None:
     for leftover in paths.state_dir.glob(_CREATING_PREFIX + "*"):
         leftover.unlink()  # ours, from a creation that crashed before the rename
     tmp = paths.state_dir / f"{_CREATING_PREFIX}{os.getpid()}"
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -110,10 +118,20 @@ def create_database(paths: StatePaths, now_ms: int) -> None:
 
 
 def verify_database(paths: StatePaths) -> None:
-    """Raise ``StateIncompatible`` unless the database is exactly ours. Writes nothing."""
+    """Raise ``StateIncompatible`` unless the database is exactly ours, ``StateCorrupt`` if
+    ``quick_check`` finds it damaged. Writes nothing."""
     check_header(paths.database)
     with _inspection_connection(paths) as conn:
-        check_contents(conn)
+        check_contents(conn, paths)
+        damage = invariants.damage(conn, "quick_check")
+    if damage:
+        raise StateCorrupt(str(paths.database), f"PRAGMA quick_check: {damage[0]}")
+
+
+def check_open(paths: StatePaths, conn: sqlite3.Connection) -> None:
+    """The header and schema checks on the writer's own connection to the file it verified."""
+    check_header(paths.database)
+    check_contents(conn, paths)
 
 
 def check_header(path: Path) -> None:
@@ -151,7 +169,9 @@ def _inspection_connection(paths: StatePaths) -> Iterator[sqlite3.Connection]:
         shutil.rmtree(copy_dir, ignore_errors=True)
 
 
-def check_contents(conn: sqlite3.Connection) -> None:
+def check_contents(conn: sqlite3.Connection, paths: StatePaths | None = None) -> None:
+    """Application id, user version, exact schema shape and schema_meta (``paths``: whose damage a
+    read error reports as ``StateCorrupt``)."""
     try:
         if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             raise StateIncompatible("wrong application id")
@@ -161,6 +181,9 @@ def check_contents(conn: sqlite3.Connection) -> None:
             raise StateIncompatible("schema shape differs from this build's DDL")
         rows = conn.execute("SELECT schema_name, schema_version, ddl_sha256 FROM schema_meta").fetchall()
     except sqlite3.DatabaseError as exc:
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if paths is not None and code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            raise StateCorrupt(str(paths.database), str(exc)) from exc
         raise StateIncompatible(f"unreadable database: {exc}") from exc
     if rows != [(SCHEMA_NAME, SCHEMA_VERSION, ddl_sha256())]:
         raise StateIncompatible("schema_meta does not name this build's schema and DDL digest")

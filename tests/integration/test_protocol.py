@@ -325,14 +325,14 @@ def test_server_status_receipt(path: str) -> None:
     receipt = response["receipt"]
     assert set(receipt) == set(client_v1.ServerStatusReceipt.model_fields)
     client_v1.ServerStatusReceipt.model_validate(receipt)
-    assert receipt["state"] == "running" and receipt["socketAvailable"] is True
+    assert receipt["state"] == "running" and receipt["socketAvailable"] is True and receipt["reason"] is None
     assert isinstance(receipt["epoch"], int) and receipt["epoch"] >= 1
     for name, value in receipt.items():
-        if name not in ("state", "socketAvailable"):
+        if name not in ("state", "socketAvailable", "reason"):
             assert type(value) is int and value >= 0, (name, value)
         assert not (isinstance(value, str) and "/" in value), (name, value)
     # a fresh state dir has nothing in it
-    counts = {k: v for k, v in receipt.items() if k not in ("state", "socketAvailable", "epoch")}
+    counts = {k: v for k, v in receipt.items() if k not in ("state", "socketAvailable", "epoch", "reason")}
     assert set(counts.values()) == {0}
 
 

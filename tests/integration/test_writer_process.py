@@ -64,6 +64,7 @@ def test_incompatible_state_is_refused_before_anything_is_answered(paths: StateP
     foreign.execute("CREATE TABLE notes (body TEXT)")
     foreign.commit()
     foreign.close()
+    paths.database.chmod(0o600)  # a wider mode is refused before the file is read
     before = paths.database.read_bytes()
     with pytest.raises(StateIncompatible) as info:
         spawn(paths.state_dir, Settings())

@@ -19,7 +19,7 @@ import pytest
 
 from piworkflows import __version__
 from piworkflows.clock import FakeClock
-from piworkflows.errors import StateIncompatible
+from piworkflows.errors import StateCorrupt, StateIncompatible
 from piworkflows.paths import StatePaths, ensure_private_dir
 from piworkflows.settings import Settings
 from piworkflows.writer import db, schema
@@ -63,6 +63,14 @@ def make_ours(paths: StatePaths) -> None:
     schema.create_database(paths, NOW)
 
 
+@pytest.fixture(autouse=True)
+def private_umask() -> Iterator[None]:
+    """Files the tests plant are 0600, as the server's own are (a wider mode is refused first)."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
 def assert_refused(paths: StatePaths, call: Callable[[], object] | None = None) -> StateIncompatible:
     """The call fails with the spec's message and the state dir is exactly as before."""
     before = snapshot(paths.state_dir)
@@ -74,9 +82,23 @@ def assert_refused(paths: StatePaths, call: Callable[[], object] | None = None) 
     assert str(info.value) == SPEC_MESSAGE
     assert str(info.value) == StateIncompatible.MESSAGE
     assert info.value.reason  # a log-only reason is always given
+    assert_untouched(paths, before)
+    return info.value
+
+
+def assert_untouched(paths: StatePaths, before: dict[str, bytes]) -> None:
     after = snapshot(paths.state_dir)
     assert list(after) == list(before), "a file was created or removed"
     assert after == before, "a file changed"
+
+
+def assert_damaged(paths: StatePaths) -> StateCorrupt:
+    """Our header over a damaged body: refused as damaged (naming the file), untouched."""
+    before = snapshot(paths.state_dir)
+    with pytest.raises(StateCorrupt) as info:
+        schema.ensure_database(paths, NOW)
+    assert str(paths.database) in str(info.value) and "state reset --backup" in str(info.value)
+    assert_untouched(paths, before)
     return info.value
 
 
@@ -425,7 +447,7 @@ def test_our_header_with_corrupt_body_is_refused_untouched(paths: StatePaths) ->
     data[100:4096] = os.urandom(4096 - 100)
     paths.database.write_bytes(bytes(data))
 
-    assert_refused(paths)
+    assert_damaged(paths)
 
 
 def test_truncated_database_is_refused_untouched(paths: StatePaths) -> None:
@@ -434,7 +456,7 @@ def test_truncated_database_is_refused_untouched(paths: StatePaths) -> None:
     paths.database.write_bytes(data[:4096])
     assert header(paths.database)[68:72] == b"PIWF"
 
-    assert_refused(paths)
+    assert_damaged(paths)
 
 
 @pytest.mark.parametrize(

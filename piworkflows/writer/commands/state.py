@@ -96,9 +96,8 @@ class Verify(Handler[StateVerify]):
     read_only = True
 
     def execute(self, tx: Tx, cmd: StateVerify) -> Result:
-        problems = invariants.integrity(tx.conn)
-        found = invariants.violations(tx.conn, tx.now)
-        return Result(receipt={"ok": not problems and not found, "integrity": problems, "violations": found})
+        report, damaged = invariants.verify(tx.conn, tx.now)
+        return Result(receipt=report, damage=damaged[0] if damaged else None)
 
 
 class Backup(Handler[StateBackup]):
