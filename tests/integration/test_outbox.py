@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ import pytest
 from stress.ledger import LedgerServer
 from tests.engine_util import start, view, wait_status, write
 from tests.integration.test_effects import FAST, effect_attempts, effect_row, node_attempts, query, run_phases, stays
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, cli, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -163,11 +161,6 @@ def request(server: ServerProcess, op: str, payload: Any, **kwargs: Any) -> Any:
     """One client request; a repeat under the same idempotency key comes from the same client."""
     with server.client(client_id=CLIENT_ID) as client:
         return client.request(op, payload, **kwargs)
-
-
-def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=server.env)
 
 
 # --- answers: 2xx, 5xx retried, 4xx, retries exhausted -------------------------------
