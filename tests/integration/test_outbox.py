@@ -394,6 +394,45 @@ def test_a_secret_header_reaches_the_server_and_never_the_state(ledger, server, 
     assert needle not in json.dumps(done).encode()
 
 
+def test_a_secret_a_remote_echoes_back_is_stored_nowhere(ledger, server, project, config_dir, tmp_path):
+    """The remote reflects the Authorization header in its body and its answer headers, in a 2xx
+    answer and in a 4xx one: the database, its WAL, a backup and the logs never hold its value."""
+    secret = "Bearer s3cr3t-" + uuid.uuid4().hex
+    credentials = config_dir / "credentials.json"
+    credentials.write_text(json.dumps({"secrets": {"TOKEN": secret}}))
+    credentials.chmod(0o600)
+    http_workflow(project, "echoed", headers={"Authorization": {"secret": "TOKEN"}})
+    ledger.set_script("/ok", ["echo:200"])
+    ledger.set_script("/no", ["echo-text:400"])
+    ok = start(server, project, "echoed", {"url": ledger.url + "/ok"})
+    no = start(server, project, "echoed", {"url": ledger.url + "/no"})
+    done = wait_status(server, ok, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]
+    answer = done["output"]["call"]
+    assert answer["headers"]["x-echo-authorization"] == "[secret:TOKEN]"
+    assert answer["body"]["headers"]["authorization"] == "[secret:TOKEN]"
+    failed = wait_status(server, no, "completed", "failed")
+    assert failed["display"]["status"] == "failed"
+    assert "authorization: [secret:TOKEN]" in effect_error(server, no)
+    assert [r["headers"]["authorization"] for r in ledger.requests] == [secret, secret]  # sent, and reflected
+    backup = tmp_path / "backups" / "state.sqlite"
+    copied = cli(server, "state", "backup", str(backup))
+    assert copied.returncode == 0, copied.stderr
+
+    needle = secret.encode()
+
+    def leaked() -> list[str]:
+        files = [p for p in server.state_dir.rglob("*") if p.is_file()]
+        assert server.state_dir / "state.sqlite" in files and server.state_dir / "host" / "server.log" in files
+        return [str(p) for p in [*files, backup, server.log_path] if needle in p.read_bytes()]
+
+    assert (server.state_dir / "state.sqlite-wal").exists()  # the runs' rows may still be in the WAL only
+    assert leaked() == []
+    assert server.stop() == 0, server.output()
+    assert leaked() == []
+    assert needle not in json.dumps([done, failed]).encode()
+
+
 # --- requests refused before anything is sent ------------------------------------------------
 
 
