@@ -542,7 +542,8 @@ def effect_confirm(paths: StatePaths, effect_id: str, note: str, output_json: st
 def effect_retry(paths: StatePaths, effect_id: str) -> None:
     """Ask for a new numbered attempt of an ambiguous effect; its parked run continues.
 
-    Repeating the same command before that attempt starts is harmless (adopted).
+    Repeating the same command before that attempt starts is harmless (adopted). A node's effect
+    whose run has ended (cancelled, failed, ...) is never attempted again: confirm it instead.
 
     Example: pi-workflows effect retry effect-0123abcd
     """

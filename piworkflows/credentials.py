@@ -8,7 +8,11 @@
 
 A payload only names a secret (``{"secret": "NAME"}``); the value exists only
 in this file and in the request the performer sends. Error messages never
-contain a secret value.
+contain a secret value. A remote may reflect what it was sent, so whatever
+comes back from a request that carried secrets is scrubbed before it is kept::
+
+    answer (status, headers, body, error text) ── scrub(value, {NAME: value}) ──> "[secret:NAME]"
+    a text cut short of its end ── drop_partial_secret ──> without a secret's start at the cut
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import json
 import os
 import re
 import stat
+from collections.abc import Mapping
+from typing import Any
 
 from piworkflows import paths
 
@@ -58,4 +64,45 @@ def load_secret(name: str) -> str:
         raise CredentialsError(f'{path} must hold {{"secrets": {{"NAME": "value"}}}} with string values')
     if name not in secrets:
         raise CredentialsError(f"unknown secret {name!r} (not in {path})")
+    if not secrets[name]:
+        raise CredentialsError(f"secret {name!r} is empty in {path}")
     return secrets[name]
+
+
+def scrub(value: Any, secrets: Mapping[str, str]) -> Any:
+    """``value`` (JSON) with every occurrence of each secret value (``secrets``: name -> value), in
+    every string and object key, replaced by ``[secret:NAME]``. One pass, the longest value first
+    (one may contain another); a replacement is never scanned again. Empty values are skipped."""
+    names: dict[str, str] = {}
+    for name, secret in sorted(secrets.items()):
+        if secret:
+            names.setdefault(secret, name)
+    if not names:
+        return value
+    pattern = re.compile("|".join(re.escape(secret) for secret in sorted(names, key=len, reverse=True)))
+
+    def text(string: str) -> str:
+        return pattern.sub(lambda match: f"[secret:{names[match.group()]}]", string)
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return text(item)
+        if isinstance(item, dict):
+            return {text(key) if isinstance(key, str) else key: walk(member) for key, member in item.items()}
+        if isinstance(item, list):
+            return [walk(member) for member in item]
+        return item
+
+    return walk(value)
+
+
+def drop_partial_secret(text: str, secrets: Mapping[str, str]) -> str:
+    """``text`` that was cut short of its end (and scrubbed), without a trailing start of a secret
+    value whose rest was cut off: the longest such end goes, even a single character."""
+    cut = 0
+    for secret in secrets.values():
+        for length in range(min(len(secret) - 1, len(text)), cut, -1):
+            if text.endswith(secret[:length]):
+                cut = length
+                break
+    return text[: len(text) - cut]

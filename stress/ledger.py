@@ -6,6 +6,9 @@
             └─> record {method, path, idempotencyKey, headers, body, answer: the action}
                 (list; JSON line + fsync) before answering
                   "200" / "500" / any 3-digit code: that status, {"ok", "key", "n"} as JSON
+                  "echo:CODE": that status, {"ok", "key", "n", "headers": the request's} as
+                      JSON, and each request header again as a response header X-Echo-NAME
+                  "echo-text:CODE": the same, the body as text lines "name: value"
                   "delay:MS": wait MS milliseconds, then answer 200
                   "hang": no answer until stop() (or 30 s), then close
                   "close": close the connection without an answer
@@ -59,13 +62,21 @@ class _Handler(BaseHTTPRequestHandler):
         if action.startswith("delay:"):
             ledger._stopping.wait(int(action.removeprefix("delay:")) / 1000)
             action = "200"
-        if action == "close" or not _STATUS.match(action):
+        echo, _, status = action.rpartition(":")  # a remote that reflects what it was sent
+        if action == "close" or echo not in ("", "echo", "echo-text") or not _STATUS.match(status):
             return
-        code = int(action)
-        answer = json.dumps({"ok": 200 <= code < 300, "key": record["idempotencyKey"], "n": n}).encode()
+        code = int(status)
+        document: dict[str, Any] = {"ok": 200 <= code < 300, "key": record["idempotencyKey"], "n": n}
+        media, answer = "application/json", json.dumps(document).encode()
+        if echo == "echo":
+            answer = json.dumps({**document, "headers": headers}).encode()
+        elif echo == "echo-text":
+            media, answer = "text/plain; charset=utf-8", "".join(f"{k}: {v}\n" for k, v in headers.items()).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", media)
         self.send_header("Content-Length", str(len(answer)))
+        for name, value in headers.items() if echo else ():
+            self.send_header(f"X-Echo-{name}", value)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(answer)

@@ -6,6 +6,7 @@
     connect (TCP, TLS)                                     failure: nothing was sent
     send method url headers + Idempotency-Key body        failure from here on: maybe acted
     status line + headers, body up to 256 KiB             2xx applied, 4xx rejected, 5xx retry/rejected
+    the Outcome, scrubbed: each secret value sent          -> "[secret:NAME]" (a remote may echo it)
 
 Output: ``{status, headers, body}`` (lower-case header names; a JSON body
 parsed, other bodies as text, none as null; ``bodyTruncated: true`` past
@@ -13,19 +14,22 @@ parsed, other bodies as text, none as null; ``bodyTruncated: true`` past
 manual ones are rejected. A failure after sending started (no answer, a
 timeout) may have acted: idempotent effects retry under the same key, manual
 ones become ``ambiguous``. Secrets never enter the payload, and no error text
-holds a header value or the body.
+holds a header value or the request body. What the remote answered (headers,
+body, reason, an error) is scrubbed of every secret value the request carried
+before anything is cut and before the Outcome leaves the performer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from piworkflows import canonical, faults
-from piworkflows.credentials import CredentialsError, load_secret, valid_name
+from piworkflows.credentials import CredentialsError, drop_partial_secret, load_secret, scrub, valid_name
 from piworkflows.performers import Outcome
 
 PERFORMER = "http.request"
@@ -134,18 +138,39 @@ def _decode(data: bytes, content_type: str) -> Any:
     return data.decode("utf-8", errors="replace")
 
 
+def _body(data: bytes, content_type: str, truncated: bool, secrets: Mapping[str, str]) -> Any:
+    """The answer's body, scrubbed before it is cut: a body cut short (``data`` may hold one byte
+    past the limit) is text of at most MAX_BODY_BYTES, without the start of a secret at its end."""
+    if not truncated:
+        return scrub(_decode(data, content_type), secrets)
+    text = scrub(data.decode("utf-8", errors="replace"), secrets)
+    return drop_partial_secret(text.encode()[:MAX_BODY_BYTES].decode("utf-8", errors="replace"), secrets)
+
+
 class HttpPerformer:
     def perform(self, payload: dict[str, Any], key: str, policy: str, spawned: Callable[[int], bool]) -> Outcome:
-        manual = policy == "manual"
         headers: dict[str, str] = {}
+        secrets: dict[str, str] = {}  # name -> value of each secret this request carries
         try:
             for name, value in payload["headers"].items():
-                headers[name] = load_secret(value["secret"]) if isinstance(value, dict) else value
-                if _BAD_VALUE.search(headers[name]):
+                if not isinstance(value, dict):
+                    headers[name] = value  # checked when the payload was made
+                    continue
+                headers[name] = secrets[value["secret"]] = load_secret(value["secret"])
+                # Printable ASCII: a secret then has one byte form, the one a scrub finds in any answer.
+                if _BAD_VALUE.search(headers[name]) or not headers[name].isascii():
                     raise CredentialsError(f"the secret for header {name!r} is not a valid header value")
         except CredentialsError as exc:
             return Outcome("rejected", error=str(exc), error_code="secretUnavailable")
         headers["Idempotency-Key"] = key
+        outcome = self._exchange(payload, headers, policy == "manual", secrets)
+        return dataclasses.replace(outcome, result=scrub(outcome.result, secrets), error=scrub(outcome.error, secrets),
+                                   external_ref=scrub(outcome.external_ref, secrets))  # fmt: skip
+
+    def _exchange(
+        self, payload: dict[str, Any], headers: dict[str, str], manual: bool, secrets: Mapping[str, str]
+    ) -> Outcome:
+        """Send the request and settle on what came back (its body scrubbed before it is cut)."""
         body = payload.get("body")
         data = None if body is None else body.encode() if isinstance(body, str) else canonical.dumps_bytes(body)
         parts = urlsplit(payload["url"])
@@ -177,8 +202,7 @@ class HttpPerformer:
                 truncated = True
         finally:
             conn.close()
-        if len(received) > MAX_BODY_BYTES:
-            received, truncated = received[:MAX_BODY_BYTES], True
+        truncated = truncated or len(received) > MAX_BODY_BYTES
         status = response.status
         answer: dict[str, str] = {}
         for name, value in response.headers.items():
@@ -187,12 +211,12 @@ class HttpPerformer:
             output = {
                 "status": status,
                 "headers": answer,
-                "body": _decode(bytes(received), answer.get("content-type", "")),
+                "body": _body(bytes(received), answer.get("content-type", ""), truncated, secrets),
             }
             if truncated:
                 output["bodyTruncated"] = True
             return Outcome("applied", result={"output": output, "nodeOutcome": "ok"})
-        text = bytes(received).decode("utf-8", errors="replace")[:2000]
+        text = (_body(bytes(received), "text/plain", truncated, secrets) or "")[:2000]
         error = f"HTTP {status} {response.reason}" + (f": {text}" if text else "")
         if 400 <= status < 500:
             return Outcome("rejected", error=error, error_code="httpClientError")

@@ -29,7 +29,7 @@ import pytest
 
 from piworkflows import canonical
 from tests.engine_util import start, view, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, cli, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -97,6 +97,9 @@ workflow = define_workflow("{name}", "cmd", {{
     "after": compute(lambda ctx: {{"ran": ctx.outputs["cmd"]["exitCode"] == 0}}),
 }}, [edge("cmd", "after")])
 """
+
+# Counts its runs: one line "started" in LEDGER as it begins, then as WAIT_SCRIPT.
+COUNTED_SCRIPT = 'echo started >> "$2"; ' + WAIT_SCRIPT
 
 # Like BLOCKING, but the command's arguments include the content of a file the test changes,
 # so a retried attempt asks for a different effect under the same key.
@@ -466,6 +469,37 @@ def test_cancel_while_a_command_runs_makes_its_effect_ambiguous_and_kills_its_gr
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
     flag.write_text("go")  # nothing is left to see it
     stays(lambda: not ledger.exists(), 0.3, "an empty ledger")
+
+
+def test_an_operator_retry_after_the_run_was_cancelled_is_refused_and_the_command_never_runs_again(
+    server, project, tmp_path
+):
+    """The issue's scenario: a manual command runs, the run is cancelled (the effect is ambiguous),
+    and an operator's retry must not run it again for the finished run; a confirmation records it."""
+    write(project, "once", BLOCKING.format(name="once", effect="manual_effect", script=COUNTED_SCRIPT))
+    flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
+    run_id = start(server, project, "once", {"flag": str(flag), "ledger": str(ledger)})
+    command = block_on_command(server, run_id)
+    wait_until(lambda: ledger.exists() and ledger.read_text() == "started\n", what="the command started once")
+    with server.client() as client:
+        cancelled = client.request("run.cancel", {}, run_id=run_id)
+    assert cancelled.outcome == "accepted", cancelled
+    wait_until(lambda: group_gone(command), what="the command's group killed")
+    effect = effect_row(server, run_id)
+    assert (effect["status"], effect["policy"]) == ("ambiguous", "manual")
+
+    retried = cli(server, "effect", "retry", effect["effectId"])
+    assert retried.returncode == 1, (retried.stdout, retried.stderr)
+    assert "conflict (runFinished)" in retried.stderr and f"run {run_id} already ended cancelled" in retried.stderr
+    flag.write_text("go")  # a second run of the command would not block now
+    stays(lambda: ledger.read_text() == "started\n" and commands(server) == [], 1.0, "one run of the command")
+    assert effect_attempts(server, run_id) == [(1, "ambiguous")]
+    assert effect_row(server, run_id)["status"] == "ambiguous"
+
+    confirmed = cli(server, "effect", "confirm", effect["effectId"], "--note", "the deploy log shows it")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert effect_row(server, run_id)["status"] == "applied"
+    assert view(server, run_id)["display"]["status"] == "cancelled"  # the run keeps its outcome
 
 
 # --- a changed request under the same key ----------------------------------------------------

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ import pytest
 from stress.ledger import LedgerServer
 from tests.engine_util import start, view, wait_status, write
 from tests.integration.test_effects import FAST, effect_attempts, effect_row, node_attempts, query, run_phases, stays
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, cli, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -163,11 +161,6 @@ def request(server: ServerProcess, op: str, payload: Any, **kwargs: Any) -> Any:
     """One client request; a repeat under the same idempotency key comes from the same client."""
     with server.client(client_id=CLIENT_ID) as client:
         return client.request(op, payload, **kwargs)
-
-
-def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=server.env)
 
 
 # --- answers: 2xx, 5xx retried, 4xx, retries exhausted -------------------------------
@@ -399,6 +392,45 @@ def test_a_secret_header_reaches_the_server_and_never_the_state(ledger, server, 
     assert server.stop() == 0, server.output()
     assert leaked() == []
     assert needle not in json.dumps(done).encode()
+
+
+def test_a_secret_a_remote_echoes_back_is_stored_nowhere(ledger, server, project, config_dir, tmp_path):
+    """The remote reflects the Authorization header in its body and its answer headers, in a 2xx
+    answer and in a 4xx one: the database, its WAL, a backup and the logs never hold its value."""
+    secret = "Bearer s3cr3t-" + uuid.uuid4().hex
+    credentials = config_dir / "credentials.json"
+    credentials.write_text(json.dumps({"secrets": {"TOKEN": secret}}))
+    credentials.chmod(0o600)
+    http_workflow(project, "echoed", headers={"Authorization": {"secret": "TOKEN"}})
+    ledger.set_script("/ok", ["echo:200"])
+    ledger.set_script("/no", ["echo-text:400"])
+    ok = start(server, project, "echoed", {"url": ledger.url + "/ok"})
+    no = start(server, project, "echoed", {"url": ledger.url + "/no"})
+    done = wait_status(server, ok, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]
+    answer = done["output"]["call"]
+    assert answer["headers"]["x-echo-authorization"] == "[secret:TOKEN]"
+    assert answer["body"]["headers"]["authorization"] == "[secret:TOKEN]"
+    failed = wait_status(server, no, "completed", "failed")
+    assert failed["display"]["status"] == "failed"
+    assert "authorization: [secret:TOKEN]" in effect_error(server, no)
+    assert [r["headers"]["authorization"] for r in ledger.requests] == [secret, secret]  # sent, and reflected
+    backup = tmp_path / "backups" / "state.sqlite"
+    copied = cli(server, "state", "backup", str(backup))
+    assert copied.returncode == 0, copied.stderr
+
+    needle = secret.encode()
+
+    def leaked() -> list[str]:
+        files = [p for p in server.state_dir.rglob("*") if p.is_file()]
+        assert server.state_dir / "state.sqlite" in files and server.state_dir / "host" / "server.log" in files
+        return [str(p) for p in [*files, backup, server.log_path] if needle in p.read_bytes()]
+
+    assert (server.state_dir / "state.sqlite-wal").exists()  # the runs' rows may still be in the WAL only
+    assert leaked() == []
+    assert server.stop() == 0, server.output()
+    assert leaked() == []
+    assert needle not in json.dumps([done, failed]).encode()
 
 
 # --- requests refused before anything is sent ------------------------------------------------

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import stat
-import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -15,14 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.engine_util import TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, cli, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-
-
-def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=server.env)
 
 
 def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):

@@ -1,4 +1,4 @@
-"""load_secret: the private credentials file and its refusals."""
+"""load_secret: the private credentials file and its refusals; scrub: secret values out of what a remote answered."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from piworkflows import paths
-from piworkflows.credentials import CredentialsError, load_secret
+from piworkflows.credentials import CredentialsError, drop_partial_secret, load_secret, scrub
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -93,6 +93,13 @@ def test_bad_shape_is_refused(config_dir: Path, raw: str) -> None:
     assert SECRET not in str(info.value)
 
 
+def test_an_empty_value_is_refused(config_dir: Path) -> None:
+    """An empty secret would be sent as an empty header, and no scrub could find it in an answer."""
+    write(config_dir, {"secrets": {"TOKEN": ""}})
+    with pytest.raises(CredentialsError, match="secret 'TOKEN' is empty"):
+        load_secret("TOKEN")
+
+
 def test_unknown_name(config_dir: Path) -> None:
     write(config_dir, {"secrets": {"TOKEN": SECRET}})
     with pytest.raises(CredentialsError, match="unknown secret 'NOPE'") as info:
@@ -115,3 +122,47 @@ def test_longest_name(config_dir: Path) -> None:
 
 def test_is_a_value_error() -> None:
     assert issubclass(CredentialsError, ValueError)
+
+
+# --- scrub ----------------------------------------------------------------------------------------------------
+
+
+def test_scrub_replaces_every_occurrence_in_strings_and_keys() -> None:
+    secrets = {"TOKEN": SECRET, "OTHER": "pw-42"}
+    value = {
+        "status": 200,
+        "headers": {"x-echo": f"Bearer {SECRET}", SECRET: "as a key", "plain": "kept"},
+        "body": [f"{SECRET}{SECRET}", {"nested": ["pw-42!", None, True, 1.5]}],
+    }
+    assert scrub(value, secrets) == {
+        "status": 200,
+        "headers": {"x-echo": "Bearer [secret:TOKEN]", "[secret:TOKEN]": "as a key", "plain": "kept"},
+        "body": ["[secret:TOKEN][secret:TOKEN]", {"nested": ["[secret:OTHER]!", None, True, 1.5]}],
+    }
+    assert scrub(f"error: {SECRET}", secrets) == "error: [secret:TOKEN]"
+    assert scrub(None, secrets) is None and scrub(7, secrets) == 7
+    assert scrub(value, {}) == value
+
+
+def test_scrub_takes_the_longest_secret_first_in_one_pass() -> None:
+    """One secret contains another; a replacement is never scanned again."""
+    secrets = {"INNER": "tok-9f", "OUTER": "Bearer tok-9f8e", "COLON": "t:O"}
+    assert scrub("Bearer tok-9f8e / tok-9f", secrets) == "[secret:OUTER] / [secret:INNER]"
+    assert scrub("abc", {"A": "abc", "S": "secret"}) == "[secret:A]"  # not [[secret:S]:A]
+    assert scrub("a t:O b", secrets) == "a [secret:COLON] b"
+
+
+def test_scrub_skips_empty_values() -> None:
+    assert scrub({"a": "text"}, {"EMPTY": "", "T": "x"}) == {"a": "te[secret:T]t"}
+
+
+def test_drop_partial_secret_at_a_cut() -> None:
+    secrets = {"TOKEN": SECRET, "OTHER": "pw-42"}
+    assert drop_partial_secret("body ... s3cr3t-va", secrets) == "body ... "
+    assert drop_partial_secret("body ... pw-4", secrets) == "body ... "
+    assert drop_partial_secret("body ... s", secrets) == "body ... "  # even one character
+    assert drop_partial_secret("body ... [secret:TOKEN]", secrets) == "body ... [secret:TOKEN]"
+    assert drop_partial_secret("body ... done", secrets) == "body ... done"
+    assert drop_partial_secret("s3cr", secrets) == ""
+    assert drop_partial_secret("", secrets) == ""
+    assert drop_partial_secret("x pw-4", {"EMPTY": ""}) == "x pw-4"

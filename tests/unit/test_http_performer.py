@@ -321,3 +321,137 @@ def test_unknown_secret(ledger: LedgerServer, credentials: Path) -> None:
 def test_secret_that_is_not_a_header_value(ledger: LedgerServer, credentials: Path) -> None:
     credentials.write_text(json.dumps({"secrets": {"TOKEN": SECRET + "\r\nX-Evil: 1"}}))
     assert_secret_unavailable(perform(auth_request(ledger)), ledger)
+
+
+# --- a remote that echoes the secret ----------------------------------------------------------------------
+
+
+MARK = "[secret:TOKEN]"
+
+
+def echo_request(ledger: LedgerServer, path: str) -> dict[str, Any]:
+    headers = {"Authorization": {"secret": "TOKEN"}, "X-Short": {"secret": "SHORT"}, "X-Plain": "visible"}
+    return {"method": "POST", "url": ledger.url + path, "headers": headers, "body": {"n": 1}}
+
+
+@pytest.fixture
+def two_secrets(credentials: Path) -> None:
+    """TOKEN, and SHORT: a part of TOKEN's value (the longer one is replaced first)."""
+    credentials.write_text(json.dumps({"secrets": {"TOKEN": SECRET, "SHORT": "tok-9f8e7d"}}))
+
+
+@pytest.mark.parametrize(
+    ("action", "policy", "settlement", "error_code"),
+    [
+        ("echo:200", "idempotent", "applied", None),
+        ("echo-text:201", "manual", "applied", None),
+        ("echo:404", "idempotent", "rejected", "httpClientError"),
+        ("echo-text:400", "manual", "rejected", "httpClientError"),
+        ("echo:500", "idempotent", "retry", "httpServerError"),
+        ("echo-text:503", "manual", "rejected", "httpServerError"),
+    ],
+)
+def test_an_echoed_secret_is_scrubbed_from_the_outcome(
+    ledger: LedgerServer, two_secrets: None, action: str, policy: str, settlement: str, error_code: str | None
+) -> None:
+    ledger.set_script("/echo", [action])
+    outcome = perform(echo_request(ledger, "/echo"), policy)
+    assert (outcome.settlement, outcome.error_code) == (settlement, error_code)
+    assert ledger.requests[0]["headers"]["authorization"] == SECRET  # it was sent, and reflected
+    assert SECRET not in repr(outcome) and "tok-9f8e7d" not in repr(outcome)
+    if settlement == "applied":
+        output = outcome.result["output"]
+        assert output["headers"]["x-echo-authorization"] == MARK
+        assert output["headers"]["x-echo-x-short"] == "[secret:SHORT]"
+        assert output["headers"]["x-echo-x-plain"] == "visible"
+        if action.startswith("echo:"):
+            assert output["body"]["headers"]["authorization"] == MARK
+            assert output["body"]["headers"]["x-short"] == "[secret:SHORT]"
+        else:
+            assert f"authorization: {MARK}\n" in output["body"] and "x-short: [secret:SHORT]\n" in output["body"]
+    else:
+        assert outcome.result is None
+        assert MARK in outcome.error and "[secret:SHORT]" in outcome.error and "visible" in outcome.error
+
+
+class _ReflectingHandler(BaseHTTPRequestHandler):
+    """Reflects the Authorization header where a test needs it: ``/pad/STATUS/N`` answers STATUS with
+    N "x" then the header value then more text; ``/reason`` answers 400 with it as the reason
+    phrase; ``/garbage`` sends it in a status line that is not HTTP."""
+
+    def do_GET(self) -> None:
+        reflected = self.headers["Authorization"]
+        kind, *numbers = self.path.strip("/").split("/")
+        if kind == "garbage":
+            self.wfile.write(f"NOT-HTTP {reflected}\r\n\r\n".encode())
+            return
+        body = b""
+        if kind == "reason":
+            self.send_response(400, reflected)
+        else:
+            status, count = map(int, numbers)
+            body = ("x" * count + reflected + " and more text after it").encode()
+            self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def reflecting_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ReflectingHandler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def reflect(url: str, policy: str = "idempotent") -> Outcome:
+    return perform({"method": "GET", "url": url, "headers": {"Authorization": {"secret": "TOKEN"}}}, policy)
+
+
+def test_a_secret_ending_at_the_read_limit_is_scrubbed_before_the_body_is_cut(
+    reflecting_server: str, credentials: Path
+) -> None:
+    """The body is read up to one byte past 256 KiB; the secret's last byte is that one. Cut
+    first, all of the secret but its last character would be stored."""
+    before = MAX_BODY_BYTES + 1 - len(SECRET)
+    output = reflect(f"{reflecting_server}/pad/200/{before}").result["output"]
+    assert output["bodyTruncated"] is True
+    assert output["body"] == "x" * before + MARK
+
+
+def test_the_start_of_a_secret_cut_off_at_the_read_limit_is_dropped(reflecting_server: str, credentials: Path) -> None:
+    output = reflect(f"{reflecting_server}/pad/200/{MAX_BODY_BYTES - 5}").result["output"]
+    assert output["bodyTruncated"] is True
+    assert output["body"] == "x" * (MAX_BODY_BYTES - 5)  # not "...xxBeare"
+
+
+def test_a_secret_at_the_error_text_limit_is_scrubbed_before_the_text_is_cut(
+    reflecting_server: str, credentials: Path
+) -> None:
+    outcome = reflect(f"{reflecting_server}/pad/404/1990")
+    assert (outcome.settlement, outcome.error_code) == ("rejected", "httpClientError")
+    assert outcome.error == "HTTP 404 Not Found: " + ("x" * 1990 + MARK)[:2000]  # not "...xxBearer tok"
+
+
+def test_a_secret_in_the_reason_phrase_or_a_broken_status_line_is_scrubbed(
+    reflecting_server: str, credentials: Path
+) -> None:
+    reason = reflect(f"{reflecting_server}/reason")
+    assert (reason.settlement, reason.error) == ("rejected", f"HTTP 400 {MARK}")
+    garbage = reflect(f"{reflecting_server}/garbage", "manual")
+    assert (garbage.settlement, garbage.error_code) == ("ambiguous", "noAnswer")
+    assert SECRET not in garbage.error and f"BadStatusLine: NOT-HTTP {MARK}" in garbage.error
+
+
+@pytest.mark.parametrize("value", ["pässwörd", ""])
+def test_a_secret_that_is_empty_or_not_ascii_is_never_sent(ledger: LedgerServer, credentials: Path, value: str) -> None:
+    """Only a non-empty ASCII value can be found by a scrub: it has one byte form in any answer."""
+    credentials.write_text(json.dumps({"secrets": {"TOKEN": value}}))
+    assert_secret_unavailable(perform(auth_request(ledger)), ledger)

@@ -72,6 +72,30 @@ def test_set_script_at_runtime() -> None:
         assert [call(ledger.url, "/x", "k")[0] for _ in range(3)] == [503, 201, 201]
 
 
+def test_echo_reflects_the_request_headers_in_the_body_and_the_answer_headers() -> None:
+    with LedgerServer({"/e": ["echo:201", "echo-text:502"]}) as ledger:
+        host, port = ledger.url.removeprefix("http://").split(":")
+        for status, media in ((201, "application/json"), (502, "text/plain; charset=utf-8")):
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                conn.request("POST", "/e", body=b"{}", headers={"Idempotency-Key": "k", "X-Token": "t-1"})
+                response = conn.getresponse()
+                body = response.read()
+                assert (response.status, response.getheader("Content-Type")) == (status, media)
+                assert response.getheader("X-Echo-x-token") == "t-1"
+            finally:
+                conn.close()
+            if status == 201:
+                assert json.loads(body)["headers"]["x-token"] == "t-1" and json.loads(body)["key"] == "k"
+            else:
+                assert "x-token: t-1\n" in body.decode()
+        assert [r["answer"] for r in ledger.requests] == ["echo:201", "echo-text:502"]
+        assert call(ledger.url, "/e")[0] == 502  # the last action repeats
+        ledger.set_script("/bad", ["echo:abc"])
+        with pytest.raises(http.client.RemoteDisconnected):
+            call(ledger.url, "/bad")
+
+
 def test_ledger_file_lines(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     with LedgerServer({"/p": ["500", "200"]}, ledger_path=path) as ledger:

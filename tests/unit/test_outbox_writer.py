@@ -682,6 +682,58 @@ def test_a_runner_asking_to_park_for_an_ambiguity_already_reviewed_queues_the_ru
     assert violations(executor.conn, clock.now_ms()) == {}
 
 
+def test_retry_of_an_effect_of_a_finished_run_is_refused_and_confirm_still_records_it(executor, clock):
+    """The issue's scenario at the writer: the run is cancelled while its manual command applies; the
+    effect is ambiguous, but the run is over: a retry would act again for nobody (runFinished)."""
+    run = RunBuilder(executor)
+    run.start_action("deploy")
+    effect_id = run.reserve_effect()
+    claimed_ok(executor, "tok-deploy", effect_id)
+    (cancelled,) = run_group(executor, submitted("run.cancel", {"actor": CLIENT, "run_id": "run-1"}))
+    assert cancelled.outcome == "accepted", cancelled
+    conn = executor.conn
+    assert effect_row(conn, effect_id)["effect_status"] == "ambiguous"
+    before = revision(conn, effect_id)
+
+    receipt = client_receipt("retry-late", ("retry", effect_id), operation="effect.retry")
+    (refused,) = run_group(executor, retry(effect_id, actor=CLIENT, receipt=receipt))
+    assert refused.outcome == "conflict", refused
+    assert refused.receipt == {"code": "runFinished", "effectId": effect_id, "runId": "run-1",
+                               "runStatus": "cancelled"}  # fmt: skip
+    assert "run-1" in refused.error and "cancelled" in refused.error
+    assert effect_row(conn, effect_id)["effect_status"] == "ambiguous" and revision(conn, effect_id) == before
+    (again,) = run_group(executor, retry(effect_id, actor=CLIENT, receipt=receipt))
+    assert again.outcome == "conflict" and again.receipt == refused.receipt  # the stored refusal
+    (nothing,) = run_group(executor, pool_claim("next", performers=["shell.exec"]))
+    assert nothing.receipt["code"] == "nothingDue"  # no attempt 2
+
+    (confirmed,) = run_group(executor, confirm(effect_id, note="the deploy log shows it ran"))
+    assert confirmed.outcome == "accepted" and confirmed.receipt["effectStatus"] == "applied"
+    assert run_facts(conn)[0] == "cancelled"  # the run keeps its outcome
+    assert violations(conn, clock.now_ms()) == {}
+
+
+def test_retry_of_an_effect_of_a_running_run_or_one_not_run_scoped_is_accepted(executor, clock):
+    run = RunBuilder(executor)
+    effect_id = run.ambiguous("greet")
+    (reply,) = run_group(executor, retry(effect_id))
+    assert reply.outcome == "accepted" and reply.receipt == {"effectId": effect_id, "effectStatus": "pending"}
+    # An effect that outlives its run by design (not run-scoped) is retried after the run ended.
+    outliving = EffectRequest(effect_type="channel.edit", idempotency_key="settle-edit",
+                              payload=BlobValue.of_json({"edit": 1}), effect_class="external",
+                              performer="http.request", recovery_policy="manual", owner_scope="channel",
+                              run_id="run-1").model_dump()  # fmt: skip
+    (channel_effect,) = reserved(executor, outliving)
+    claimed_ok(executor, "tok-edit", channel_effect)
+    (ambiguous,) = run_group(executor, pool_settle(channel_effect, 2, "tok-edit", 1, "ambiguous"))
+    assert ambiguous.receipt["effectStatus"] == "ambiguous"
+    (cancelled,) = run_group(executor, submitted("run.cancel", {"actor": CLIENT, "run_id": "run-1"}))
+    assert cancelled.outcome == "accepted", cancelled
+    (later,) = run_group(executor, retry(channel_effect))
+    assert later.outcome == "accepted" and later.receipt["effectStatus"] == "pending"
+    assert violations(executor.conn, clock.now_ms()) == {}
+
+
 # --- 7. effect.list ----------------------------------------------------------------------------------
 
 

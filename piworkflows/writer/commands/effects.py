@@ -26,7 +26,12 @@ from piworkflows.protocol.internal import (
     EffectRetry,
     EffectSettle,
 )
-from piworkflows.states import ATTEMPT_END_FOR_EFFECT_STATUS, EFFECT_TRANSITIONS, TERMINAL_EFFECT_STATUSES
+from piworkflows.states import (
+    ATTEMPT_END_FOR_EFFECT_STATUS,
+    EFFECT_TRANSITIONS,
+    TERMINAL_EFFECT_STATUSES,
+    TERMINAL_RUN_STATUSES,
+)
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
 
@@ -290,6 +295,19 @@ def _ambiguous(tx: Tx, effect_id: str) -> None:
         raise CommandError(code, f"the effect is {status}, not ambiguous", effectId=effect_id, status=status)
 
 
+def _run_unfinished(tx: Tx, effect_id: str) -> None:
+    """A run-scoped effect acts for its run only: once the run ended, nothing attempts it again."""
+    row = tx.conn.execute(
+        "SELECT r.run_id, r.status FROM effects e JOIN runs r ON r.run_id = e.run_id "
+        "WHERE e.effect_id = ? AND e.owner_scope = 'run'",
+        (effect_id,),
+    ).fetchone()
+    if row is not None and row[1] in TERMINAL_RUN_STATUSES:
+        run_id, status = row
+        raise CommandError("runFinished", f"run {run_id} already ended {status}: its effect is not attempted again",
+                           effectId=effect_id, runId=run_id, runStatus=status)  # fmt: skip
+
+
 class ConfirmEffect(ResourceHandler[EffectConfirm]):
     """An operator's evidence that the ambiguous attempt acted: ``applied``, with the note."""
 
@@ -333,6 +351,7 @@ class RetryEffect(ResourceHandler[EffectRetry]):
 
     def transition(self, tx: Tx, cmd: EffectRetry, resource: records.Resource | None) -> Change:
         _ambiguous(tx, cmd.effect_id)
+        _run_unfinished(tx, cmd.effect_id)
 
         def apply(stamp: Stamp) -> None:
             tx.conn.execute(
