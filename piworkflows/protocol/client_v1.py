@@ -11,7 +11,8 @@ it), is canonical (envelope keys sorted; ``payload`` in the sender's key order
 with index keys first), names a known operation and fits the envelope model;
 anything else raises ``MalformedFrame`` and the connection is closed.
 ``encode`` emits fully canonical text. ``fingerprint`` is the durable identity
-of a request.
+of a request. A connection the server cannot serve gets one ``Refused`` line
+instead of the hello, then closes.
 """
 
 from __future__ import annotations
@@ -117,6 +118,15 @@ class Response(Envelope):
     revision: int | None = Field(default=None, ge=0)
     receipt: Any = None
     error: str | None = Field(default=None, min_length=1)
+
+
+class Refused(Envelope):
+    """The one line a connection the server cannot serve gets instead of the hello; then it closes.
+    Not an outcome: ``code`` names why (not one of errors.CODES), ``error`` is a safe sentence."""
+
+    type: Literal["refused"] = "refused"
+    code: Literal["tooManyConnections"]
+    error: str = Field(min_length=1)
 
 
 class Event(Envelope):
@@ -246,6 +256,9 @@ class ErrorReceipt(BaseModel):
 
 
 class ServerStatusReceipt(BaseModel):
+    """``connections`` open now (this one included); at most ``maxConnections`` at once, the smaller of
+    the setting and what the process's file descriptor limit ``fdLimit`` leaves (null: no limit)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     state: Literal["running", "stopping"]
     socketAvailable: bool
@@ -258,6 +271,9 @@ class ServerStatusReceipt(BaseModel):
     expiredClaims: int
     pendingInteractions: int
     ambiguousEffects: int
+    connections: int
+    maxConnections: int
+    fdLimit: int | None
 
 
 class ServerStopReceipt(BaseModel):
@@ -519,7 +535,8 @@ def schema_document() -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "messages": {
-            model.__name__: model.model_json_schema(by_alias=True) for model in (Hello, Request, Response, Event)
+            model.__name__: model.model_json_schema(by_alias=True)
+            for model in (Hello, Request, Response, Event, Refused)
         },
         "errorReceipt": ErrorReceipt.model_json_schema(),
         "operations": {

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from piworkflows import canonical
+from piworkflows.errors import CODES
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.client_v1 import (
     MAX_MESSAGE_BYTES,
@@ -500,6 +501,13 @@ def test_encode_event_keeps_payload_null() -> None:
     assert line == expected + b"\n"
 
 
+def test_encode_refused_is_one_canonical_line_and_not_an_outcome() -> None:
+    line = encode(client_v1.Refused(code="tooManyConnections", error="busy; retry later"))
+    assert line == (b'{"code":"tooManyConnections","error":"busy; retry later","schema":"pi-workflows.client.v1",'
+                    b'"type":"refused"}\n')  # fmt: skip
+    assert "tooManyConnections" not in CODES
+
+
 def test_encode_is_fully_canonical_even_for_an_unsorted_payload() -> None:
     req = parse_request(with_payload_text('{"b":1,"a":2}'))
     assert b'"payload":{"a":2,"b":1}' in encode(req)
@@ -655,7 +663,7 @@ def test_schema_document_names_every_operation_once() -> None:
 
 def test_schema_document_describes_the_messages() -> None:
     doc = schema_document()
-    assert set(doc["messages"]) == {"Hello", "Request", "Response", "Event"}
+    assert set(doc["messages"]) == {"Hello", "Request", "Response", "Event", "Refused"}
     request_schema = doc["messages"]["Request"]
     assert "schema" in request_schema["properties"]
     assert set(request_schema["required"]) >= {"requestId", "clientId", "operation", "idempotencyKey", "payload"}
