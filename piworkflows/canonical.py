@@ -167,6 +167,8 @@ def _plain(value: Any) -> bool:
 
 
 def _encode(value: Any, sort_keys: bool) -> str:
+    """One Python frame per nesting level (loops, not generators): a received frame may nest 512
+    levels (client_v1.MAX_NESTING), well below the interpreter's recursion limit."""
     if value is None:
         return "null"
     if value is True:
@@ -180,9 +182,14 @@ def _encode(value: Any, sort_keys: bool) -> str:
     if isinstance(value, float):
         return _float(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_encode(item, sort_keys) for item in value) + "]"
+        items = []
+        for item in value:
+            items.append(_encode(item, sort_keys))
+        return "[" + ",".join(items) + "]"
     if isinstance(value, dict):
-        members = (_string(key) + ":" + _encode(value[key], sort_keys) for key in _ordered_keys(value, sort_keys))
+        members = []
+        for key in _ordered_keys(value, sort_keys):
+            members.append(_string(key) + ":" + _encode(value[key], sort_keys))
         return "{" + ",".join(members) + "}"
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 

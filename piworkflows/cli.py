@@ -18,7 +18,15 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.client import ClientError, ServerNotRunning, StartFailed, WorkflowClient, start_server, stop_server
+from piworkflows.client import (
+    ClientError,
+    ServerNotRunning,
+    ServerRefused,
+    StartFailed,
+    WorkflowClient,
+    start_server,
+    stop_server,
+)
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
 from piworkflows.states import EFFECT_STATUSES
@@ -93,6 +101,8 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     try:
         with WorkflowClient(paths.state_dir, retry_for=0) as client:
             response = client.request("server.status")
+    except ServerRefused as exc:
+        fail(str(exc))
     except (ServerNotRunning, OSError, ConnectionError):
         if as_json:
             click.echo(canonical.dumps({"socketAvailable": False, "state": "stopped"}))
@@ -112,6 +122,8 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     click.echo(f"  active runners: {counts['activeRunners']}, expired claims: {counts['expiredClaims']}")
     click.echo(f"  pending interactions: {counts['pendingInteractions']}, "
                f"ambiguous effects: {counts['ambiguousEffects']}")  # fmt: skip
+    click.echo(f"  connections: {receipt['connections']} of at most {receipt['maxConnections']}, "
+               f"fd limit {receipt['fdLimit'] or 'unlimited'}")  # fmt: skip
 
 
 @server.command("stop")
@@ -163,7 +175,7 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         with WorkflowClient(paths.state_dir) as client:
             client.ensure_running()
             response = client.request("run.start", payload)
-    except (StartFailed, ServerNotRunning, OSError, ConnectionError) as exc:
+    except (StartFailed, ServerNotRunning, ServerRefused, OSError, ConnectionError) as exc:
         fail(str(exc))
     receipt = _accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
@@ -568,6 +580,9 @@ def _request(
         with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
             return client.request(operation, payload, run_id=run_id, expected_revision=expected_revision,
                                   idempotency_key=idempotency_key)  # fmt: skip
+    except ServerRefused as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
     except (ServerNotRunning, OSError, ConnectionError):
         fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
         raise  # unreachable: fail exits

@@ -4,9 +4,9 @@
 
     WorkflowClient.request(op, payload) ── connect (hello) ── request line ──> server
         <── response with the same requestId (events in between are skipped)
-    lost connection or ``unavailable``: reconnect, new requestId, SAME idempotencyKey,
-    until the retry deadline; the server answers the one true outcome (``adopted``
-    if the first attempt committed).
+    lost connection, ``unavailable`` or a refused connection (``tooManyConnections``):
+    reconnect, new requestId, SAME idempotencyKey, until the retry deadline; the server
+    answers the one true outcome (``adopted`` if the first attempt committed).
 
 It never opens SQLite. ``ensure_running`` starts a server on demand.
 """
@@ -39,6 +39,14 @@ class StartFailed(ClientError):
     pass
 
 
+class ServerRefused(ClientError):
+    """The server runs but refused this connection (its one ``refused`` line), e.g. too many are open."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class WorkflowClient:
     def __init__(
         self,
@@ -69,6 +77,9 @@ class WorkflowClient:
             raise ServerNotRunning(f"no Pi Workflows server is running for {self.paths.state_dir}") from exc
         self._sock, self._file = sock, sock.makefile("rb")
         hello = self._read_message()
+        if hello.get("type") == "refused":
+            self.close()
+            raise ServerRefused(str(hello.get("code")), str(hello.get("error") or "the server refused the connection"))
         if hello.get("type") != "hello" or hello.get("schema") != client_v1.SCHEMA:
             self.close()
             raise ClientError("the server did not greet with pi-workflows.client.v1")
@@ -116,7 +127,7 @@ class WorkflowClient:
                 response = self._exchange(operation, {} if payload is None else payload, run_id, expected_revision, key)
                 if response.outcome != "unavailable" or time.monotonic() >= deadline:
                     return response
-            except (OSError, ConnectionError, ServerNotRunning):
+            except (OSError, ConnectionError, ServerNotRunning, ServerRefused):
                 self.close()
                 if time.monotonic() >= deadline:
                     raise
@@ -148,6 +159,8 @@ class WorkflowClient:
         try:
             self.connect()
             return True
+        except ServerRefused:
+            return True  # it answered: it runs
         except (ServerNotRunning, OSError, ConnectionError):
             return False
 

@@ -77,6 +77,22 @@ class Settings(BaseModel):
     # bytes of unsent output a connection may hold before it is dropped.
     client_max_in_flight: int = Field(default=64, ge=1)
     client_output_buffer_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    # Hostile or broken clients (docs/protocol.md, Limits): a frame must complete within
+    # frame_timeout_ms of its first byte; a connection with nothing pending is closed after
+    # idle_timeout_ms without a byte; at most max_connections are open (fewer if the fd limit leaves
+    # fewer); the bytes buffered for partial frames of all connections together stay within
+    # client_partial_bytes_max. 64 MiB holds 64 maximal frames arriving at once (64 KiB a connection
+    # at the default bound), while 1,024 trickling clients cannot grow the supervisor by more.
+    frame_timeout_ms: int = Field(default=10_000, ge=10)
+    idle_timeout_ms: int = Field(default=600_000, ge=10)
+    max_connections: int = Field(default=1024, ge=1)
+    client_partial_bytes_max: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)  # >= one maximal frame
+    # Connection log lines (refusals, malformed frames, timeouts, failures): at most this many of
+    # each kind per interval, then one line counting the rest, so no client can quickly rotate the
+    # startup lines out of the log (at worst about 100 lines a minute: the default 20 MiB of log
+    # hold more than a day of them).
+    connection_log_lines: int = Field(default=10, ge=1)
+    connection_log_interval_ms: int = Field(default=60_000, ge=10)
     # The server log (host/server.log): size per file and rotated files kept.
     log_max_bytes: int = Field(default=5 * 1024 * 1024, ge=4096)
     log_backups: int = Field(default=3, ge=0)

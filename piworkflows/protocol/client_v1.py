@@ -5,17 +5,21 @@
     client ── one canonical JSON object + "\\n" (<= 1 MiB) ──> server
            <── hello (first), response, event ─────────────────
 
-``parse_request`` accepts a received line only if it is canonical (envelope
-keys sorted; ``payload`` in the sender's key order with index keys first),
-names a known operation and fits the envelope model; anything else raises
-``MalformedFrame`` and the connection is closed. ``encode`` emits fully
-canonical text. ``fingerprint`` is the durable identity of a request.
+``parse_request`` accepts a received line only if it nests at most
+``MAX_NESTING`` levels (checked by a linear scan before any JSON reader sees
+it), is canonical (envelope keys sorted; ``payload`` in the sender's key order
+with index keys first), names a known operation and fits the envelope model;
+anything else raises ``MalformedFrame`` and the connection is closed.
+``encode`` emits fully canonical text. ``fingerprint`` is the durable identity
+of a request. A connection the server cannot serve gets one ``Refused`` line
+instead of the hello, then closes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +30,9 @@ from piworkflows.states import SERVER_STATES, UNAVAILABLE_REASONS
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
+# The deepest ``[``/``{`` nesting of a received line, the envelope object being level 1. JavaScript's
+# parser accepts far deeper text; Python's readers recurse once per level, so the limit is ours.
+MAX_NESTING = 512
 
 OPERATIONS = (
     # run control
@@ -114,6 +121,15 @@ class Response(Envelope):
     error: str | None = Field(default=None, min_length=1)
 
 
+class Refused(Envelope):
+    """The one line a connection the server cannot serve gets instead of the hello; then it closes.
+    Not an outcome: ``code`` names why (not one of errors.CODES), ``error`` is a safe sentence."""
+
+    type: Literal["refused"] = "refused"
+    code: Literal["tooManyConnections"]
+    error: str = Field(min_length=1)
+
+
 class Event(Envelope):
     type: Literal["event"] = "event"
     subscriptionId: Id
@@ -138,9 +154,26 @@ def _read_canonical(text: bytes) -> dict[str, Any] | None:
         value = json.loads(text.decode("utf-8"))
         if isinstance(value, dict) and canonical.dumps_envelope(value, _KEEP_ORDER).encode("utf-8") == text:
             return value
-    except (ValueError, TypeError, RecursionError):  # UnicodeDecodeError is a ValueError
+    except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
         pass
     return None
+
+
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKET_STEP)
+
+
+def nesting_depth(text: bytes) -> int:
+    """The deepest ``[``/``{`` nesting of JSON text outside strings, in linear time without recursion.
+
+    Escaped backslashes, then escaped quotes, are dropped (escapes pair from the left); what is
+    left between quotes is string content. On text that is not JSON the count may differ after
+    the first error, where every reader stops.
+    """
+    unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside_strings = b"".join(unescaped.split(b'"')[::2])
+    brackets = outside_strings.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
 def parse_request(line: bytes) -> Request:
@@ -150,6 +183,9 @@ def parse_request(line: bytes) -> Request:
     if not line.endswith(b"\n"):
         raise MalformedFrame("message is not terminated by a newline")
     text = line[:-1]
+    # Before any reader (both recurse once per level); few brackets at all is the common case.
+    if text.count(b"[") + text.count(b"{") > MAX_NESTING and nesting_depth(text) > MAX_NESTING:
+        raise MalformedFrame(f"message nests deeper than {MAX_NESTING} levels")
     value = _read_canonical(text)
     if value is None:  # the exact path, for the precise reason
         try:
@@ -234,7 +270,9 @@ class ServerStatusReceipt(BaseModel):
     """``state``: running; unavailable (nothing can be committed now, ``reason`` says why; it
     serves again by itself when the cause passes); refusing (the database is damaged: every write
     is refused, reads that still work are answered); stopping. The counts are null when the
-    writer cannot read them."""
+    writer cannot read them. ``connections`` open now (this one included); at most
+    ``maxConnections`` at once, the smaller of the setting and what the process's file descriptor
+    limit ``fdLimit`` leaves (null: no limit)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     state: Literal[SERVER_STATES]  # type: ignore[valid-type]
@@ -249,6 +287,9 @@ class ServerStatusReceipt(BaseModel):
     expiredClaims: int | None = None
     pendingInteractions: int | None = None
     ambiguousEffects: int | None = None
+    connections: int
+    maxConnections: int
+    fdLimit: int | None
 
 
 class ServerStopReceipt(BaseModel):
@@ -514,7 +555,8 @@ def schema_document() -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "messages": {
-            model.__name__: model.model_json_schema(by_alias=True) for model in (Hello, Request, Response, Event)
+            model.__name__: model.model_json_schema(by_alias=True)
+            for model in (Hello, Request, Response, Event, Refused)
         },
         "errorReceipt": ErrorReceipt.model_json_schema(),
         "operations": {

@@ -5,16 +5,19 @@ receipts, tokens or frames. The file is opened without following a link and
 only if it is this user's (``paths.open_private``). A line that cannot be
 written (a full or failing disk) is dropped, never raised and never printed
 as a traceback; the next line that can be written first says how many were
-lost.
+lost. Lines any client can cause go through a ``RateLimit`` per kind, so no
+client can rotate the startup lines out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import logging.handlers
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from piworkflows import faults
@@ -88,3 +91,48 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:
     message (a message may quote client input)."""
     frames = "".join(traceback.format_tb(exc.__traceback__))
     logger.error("%s: %s\n%s", what, type(exc).__name__, frames.rstrip())
+
+
+class RateLimit:
+    """At most ``lines`` log lines of each kind per ``interval`` seconds (asyncio loop time).
+
+    ``allow(kind)`` says whether the caller may write its line; a refused one is counted, and when
+    its interval ends one line says how many lines of that kind were suppressed.
+    """
+
+    def __init__(self, logger: logging.Logger, lines: int, interval: float) -> None:
+        self.logger = logger
+        self.lines = lines
+        self.interval = interval
+        self._windows: dict[str, _Window] = {}
+
+    def allow(self, kind: str) -> bool:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        window = self._windows.get(kind)
+        if window is not None and now >= window.start + self.interval:
+            self._end(kind, window)
+            window = None
+        if window is None:
+            window = self._windows[kind] = _Window(now)
+        if window.written < self.lines:
+            window.written += 1
+            return True
+        window.suppressed += 1
+        if window.suppressed == 1:
+            loop.call_at(window.start + self.interval, self._end, kind, window)
+        return False
+
+    def _end(self, kind: str, window: _Window) -> None:
+        if self._windows.get(kind) is not window:
+            return  # already ended
+        del self._windows[kind]
+        if window.suppressed:
+            self.logger.warning("suppressed %d similar lines (%s)", window.suppressed, kind)
+
+
+@dataclass
+class _Window:
+    start: float
+    written: int = 0
+    suppressed: int = 0

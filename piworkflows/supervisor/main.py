@@ -152,7 +152,8 @@ class Supervisor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_stop, signal.Signals(signum).name)
             heartbeat = asyncio.create_task(self._heartbeat(), name="epoch-heartbeat")
-            log.info("serving on %s (server epoch %d)", self.paths.socket, self.epoch)
+            log.info("serving on %s (server epoch %d, at most %d connections, fd limit %s)", self.paths.socket,
+                     self.epoch, self.server.max_connections, self.server.fd_limit or "unlimited")  # fmt: skip
             if ready is not None:
                 ready()
             await self._stop.wait()

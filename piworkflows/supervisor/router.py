@@ -89,6 +89,9 @@ class Router:
             socketAvailable=True,
             epoch=self.supervisor.epoch,
             activeRunners=len(self.supervisor.scheduler.active),
+            connections=len(self.supervisor.server.connections),
+            maxConnections=self.supervisor.server.max_connections,
+            fdLimit=self.supervisor.server.fd_limit,
             **counts,
         )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from piworkflows import __version__, canonical
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
+from piworkflows.settings import Settings
 from tests.server_util import ServerProcess, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -331,8 +332,13 @@ def test_server_status_receipt(path: str) -> None:
         if name not in ("state", "socketAvailable", "reason"):
             assert type(value) is int and value >= 0, (name, value)
         assert not (isinstance(value, str) and "/" in value), (name, value)
+    # this connection at least; the bound below the process's fd limit (FAST_ENV sets none lower)
+    assert receipt["connections"] >= 1
+    assert 1 <= receipt["maxConnections"] <= Settings().max_connections
+    assert receipt["maxConnections"] < receipt["fdLimit"]
     # a fresh state dir has nothing in it
-    counts = {k: v for k, v in receipt.items() if k not in ("state", "socketAvailable", "epoch", "reason")}
+    facts = ("state", "socketAvailable", "epoch", "reason", "connections", "maxConnections", "fdLimit")
+    counts = {k: v for k, v in receipt.items() if k not in facts}
     assert set(counts.values()) == {0}
 
 

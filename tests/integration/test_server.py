@@ -305,7 +305,7 @@ def test_cli_protocol_schema_names_every_operation(cleanup: Cleanup, tmp_path: P
         assert {"payload", "receipt", "stored"} <= set(shape), operation
     assert document["operations"]["server.stop"]["stored"] is True
     assert document["operations"]["server.status"]["stored"] is False
-    assert set(document["messages"]) == {"Hello", "Request", "Response", "Event"}
+    assert set(document["messages"]) == {"Hello", "Request", "Response", "Event", "Refused"}
 
 
 # --- 2. files, modes and host.json ---------------------------------------------

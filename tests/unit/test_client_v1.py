@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from piworkflows import canonical
+from piworkflows.errors import CODES
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.client_v1 import (
     MAX_MESSAGE_BYTES,
+    MAX_NESTING,
     OPERATIONS,
     READ_ONLY_OPERATIONS,
     SCHEMA,
@@ -24,6 +26,7 @@ from piworkflows.protocol.client_v1 import (
     Response,
     encode,
     fingerprint,
+    nesting_depth,
     parse_request,
     schema_document,
 )
@@ -314,6 +317,80 @@ def test_max_message_counts_bytes_not_characters() -> None:
         parse_request(bigger)
 
 
+# --- nesting: a fixed limit, checked before any reader ---------------------------------------
+
+
+def nested_line(depth: int, leaf: str = "1", kind: str = "array") -> bytes:
+    """A canonical request line whose deepest point is ``depth`` levels (the envelope is level 1)."""
+    opener, closer = ("[", "]") if kind == "array" else ('{"a":', "}")
+    return with_payload_text(opener * (depth - 1) + leaf + closer * (depth - 1), operation="server.status")
+
+
+@pytest.mark.parametrize(
+    ("leaf", "kind"),
+    [("1", "array"), ("1.5", "array"), ("1.5", "object"), ('"\\ud800"', "object"), ('{"1":0,"b":2.5}', "array")],
+    ids=["plain", "float", "float-in-objects", "lone-surrogate", "index-key"],
+)
+def test_exactly_max_nesting_levels_are_accepted(leaf: str, kind: str) -> None:
+    """Leaves the C encoder cannot print take the exact encoder: it recursed twice per level (RecursionError)."""
+    assert MAX_NESTING == 512
+    depth = MAX_NESTING - 1 if leaf.startswith("{") else MAX_NESTING  # the leaf object is a level too
+    line = nested_line(depth, leaf, kind)
+    assert nesting_depth(line[:-1]) == MAX_NESTING
+    assert parse_request(line).payload == json.loads(line)["payload"]
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 5_000, 100_000])
+@pytest.mark.parametrize("kind", ["array", "object"])
+def test_deeper_nesting_is_malformed_without_recursion(depth: int, kind: str) -> None:
+    with pytest.raises(MalformedFrame, match="nests deeper than 512 levels"):
+        parse_request(nested_line(depth, kind=kind))
+
+
+def test_a_deep_unclosed_prefix_is_malformed() -> None:
+    with pytest.raises(MalformedFrame, match="nests deeper"):
+        parse_request(b'{"payload":' + b"[" * 100_000 + b"\n")
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    text = '"' + "[{" * 3000 + "\\\\" + '\\"' + "[" * 600 + '"'
+    line = with_payload_text("[" + text + "]", operation="server.status")
+    assert nesting_depth(line[:-1]) == 2
+    assert parse_request(line).payload == [json.loads(text)]
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [(b"", 0), (b"1", 0), (b"[]", 1), (b'[{"k":[]}]', 3), (b'[[], [[]], []]', 3), (b'["[[[", "\\"[[", "\\\\", [1]]', 2),
+     (b'{"a":"\\\\\\"[["}', 1), (b'"unterminated [[[', 0)],
+)  # fmt: skip
+def test_nesting_depth_examples(text: bytes, depth: int) -> None:
+    assert nesting_depth(text) == depth
+
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(alphabet='[]{}"\\ab\u00e9\n')),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\a', max_size=3), children, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_property_nesting_depth_is_the_depth_of_the_value(value: Any) -> None:
+    assert nesting_depth(json.dumps(value, ensure_ascii=False).encode()) == _depth(value)
+
+
 # --- lax envelope fields (bugs: see the reasons) ------------------------------------
 
 
@@ -422,6 +499,13 @@ def test_encode_event_keeps_payload_null() -> None:
     line = encode(Event(subscriptionId="s", event="runs", payload=None))
     expected = b'{"event":"runs","payload":null,"schema":"pi-workflows.client.v1","subscriptionId":"s","type":"event"}'
     assert line == expected + b"\n"
+
+
+def test_encode_refused_is_one_canonical_line_and_not_an_outcome() -> None:
+    line = encode(client_v1.Refused(code="tooManyConnections", error="busy; retry later"))
+    assert line == (b'{"code":"tooManyConnections","error":"busy; retry later","schema":"pi-workflows.client.v1",'
+                    b'"type":"refused"}\n')  # fmt: skip
+    assert "tooManyConnections" not in CODES
 
 
 def test_encode_is_fully_canonical_even_for_an_unsorted_payload() -> None:
@@ -579,7 +663,7 @@ def test_schema_document_names_every_operation_once() -> None:
 
 def test_schema_document_describes_the_messages() -> None:
     doc = schema_document()
-    assert set(doc["messages"]) == {"Hello", "Request", "Response", "Event"}
+    assert set(doc["messages"]) == {"Hello", "Request", "Response", "Event", "Refused"}
     request_schema = doc["messages"]["Request"]
     assert "schema" in request_schema["properties"]
     assert set(request_schema["required"]) >= {"requestId", "clientId", "operation", "idempotencyKey", "payload"}

@@ -1,9 +1,10 @@
-"""ClientServer in process: peer uid check, hello, socket mode and path limit."""
+"""ClientServer in process: peer uid check, hello, socket mode and path limit, failure lines, the connection bound."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -14,7 +15,14 @@ from piworkflows import __version__, canonical
 from piworkflows.paths import SOCKET_PATH_LIMIT
 from piworkflows.protocol import client_v1
 from piworkflows.settings import Settings
-from piworkflows.supervisor.server import ClientServer, SocketPathTooLong, check_socket_path
+from piworkflows.supervisor.server import (
+    FD_RESERVE,
+    FDS_PER_CHILD,
+    ClientServer,
+    SocketPathTooLong,
+    check_socket_path,
+    connection_bound,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -215,3 +223,44 @@ def test_a_failing_handler_answers_unavailable(tmp_path: Path) -> None:
             await server.close()
 
     asyncio.run(main())
+
+
+def test_a_failing_connection_logs_one_line_without_traceback_or_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exception's message may quote client input; its traceback floods the log (issue 13, item 5)."""
+
+    def broken(uid: int) -> bool:
+        raise RuntimeError("secret-token-123 from the client")
+
+    async def main() -> None:
+        path = tmp_path / "s.sock"
+        server = await serve(path, broken)
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            assert await asyncio.wait_for(reader.read(), IO_TIMEOUT) == b""  # closed, nothing sent
+            writer.close()
+        finally:
+            await server.close()
+
+    caplog.set_level(logging.INFO, logger="piworkflows")
+    asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["a connection failed: RuntimeError"]
+    assert all(r.exc_info is None and r.exc_text is None for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("max_connections", "fd_limit", "bound"),
+    [
+        (1024, None, 1024),  # no fd limit
+        (1024, 20_000, 1024),
+        (1024, 1024, 1024 - FD_RESERVE - FDS_PER_CHILD * 11),  # writer + 4 resolvers + 2 outbox workers + 4 runners
+        (5, 1024, 5),
+        (1024, 10, 1),  # it still serves one
+    ],
+)
+def test_the_connection_bound_leaves_the_server_its_descriptors(
+    max_connections: int, fd_limit: int | None, bound: int
+) -> None:
+    assert connection_bound(Settings(max_connections=max_connections), fd_limit) == bound
