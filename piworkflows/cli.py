@@ -365,13 +365,13 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
     The server copies it with SQLite's online backup API between its write groups
     (commands keep flowing), then verifies the copy before it answers. On a
     terminal a progress line follows state.status from a second connection.
-    Repeating the same command adopts the first answer.
+    Each command is a new request: repeating it makes a new backup, and a
+    DESTINATION that exists is refused.
 
     Example: pi-workflows state backup ~/backups/state-2026-12-02.sqlite
     """
     target = os.path.abspath(destination)
-    key = f"state.backup:{target}"  # one backup per destination: a repeat adopts it
-    receipt = _accepted(_with_progress(paths, "state.backup", {"destination": target}, key, show=not as_json))
+    receipt = _accepted(_with_progress(paths, "state.backup", {"destination": target}, None, show=not as_json))
     if as_json:
         click.echo(canonical.dumps(receipt))
     else:

@@ -186,7 +186,7 @@ class WriterLoop:
         receipt commits after the copy verified. A stored answer is adopted without a copy."""
         destination = self._new_copy(item, StateBackup, lambda cmd: cmd.destination)
         if destination is None:
-            self._run_batch([item])  # adopted, or refused and stored with its key
+            self._run_batch([item])  # adopted, or refused (not stored: a repeat is checked again)
             return
         done = self._copy(item, destination)
         if done is not None:
@@ -198,7 +198,7 @@ class WriterLoop:
         then checkpoints the WAL, vacuums and checks integrity before it answers."""
         destination = self._new_copy(item, StatePrune, lambda cmd: cmd.backup_path if cmd.apply else None)
         if destination is None:
-            self._run_batch([item])  # a dry run; adopted; or refused and stored with its key
+            self._run_batch([item])  # a dry run; adopted; or refused (not stored)
             return
         done = self._copy(item, destination)
         if done is None:
@@ -218,8 +218,8 @@ class WriterLoop:
 
     def _new_copy(self, item: Submitted, model: type[Any], target: Callable[[Any], str | None]) -> Path | None:
         """Where a maintenance request wants its new copy, or None when the executor answers the
-        request as it is: invalid (refused there, stored with its key), answered before
-        (adopted), or one that copies nothing (a dry run)."""
+        request as it is: invalid (refused there, not stored), answered before (adopted), or
+        one that copies nothing (a dry run)."""
         try:
             cmd = model.model_validate(item.body)
             path = target(cmd)

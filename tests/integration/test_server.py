@@ -276,20 +276,30 @@ def test_cli_start_status_stop_and_status_when_stopped(cleanup: Cleanup, tmp_pat
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "fix"),
     [
-        ("server", "bogus"),
-        ("--state-dir",),
-        ("server", "status", "--bogus"),
-        ("server", "stop", "--timeout", "soon"),
-        ("bogus",),
+        (("server", "bogus"), "No such command"),
+        (("--state-dir",), "requires an argument"),
+        (("server", "status", "--bogus"), "No such option"),
+        (("server", "stop", "--timeout", "soon"), "not a valid float"),
+        (("bogus",), "No such command"),
+        (("server", "stop", "--timeout", "-1"), ">=0"),
+        (("state", "prune", "--before", "yesterday", "--dry-run"), "e.g. 2026-08-01T00:00:00Z"),
+        (("state", "prune", "--before", "2026-08-01T00:00:00", "--dry-run"), "with a zone"),
+        (("state", "prune", "--before", "2026-08-01T00:00:00Z", "--backup", "/abs/b.sqlite"), "--apply"),
+        (("state", "reset", "--backup", "relative/dir"), "absolute"),
+        (("run", "status", ""), "RUN_ID"),
+        (("effect", "confirm", "effect-1", "--note", "n" * 2001), "--note"),
     ],
-    ids=["unknown-server-command", "state-dir-without-value", "unknown-option", "bad-option-value", "unknown-group"],
+    ids=["unknown-server-command", "state-dir-without-value", "unknown-option", "bad-option-value", "unknown-group",
+         "negative-timeout", "before-not-a-time", "before-without-zone", "backup-without-apply",
+         "reset-relative", "empty-run-id", "note-too-long"],  # fmt: skip
 )
-def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...]):
+def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...], fix: str):
+    """Whatever the CLI can check itself is a usage error with the fix, before anything is sent."""
     result = cleanup.cli(*args, cwd=tmp_path)
     assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Error:" in result.stderr and "Traceback" not in result.stderr
+    assert "Error:" in result.stderr and fix in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "home" / ".pi").exists()  # nothing was started in the default state dir
 
 
@@ -785,3 +795,40 @@ def test_cli_stop_returns_only_after_the_server_has_exited(cleanup: Cleanup, tmp
         wait_until(lambda: gone(sup["pid"], sup["createTime"]), what="old server gone")
         if WorkflowClient(state_dir, retry_for=0).running():
             cleanup.cli("--state-dir", str(state_dir), "server", "stop")
+
+
+def test_a_stop_that_times_out_shows_stopping_and_kill_ends_every_recorded_process(cleanup: Cleanup, tmp_path: Path):
+    state_dir = tmp_path / "s"
+    # The shutdown hangs once the socket closed: the supervisor and its children live on.
+    reg = start_cli_server(cleanup, state_dir, env={"PIW_FAULTS": "supervisor.socket_closed=sleep:60000"})
+    recorded = [reg["supervisor"], *reg["children"]]
+    writer = next(c for c in reg["children"] if c["role"] == "writer")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return cleanup.cli("--state-dir", str(state_dir), *args)
+
+    timed_out = cli("server", "stop", "--timeout", "1")
+    assert timed_out.returncode == 1, timed_out.stdout
+    assert "did not stop within 1 s" in timed_out.stderr
+    assert f"pi-workflows --state-dir {state_dir} server stop --kill" in timed_out.stderr
+    wait_until(lambda: not paths_of(state_dir).socket.exists(), what="the socket closed")
+    assert all(alive(entry["pid"], entry["createTime"]) for entry in recorded)
+    pids = [entry["pid"] for entry in [registry(state_dir)["supervisor"], *registry(state_dir)["children"]]]
+
+    status = cli("server", "status")
+    assert status.returncode == 1
+    assert status.stdout.startswith(f"stopping (pids: {', '.join(map(str, pids))})"), status.stdout
+    as_json = cli("server", "status", "--json")
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout) == {"pids": pids, "socketAvailable": False, "state": "stopping"}
+
+    killed = cli("server", "stop", "--kill", "--timeout", "1")
+    assert killed.returncode == 0, killed.stderr
+    assert f"killed supervisor (pid {reg['supervisor']['pid']})" in killed.stdout
+    assert f"killed writer (pid {writer['pid']})" in killed.stdout
+    assert all(gone(entry["pid"], entry["createTime"]) for entry in recorded)
+    assert lock_is_free(state_dir)
+    after = cli("server", "status")
+    assert after.returncode == 1 and after.stdout.strip() == f"not running ({state_dir})"
+    assert cli("server", "start").returncode == 0  # the next server takes over
+    assert cli("server", "stop").returncode == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from piworkflows.errors import StateIncompatible
 from tests.engine_util import TENSTEP, start, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
@@ -106,12 +109,39 @@ def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path:
         assert into_state.outcome == "rejected" and "state directory" in into_state.error
         made = cli(server, "state", "backup", str(backups / "b3.sqlite"))
         assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
-        again = cli(server, "state", "backup", str(backups / "b3.sqlite"))
-        assert again.returncode == 0, again.stderr  # the same destination again: the first answer adopted
+        again = cli(server, "state", "backup", str(backups / "b3.sqlite"))  # a new request: the file exists
+        assert again.returncode == 1 and "resourceExists" in again.stderr, again.stderr
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
 
+
+def test_the_backup_command_is_checked_again_after_a_refusal_and_copies_anew_each_time(tmp_path: Path):
+    """Each `state backup` is a new request: a refusal is not adopted once its cause is fixed, and a
+    repeat after the file was deleted makes a new file instead of answering the old receipt."""
+    server = ServerProcess(tmp_path / "s").start()
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    destination = folder / "b.sqlite"
+    try:
+        refused = cli(server, "state", "backup", str(destination))
+        assert refused.returncode == 1 and f"chmod 700 {folder}" in refused.stderr, refused.stderr
+        os.chmod(folder, 0o700)
+        made = cli(server, "state", "backup", str(destination))
+        assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
+        first = destination.read_bytes()
+        destination.unlink()
+        again = cli(server, "state", "backup", str(destination))
+        assert again.returncode == 0 and "backed up and verified" in again.stdout, again.stderr
+        assert destination.exists() and len(destination.read_bytes()) == len(first)
+        verified = cli(server, "state", "verify", str(destination), "--json")
+        assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout
+        exists = cli(server, "state", "backup", str(destination))
+        assert exists.returncode == 1 and "resourceExists" in exists.stderr, exists.stderr
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(server.state_dir)
 
 def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
@@ -222,3 +252,63 @@ def test_a_backup_while_four_clients_write_holds_every_run_acknowledged_before_i
         copy.close()
     assert before <= in_copy
     check_state(server.state_dir)
+
+
+STATE_FILES = ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm")
+
+
+def another_applications_database(state_dir: Path) -> dict[str, bytes]:
+    """A WAL database of another application as state.sqlite, its table still in the -wal."""
+    state_dir.mkdir(mode=0o700, parents=True)
+    source = state_dir.parent / "elsewhere"
+    source.mkdir()
+    conn = sqlite3.connect(source / "state.sqlite", isolation_level=None)
+    try:
+        conn.execute("PRAGMA application_id = 1234")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('kept')")
+        for name in STATE_FILES:  # copied while open: the three files of a live WAL database
+            shutil.copyfile(source / name, state_dir / name)
+    finally:
+        conn.close()
+    return {name: (state_dir / name).read_bytes() for name in STATE_FILES}
+
+
+def test_state_reset_moves_an_incompatible_database_aside_and_the_next_start_creates_a_new_one(tmp_path: Path):
+    state_dir = tmp_path / "s"
+    files = another_applications_database(state_dir)
+    server = ServerProcess(state_dir)
+    refused = cli(server, "server", "start")
+    assert refused.returncode == 1 and StateIncompatible.MESSAGE in refused.stderr, refused.stderr
+    assert "pi-workflows state reset --backup" in refused.stderr  # the steps as one command
+    assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
+
+    relative = cli(server, "state", "reset", "--backup", "old-state")
+    assert relative.returncode == 2 and "absolute" in relative.stderr, relative.stderr
+    (tmp_path / "taken").mkdir()
+    taken = cli(server, "state", "reset", "--backup", str(tmp_path / "taken"))
+    assert taken.returncode == 2 and "exists" in taken.stderr, taken.stderr
+    assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
+
+    backup = tmp_path / "kept" / "old-state"
+    reset = cli(server, "state", "reset", "--backup", str(backup))
+    assert reset.returncode == 0, reset.stderr
+    for name, content in files.items():
+        assert f"{state_dir / name} -> {backup / name}" in reset.stdout
+        assert (backup / name).read_bytes() == content and not (state_dir / name).exists()
+    assert sorted(p.name for p in backup.iterdir()) == sorted(STATE_FILES)
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o700 and stat.S_IMODE(backup.parent.stat().st_mode) == 0o700
+
+    server.start()  # a new database
+    try:
+        with server.client() as client:
+            assert client.request("server.status").outcome == "accepted"
+        busy = cli(server, "state", "reset", "--backup", str(tmp_path / "again"))
+        assert busy.returncode == 1 and "stop the server first: pi-workflows server stop" in busy.stderr, busy.stderr
+        assert not (tmp_path / "again").exists()
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(state_dir)
+    assert (backup / "state.sqlite").read_bytes() == files["state.sqlite"]  # never touched again
