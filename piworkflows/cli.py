@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -18,10 +19,20 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.client import ClientError, ServerNotRunning, StartFailed, WorkflowClient, start_server, stop_server
+from piworkflows.client import (
+    ClientError,
+    ServerNotRunning,
+    StartFailed,
+    StopTimedOut,
+    WorkflowClient,
+    start_server,
+    stop_server,
+)
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
+from piworkflows.settings import Settings
 from piworkflows.states import EFFECT_STATUSES
+from piworkflows.supervisor import registry
 
 EXIT_RUNTIME = 1
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
@@ -94,8 +105,14 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
         with WorkflowClient(paths.state_dir, retry_for=0) as client:
             response = client.request("server.status")
     except (ServerNotRunning, OSError, ConnectionError):
+        # No answer: stopping while a process host.json records lives (identity checked).
+        pids = [identity.pid for identity in registry.live(paths.registry)]
         if as_json:
-            click.echo(canonical.dumps({"socketAvailable": False, "state": "stopped"}))
+            click.echo(canonical.dumps({"pids": pids, "socketAvailable": False, "state": "stopping"} if pids
+                                       else {"socketAvailable": False, "state": "stopped"}))  # fmt: skip
+        elif pids:
+            click.echo(f"stopping (pids: {', '.join(map(str, pids))}) for {paths.state_dir}")
+            click.echo(f"  wait, or end them with '{_command('server', 'stop', '--kill')}'")
         else:
             click.echo(f"not running ({paths.state_dir})")
         sys.exit(EXIT_RUNTIME)
@@ -103,7 +120,7 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     if as_json:
         click.echo(canonical.dumps(receipt))
         return
-    click.echo(f"running ({paths.state_dir}), server epoch {receipt['epoch']}")
+    click.echo(f"{receipt['state']} ({paths.state_dir}), server epoch {receipt['epoch']}")
     click.echo(f"  runs: {receipt['queuedRuns']} queued, {receipt['runningRuns']} running, "
                f"{receipt['parkedRuns']} parked, {receipt['waitingRuns']} waiting")  # fmt: skip
     click.echo(f"  active runners: {receipt['activeRunners']}, expired claims: {receipt['expiredClaims']}")
@@ -112,21 +129,45 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
 
 
 @server.command("stop")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the server to exit.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for the server to exit.")  # fmt: skip
+@click.option("--kill", is_flag=True, help="If it has not exited within --timeout, SIGKILL its recorded processes.")
 @click.pass_obj
-def server_stop(paths: StatePaths, timeout: float) -> None:
+def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
     """Stop the server: in-flight commands commit, children stop, the lock is released.
 
-    Example: pi-workflows server stop
+    Done when no process host.json records lives (a server whose socket is gone
+    but whose processes live is waited for too). After --timeout it exits 1;
+    with --kill it sends SIGKILL instead to the supervisor and to every recorded
+    child (a process group a child leads as a whole), each only after its
+    identity (pid, start time, command line) matched, and prints what it killed.
+
+    Example: pi-workflows server stop --timeout 30 --kill
     """
     try:
         stopped = stop_server(paths, timeout)
+    except StopTimedOut as exc:
+        if not kill:
+            fail(f"{exc}; wait, or end its processes with '{_command('server', 'stop', '--kill')}'")
+        _kill_server(paths)
+        return
     except ClientError as exc:
         fail(str(exc))
     if not stopped:
         click.echo(f"not running ({paths.state_dir})")
         return
     click.echo("server stopped")
+
+
+def _kill_server(paths: StatePaths) -> None:
+    """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
+    for identity in registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000):
+        click.echo(f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup
+                                                                     else ""))  # fmt: skip
+    left = registry.live(paths.registry)
+    if left:
+        fail(f"still running after SIGKILL: pids {', '.join(str(identity.pid) for identity in left)}")
+    click.echo("server stopped (killed)")
 
 
 @main.group("run")
@@ -548,6 +589,13 @@ def effect_retry(paths: StatePaths, effect_id: str) -> None:
     response = _request(paths, "effect.retry", {"effectId": effect_id}, idempotency_key=key)
     _accepted(response)
     click.echo(f"{effect_id} will be attempted again" + (" (already)" if response.outcome == "adopted" else ""))
+
+
+def _command(*args: str) -> str:
+    """A command line for the user to run next, with --state-dir when one was given."""
+    context = click.get_current_context()
+    state_dir = ["--state-dir", str(context.obj.state_dir)] if context.find_root().params["state_dir"] else []
+    return shlex.join(["pi-workflows", *state_dir, *args])
 
 
 def _request(

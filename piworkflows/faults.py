@@ -29,10 +29,12 @@ WRITER_AFTER_REPLY = "writer.after_reply"
 WRITER_BACKUP_STEP = "writer.backup_step"
 OUTBOX_AFTER_ATTEMPT_RECORDED = "outbox.after_attempt_recorded"
 OUTBOX_AFTER_REQUEST_SENT = "outbox.after_request_sent"
+# In the supervisor's shutdown, once the client socket closed (tests hang a stop there: its children live on).
+SUPERVISOR_SOCKET_CLOSED = "supervisor.socket_closed"
 
 POINTS = frozenset(
     {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, WRITER_BACKUP_STEP,
-     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT}
+     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT, SUPERVISOR_SOCKET_CLOSED}
 )  # fmt: skip
 
 

@@ -832,3 +832,35 @@ def test_a_stop_that_times_out_shows_stopping_and_kill_ends_every_recorded_proce
     assert after.returncode == 1 and after.stdout.strip() == f"not running ({state_dir})"
     assert cli("server", "start").returncode == 0  # the next server takes over
     assert cli("server", "stop").returncode == 0
+
+
+def test_status_and_stop_kill_act_only_on_recorded_processes_whose_identity_matches(cleanup: Cleanup, tmp_path: Path):
+    """host.json of a server whose supervisor is gone: a leftover child that matches is waited for, then
+    killed; a reused pid (another create time) or a process without the marker is neither shown nor signalled."""
+    state_dir = tmp_path / "s"
+    paths_of(state_dir).host_dir.mkdir(parents=True)
+    matching = cleanup.helper(MARKED_SLEEPER)
+    wrong_time = cleanup.helper(MARKED_SLEEPER)
+    no_marker = cleanup.helper(["sleep", "60"])
+    for proc in (matching, wrong_time, no_marker):
+        wait_until(lambda p=proc: alive(p.pid) and psutil.Process(p.pid).cmdline()[:1] == [p.args[0]])
+    reaper = threading.Thread(target=matching.wait, daemon=True)  # our child: reaped as soon as it dies
+    reaper.start()
+    write_registry(state_dir, {"serverEpoch": 1, "supervisor": None, "children": [
+        identity_entry("writer", matching.pid, "piworkflows.writer"),
+        identity_entry("writer", wrong_time.pid, "piworkflows.writer", psutil.Process(wrong_time.pid).create_time() + 7),
+        identity_entry("writer", no_marker.pid, "piworkflows.writer"),
+    ]})  # fmt: skip
+
+    status = cleanup.cli("--state-dir", str(state_dir), "server", "status", "--json")
+    assert status.returncode == 1
+    assert json.loads(status.stdout) == {"pids": [matching.pid], "socketAvailable": False, "state": "stopping"}
+    waited = cleanup.cli("--state-dir", str(state_dir), "server", "stop", "--timeout", "0")
+    assert waited.returncode == 1 and "did not stop within 0 s" in waited.stderr, waited.stderr
+    killed = cleanup.cli("--state-dir", str(state_dir), "server", "stop", "--kill", "--timeout", "0")
+    assert killed.returncode == 0, killed.stderr
+    assert killed.stdout == f"killed writer (pid {matching.pid})\nserver stopped (killed)\n"
+    reaper.join(timeout=30)
+    assert matching.returncode == -signal.SIGKILL
+    assert wrong_time.poll() is None and no_marker.poll() is None
+    assert cleanup.cli("--state-dir", str(state_dir), "server", "status").stdout.strip() == f"not running ({state_dir})"
