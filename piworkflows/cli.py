@@ -1,6 +1,9 @@
 """``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
 
-Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix).
+Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix),
+130 interrupted (Ctrl-C). Whatever the CLI can check itself (arguments, JSON,
+the request against the protocol's models) is a usage error before anything
+is sent.
 The CLI never executes workflow code and opens SQLite only to verify an
 inactive backup (``state verify BACKUP``, read-only; ``writer/offline.py``).
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import TypeAdapter, ValidationError
 
 from piworkflows import canonical
 from piworkflows.client import (
@@ -35,6 +39,7 @@ from piworkflows.states import EFFECT_STATUSES
 from piworkflows.supervisor import registry
 
 EXIT_RUNTIME = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
 
@@ -43,7 +48,18 @@ def fail(message: str) -> None:
     sys.exit(EXIT_RUNTIME)
 
 
-@click.group()
+class _Main(click.Group):
+    """Ctrl-C anywhere exits 130 (click's own handling would print "Aborted!" and exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\npi-workflows: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Main)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False),
@@ -184,7 +200,8 @@ def run_group() -> None:
               help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
 @click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
-@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed.")
+@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed "
+              "(Ctrl-C: exit 130, the run goes on).")  # fmt: skip
 @click.pass_obj
 def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool, wait: bool) -> None:
     """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
@@ -197,6 +214,7 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         raise click.BadParameter(f'not JSON ({exc}); pass e.g. --input \'{{"key": "value"}}\'') from None
     payload = {"projectPath": os.path.abspath(project), "workflowName": workflow, "input": input_value,
                "executionMode": "headless"}  # fmt: skip
+    _check("run.start", payload)
     try:
         with WorkflowClient(paths.state_dir) as client:
             client.ensure_running()
@@ -206,7 +224,13 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
     receipt = _accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
     if wait:
-        view = _wait_until_settled(paths, receipt["runId"])
+        try:
+            view = _wait_until_settled(paths, receipt["runId"])
+        except KeyboardInterrupt:
+            run_id = receipt["runId"]
+            click.echo(f"\npi-workflows: interrupted; {run_id} goes on. Watch it: {_command('run', 'status', run_id)}"
+                       f"; cancel it: {_command('run', 'cancel', run_id)}", err=True)  # fmt: skip
+            sys.exit(EXIT_INTERRUPTED)
         display = view["display"]
         click.echo(f"{view['runId']} {display['status']}" + (f" ({display['reason']})" if display["reason"] else ""))
         if view["output"] is not None:
@@ -376,8 +400,9 @@ def _with_progress(
 ) -> client_v1.Response:
     """Send a long maintenance request; on a terminal, draw its progress from state.status polled
     on a second connection meanwhile."""
+    _check(operation, payload)
     answer: list[client_v1.Response] = []
-    worker = threading.Thread(target=lambda: answer.append(_request(paths, operation, payload, idempotency_key=key)),
+    worker = threading.Thread(target=lambda: answer.append(_send(paths, operation, payload, idempotency_key=key)),
                               daemon=True)  # fmt: skip
     worker.start()
     if show and sys.stdout.isatty():
@@ -419,8 +444,17 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
         click.echo(f"backed up and verified: {receipt['destination']} ({receipt['bytes']} bytes)")
 
 
+def _prune_before(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        client_v1.prune_before_ms(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @state_group.command("prune")
-@click.option("--before", required=True, help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")
+@click.option("--before", required=True, callback=_prune_before,
+              help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")  # fmt: skip
 @click.option("--dry-run", "dry_run", is_flag=True, help="Only list eligible and blocked trees (the default).")
 @click.option("--apply", "apply", is_flag=True, help="Delete the eligible trees (needs --backup).")
 @click.option("--backup", "backup_path", type=click.Path(dir_okay=False), help="A new file for the backup first.")
@@ -441,6 +475,8 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
         raise click.UsageError("choose one: --dry-run or --apply")
     if apply and backup_path is None:
         raise click.UsageError("--apply needs --backup with a new file path (the backup is made first)")
+    if backup_path is not None and not apply:
+        raise click.UsageError("--backup is made only with --apply; add --apply, or drop --backup for a dry run")
     payload: dict[str, Any] = {"before": before, "apply": apply}
     if backup_path is not None:
         payload["backupPath"] = os.path.abspath(backup_path)
@@ -598,7 +634,33 @@ def _command(*args: str) -> str:
     return shlex.join(["pi-workflows", *state_dir, *args])
 
 
+_ID = TypeAdapter(client_v1.Id)
+
+
+def _check(operation: str, payload: Any, run_id: str | None = None) -> None:
+    """What the CLI can check itself, with the protocol's own models: a usage error, nothing sent."""
+    try:
+        client_v1.OPERATION_SHAPES[operation][0].model_validate(payload)
+        if run_id is not None:
+            _ID.validate_python(run_id)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'RUN_ID'}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(f"{operation}: {problems}") from None
+
+
 def _request(
+    paths: StatePaths,
+    operation: str,
+    payload: Any,
+    run_id: str | None = None,
+    expected_revision: int | None = None,
+    idempotency_key: str | None = None,
+) -> client_v1.Response:
+    _check(operation, payload, run_id)
+    return _send(paths, operation, payload, run_id, expected_revision, idempotency_key)
+
+
+def _send(
     paths: StatePaths,
     operation: str,
     payload: Any,

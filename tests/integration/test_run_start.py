@@ -148,7 +148,6 @@ def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: 
     assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
 
 
-
 def test_ctrl_c_while_the_cli_waits_exits_130_and_the_run_goes_on(server: ServerProcess, project: Path):
     """No runners: the run stays queued while `run start --wait` polls; SIGINT as a terminal's Ctrl-C sends it."""
     command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "start",
@@ -170,6 +169,7 @@ def test_ctrl_c_while_the_cli_waits_exits_130_and_the_run_goes_on(server: Server
     assert f"pi-workflows --state-dir {server.state_dir} run status {run_id}" in stderr
     assert f"pi-workflows --state-dir {server.state_dir} run cancel {run_id}" in stderr
     assert rows(server, "SELECT run_id, status FROM runs") == [(run_id, "queued")]
+
 
 def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
     started = start(server, {"projectPath": str(project), "workflowName": "builtin:demo", "input": {"who": "cli"}})

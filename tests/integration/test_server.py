@@ -289,11 +289,22 @@ def test_cli_start_status_stop_and_status_when_stopped(cleanup: Cleanup, tmp_pat
         (("state", "prune", "--before", "2026-08-01T00:00:00Z", "--backup", "/abs/b.sqlite"), "--apply"),
         (("state", "reset", "--backup", "relative/dir"), "absolute"),
         (("run", "status", ""), "RUN_ID"),
-        (("effect", "confirm", "effect-1", "--note", "n" * 2001), "--note"),
+        (("effect", "confirm", "effect-1", "--note", "n" * 2001), "note: String should have at most 2000 characters"),
     ],
-    ids=["unknown-server-command", "state-dir-without-value", "unknown-option", "bad-option-value", "unknown-group",
-         "negative-timeout", "before-not-a-time", "before-without-zone", "backup-without-apply",
-         "reset-relative", "empty-run-id", "note-too-long"],  # fmt: skip
+    ids=[
+        "unknown-server-command",
+        "state-dir-without-value",
+        "unknown-option",
+        "bad-option-value",
+        "unknown-group",
+        "negative-timeout",
+        "before-not-a-time",
+        "before-without-zone",
+        "backup-without-apply",
+        "reset-relative",
+        "empty-run-id",
+        "note-too-long",
+    ],  # fmt: skip
 )
 def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...], fix: str):
     """Whatever the CLI can check itself is a usage error with the fix, before anything is sent."""
@@ -846,9 +857,10 @@ def test_status_and_stop_kill_act_only_on_recorded_processes_whose_identity_matc
         wait_until(lambda p=proc: alive(p.pid) and psutil.Process(p.pid).cmdline()[:1] == [p.args[0]])
     reaper = threading.Thread(target=matching.wait, daemon=True)  # our child: reaped as soon as it dies
     reaper.start()
+    reused = psutil.Process(wrong_time.pid).create_time() + 7
     write_registry(state_dir, {"serverEpoch": 1, "supervisor": None, "children": [
         identity_entry("writer", matching.pid, "piworkflows.writer"),
-        identity_entry("writer", wrong_time.pid, "piworkflows.writer", psutil.Process(wrong_time.pid).create_time() + 7),
+        identity_entry("writer", wrong_time.pid, "piworkflows.writer", reused),
         identity_entry("writer", no_marker.pid, "piworkflows.writer"),
     ]})  # fmt: skip
 

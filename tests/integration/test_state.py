@@ -143,6 +143,7 @@ def test_the_backup_command_is_checked_again_after_a_refusal_and_copies_anew_eac
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
 
+
 def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
     server = ServerProcess(tmp_path / "s").start()
