@@ -4,8 +4,10 @@ Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix),
 130 interrupted (Ctrl-C). Whatever the CLI can check itself (arguments, JSON,
 the request against the protocol's models) is a usage error before anything
 is sent.
-The CLI never executes workflow code and opens SQLite only to verify an
-inactive backup (``state verify BACKUP``, read-only; ``writer/offline.py``).
+The CLI never executes workflow code and opens SQLite only read-only on
+inactive files (``writer/offline.py``): to verify a backup (``state verify
+BACKUP``) and, with the server stopped, to check the state ``state reset``
+moves aside.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from pydantic import TypeAdapter, ValidationError
@@ -32,6 +34,7 @@ from piworkflows.client import (
     start_server,
     stop_server,
 )
+from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
 from piworkflows.settings import Settings
@@ -43,7 +46,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     click.echo(f"pi-workflows: {message}", err=True)
     sys.exit(EXIT_RUNTIME)
 
@@ -105,8 +108,18 @@ def server_start(paths: StatePaths) -> None:
     try:
         start_server(paths)
     except StartFailed as exc:
-        fail(str(exc))
+        _start_failed(exc)
     click.echo(f"server started for {paths.state_dir}")
+
+
+def _start_failed(exc: StartFailed) -> NoReturn:
+    """Why the server did not start; for an incompatible state also the one command that does the
+    instruction's steps."""
+    message = str(exc)
+    if message == StateIncompatible.MESSAGE:
+        message += (f"\n  With the server stopped, one command moves the three files into a new directory: "
+                    f"{_command('state', 'reset', '--backup', '/abs/new-dir/')}")  # fmt: skip
+    fail(message)
 
 
 @server.command("status")
@@ -219,7 +232,9 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         with WorkflowClient(paths.state_dir) as client:
             client.ensure_running()
             response = client.request("run.start", payload)
-    except (StartFailed, ServerNotRunning, OSError, ConnectionError) as exc:
+    except StartFailed as exc:
+        _start_failed(exc)
+    except (ServerNotRunning, OSError, ConnectionError) as exc:
         fail(str(exc))
     receipt = _accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
@@ -363,7 +378,8 @@ def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> N
 
 @main.group("state")
 def state_group() -> None:
-    """Inspect and verify the durable state (through the server; the CLI never opens it)."""
+    """Inspect, back up, prune and verify the durable state through the server; move an
+    incompatible one aside with the server stopped (state reset)."""
 
 
 @state_group.command("status")
@@ -496,6 +512,42 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
                    f"backup {receipt['backup']}")  # fmt: skip
         if receipt.get("integrity"):
             fail("integrity problems after the prune: " + "; ".join(receipt["integrity"]))
+
+
+def _new_absolute_dir(ctx: click.Context, param: click.Parameter, value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise click.BadParameter(f"{value} is not absolute; pass e.g. --backup /abs/new-dir/")
+    if os.path.lexists(path):
+        raise click.BadParameter(f"{path} exists; name a new directory (it is created 0700)")
+    return path
+
+
+@state_group.command("reset")
+@click.option("--backup", "backup_dir", required=True, callback=_new_absolute_dir,
+              help="A new absolute directory on the same filesystem (created 0700) the files move into.")  # fmt: skip
+@click.pass_obj
+def state_reset(paths: StatePaths, backup_dir: Path) -> None:
+    """With the server stopped, move state.sqlite with its -wal and -shm into a new directory.
+
+    The spec's instruction for an incompatible state as one command: it holds
+    the server lock throughout (refused while a server runs), checks that
+    state.sqlite opens read-only (changing no byte; if it does not, move it by
+    hand), renames the files (state.sqlite first) into --backup and prints
+    each move. Nothing is copied or deleted. The next 'pi-workflows server
+    start' creates a new database.
+
+    Example: pi-workflows state reset --backup /home/me/pi-workflows-state-2026-12-02/
+    """
+    from piworkflows.writer import reset
+
+    try:
+        moved = reset.reset(paths, backup_dir)
+    except (reset.ResetRefused, OSError) as exc:
+        fail(str(exc))
+    for source, target in moved:
+        click.echo(f"moved {source} -> {target}")
+    click.echo(f"the next '{_command('server', 'start')}' creates a new state database")
 
 
 @state_group.command("verify")

@@ -283,7 +283,7 @@ def test_state_reset_moves_an_incompatible_database_aside_and_the_next_start_cre
     server = ServerProcess(state_dir)
     refused = cli(server, "server", "start")
     assert refused.returncode == 1 and StateIncompatible.MESSAGE in refused.stderr, refused.stderr
-    assert "pi-workflows state reset --backup" in refused.stderr  # the steps as one command
+    assert f"pi-workflows --state-dir {state_dir} state reset --backup" in refused.stderr  # the steps as one command
     assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
 
     relative = cli(server, "state", "reset", "--backup", "old-state")
