@@ -558,8 +558,9 @@ def state_verify(paths: StatePaths, backup: str | None, as_json: bool) -> None:
     """Check the live database through the server, or an inactive BACKUP file: SQLite
     integrity and foreign keys, then the spec's invariants.
 
-    A BACKUP is opened read-only here (the only SQLite open outside the server); the
-    active database is refused under any name. Repairs nothing. Exits 0 only if
+    A BACKUP is opened read-only here (writer/offline.py, as for the check before
+    state reset: the only SQLite opens outside the server); the active database
+    is refused under any name. Repairs nothing. Exits 0 only if
     everything holds.
 
     Example: pi-workflows state verify ~/backups/state-2026-12-02.sqlite
