@@ -190,13 +190,14 @@ def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
 
 def _kill_server(paths: StatePaths) -> None:
     """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
-    for identity in registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000):
+    killed = registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000)
+    for identity in killed:
         click.echo(f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup
                                                                      else ""))  # fmt: skip
     left = registry.live(paths.registry)
     if left:
         fail(f"still running after SIGKILL: pids {', '.join(str(identity.pid) for identity in left)}")
-    click.echo("server stopped (killed)")
+    click.echo("server stopped (killed)" if killed else "server stopped")  # it may have exited meanwhile
 
 
 @main.group("run")
