@@ -1,21 +1,28 @@
 """``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
 
-Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix).
-The CLI never executes workflow code and opens SQLite only to verify an
-inactive backup (``state verify BACKUP``, read-only; ``writer/offline.py``).
+Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix),
+130 interrupted (Ctrl-C). Whatever the CLI can check itself (arguments, JSON,
+the request against the protocol's models) is a usage error before anything
+is sent.
+The CLI never executes workflow code and opens SQLite only read-only on
+inactive files (``writer/offline.py``): to verify a backup (``state verify
+BACKUP``) and, with the server stopped, to check the state ``state reset``
+moves aside.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+from pydantic import TypeAdapter, ValidationError
 
 from piworkflows import canonical
 from piworkflows.client import (
@@ -23,24 +30,40 @@ from piworkflows.client import (
     ServerNotRunning,
     ServerRefused,
     StartFailed,
+    StopTimedOut,
     WorkflowClient,
     start_server,
     stop_server,
 )
+from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
+from piworkflows.settings import Settings
 from piworkflows.states import EFFECT_STATUSES
+from piworkflows.supervisor import registry
 
 EXIT_RUNTIME = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     click.echo(f"pi-workflows: {message}", err=True)
     sys.exit(EXIT_RUNTIME)
 
 
-@click.group()
+class _Main(click.Group):
+    """Ctrl-C anywhere exits 130 (click's own handling would print "Aborted!" and exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\npi-workflows: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Main)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False),
@@ -86,8 +109,18 @@ def server_start(paths: StatePaths) -> None:
     try:
         start_server(paths)
     except StartFailed as exc:
-        fail(str(exc))
+        _start_failed(exc)
     click.echo(f"server started for {paths.state_dir}")
+
+
+def _start_failed(exc: StartFailed) -> NoReturn:
+    """Why the server did not start; for an incompatible state also the one command that does the
+    instruction's steps."""
+    message = str(exc)
+    if message == StateIncompatible.MESSAGE:
+        message += (f"\n  With the server stopped, one command moves the three files into a new directory: "
+                    f"{_command('state', 'reset', '--backup', '/abs/new-dir/')}")  # fmt: skip
+    fail(message)
 
 
 @server.command("status")
@@ -104,8 +137,14 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     except ServerRefused as exc:
         fail(str(exc))
     except (ServerNotRunning, OSError, ConnectionError):
+        # No answer: stopping while a process host.json records lives (identity checked).
+        pids = [identity.pid for identity in registry.live(paths.registry)]
         if as_json:
-            click.echo(canonical.dumps({"socketAvailable": False, "state": "stopped"}))
+            click.echo(canonical.dumps({"pids": pids, "socketAvailable": False, "state": "stopping"} if pids
+                                       else {"socketAvailable": False, "state": "stopped"}))  # fmt: skip
+        elif pids:
+            click.echo(f"stopping (pids: {', '.join(map(str, pids))}) for {paths.state_dir}")
+            click.echo(f"  wait, or end them with '{_command('server', 'stop', '--kill')}'")
         else:
             click.echo(f"not running ({paths.state_dir})")
         sys.exit(EXIT_RUNTIME)
@@ -127,21 +166,46 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
 
 
 @server.command("stop")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the server to exit.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for the server to exit.")  # fmt: skip
+@click.option("--kill", is_flag=True, help="If it has not exited within --timeout, SIGKILL its recorded processes.")
 @click.pass_obj
-def server_stop(paths: StatePaths, timeout: float) -> None:
+def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
     """Stop the server: in-flight commands commit, children stop, the lock is released.
 
-    Example: pi-workflows server stop
+    Done when no process host.json records lives (a server whose socket is gone
+    but whose processes live is waited for too). After --timeout it exits 1;
+    with --kill it sends SIGKILL instead to the supervisor and to every recorded
+    child (a process group a child leads as a whole), each only after its
+    identity (pid, start time, command line) matched, and prints what it killed.
+
+    Example: pi-workflows server stop --timeout 30 --kill
     """
     try:
         stopped = stop_server(paths, timeout)
+    except StopTimedOut as exc:
+        if not kill:
+            fail(f"{exc}; wait, or end its processes with '{_command('server', 'stop', '--kill')}'")
+        _kill_server(paths)
+        return
     except ClientError as exc:
         fail(str(exc))
     if not stopped:
         click.echo(f"not running ({paths.state_dir})")
         return
     click.echo("server stopped")
+
+
+def _kill_server(paths: StatePaths) -> None:
+    """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
+    killed = registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000)
+    for identity in killed:
+        click.echo(f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup
+                                                                     else ""))  # fmt: skip
+    left = registry.live(paths.registry)
+    if left:
+        fail(f"still running after SIGKILL: pids {', '.join(str(identity.pid) for identity in left)}")
+    click.echo("server stopped (killed)" if killed else "server stopped")  # it may have exited meanwhile
 
 
 @main.group("run")
@@ -158,7 +222,8 @@ def run_group() -> None:
               help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
 @click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
-@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed.")
+@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed "
+              "(Ctrl-C: exit 130, the run goes on).")  # fmt: skip
 @click.pass_obj
 def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool, wait: bool) -> None:
     """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
@@ -171,16 +236,25 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         raise click.BadParameter(f'not JSON ({exc}); pass e.g. --input \'{{"key": "value"}}\'') from None
     payload = {"projectPath": os.path.abspath(project), "workflowName": workflow, "input": input_value,
                "executionMode": "headless"}  # fmt: skip
+    _check("run.start", payload)
     try:
         with WorkflowClient(paths.state_dir) as client:
             client.ensure_running()
             response = client.request("run.start", payload)
-    except (StartFailed, ServerNotRunning, ServerRefused, OSError, ConnectionError) as exc:
+    except StartFailed as exc:
+        _start_failed(exc)
+    except (ServerNotRunning, ServerRefused, OSError, ConnectionError) as exc:
         fail(str(exc))
     receipt = _accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
     if wait:
-        view = _wait_until_settled(paths, receipt["runId"])
+        try:
+            view = _wait_until_settled(paths, receipt["runId"])
+        except KeyboardInterrupt:
+            run_id = receipt["runId"]
+            click.echo(f"\npi-workflows: interrupted; {run_id} goes on. Watch it: {_command('run', 'status', run_id)}"
+                       f"; cancel it: {_command('run', 'cancel', run_id)}", err=True)  # fmt: skip
+            sys.exit(EXIT_INTERRUPTED)
         display = view["display"]
         click.echo(f"{view['runId']} {display['status']}" + (f" ({display['reason']})" if display["reason"] else ""))
         if view["output"] is not None:
@@ -313,7 +387,8 @@ def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> N
 
 @main.group("state")
 def state_group() -> None:
-    """Inspect and verify the durable state (through the server; the CLI never opens it)."""
+    """Inspect, back up, prune and verify the durable state through the server; move an
+    incompatible one aside with the server stopped (state reset)."""
 
 
 @state_group.command("status")
@@ -350,8 +425,9 @@ def _with_progress(
 ) -> client_v1.Response:
     """Send a long maintenance request; on a terminal, draw its progress from state.status polled
     on a second connection meanwhile."""
+    _check(operation, payload)
     answer: list[client_v1.Response] = []
-    worker = threading.Thread(target=lambda: answer.append(_request(paths, operation, payload, idempotency_key=key)),
+    worker = threading.Thread(target=lambda: answer.append(_send(paths, operation, payload, idempotency_key=key)),
                               daemon=True)  # fmt: skip
     worker.start()
     if show and sys.stdout.isatty():
@@ -380,21 +456,30 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
     The server copies it with SQLite's online backup API between its write groups
     (commands keep flowing), then verifies the copy before it answers. On a
     terminal a progress line follows state.status from a second connection.
-    Repeating the same command adopts the first answer.
+    Each command is a new request: repeating it makes a new backup, and a
+    DESTINATION that exists is refused.
 
     Example: pi-workflows state backup ~/backups/state-2026-12-02.sqlite
     """
     target = os.path.abspath(destination)
-    key = f"state.backup:{target}"  # one backup per destination: a repeat adopts it
-    receipt = _accepted(_with_progress(paths, "state.backup", {"destination": target}, key, show=not as_json))
+    receipt = _accepted(_with_progress(paths, "state.backup", {"destination": target}, None, show=not as_json))
     if as_json:
         click.echo(canonical.dumps(receipt))
     else:
         click.echo(f"backed up and verified: {receipt['destination']} ({receipt['bytes']} bytes)")
 
 
+def _prune_before(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        client_v1.prune_before_ms(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @state_group.command("prune")
-@click.option("--before", required=True, help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")
+@click.option("--before", required=True, callback=_prune_before,
+              help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")  # fmt: skip
 @click.option("--dry-run", "dry_run", is_flag=True, help="Only list eligible and blocked trees (the default).")
 @click.option("--apply", "apply", is_flag=True, help="Delete the eligible trees (needs --backup).")
 @click.option("--backup", "backup_path", type=click.Path(dir_okay=False), help="A new file for the backup first.")
@@ -415,6 +500,8 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
         raise click.UsageError("choose one: --dry-run or --apply")
     if apply and backup_path is None:
         raise click.UsageError("--apply needs --backup with a new file path (the backup is made first)")
+    if backup_path is not None and not apply:
+        raise click.UsageError("--backup is made only with --apply; add --apply, or drop --backup for a dry run")
     payload: dict[str, Any] = {"before": before, "apply": apply}
     if backup_path is not None:
         payload["backupPath"] = os.path.abspath(backup_path)
@@ -436,6 +523,42 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
             fail("integrity problems after the prune: " + "; ".join(receipt["integrity"]))
 
 
+def _new_absolute_dir(ctx: click.Context, param: click.Parameter, value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise click.BadParameter(f"{value} is not absolute; pass e.g. --backup /abs/new-dir/")
+    if os.path.lexists(path):
+        raise click.BadParameter(f"{path} exists; name a new directory (it is created 0700)")
+    return path
+
+
+@state_group.command("reset")
+@click.option("--backup", "backup_dir", required=True, callback=_new_absolute_dir,
+              help="A new absolute directory on the same filesystem (created 0700) the files move into.")  # fmt: skip
+@click.pass_obj
+def state_reset(paths: StatePaths, backup_dir: Path) -> None:
+    """With the server stopped, move state.sqlite with its -wal and -shm into a new directory.
+
+    The spec's instruction for an incompatible state as one command: it holds
+    the server lock throughout (refused while a server runs), checks that
+    state.sqlite opens read-only (changing no byte; if it does not, move it by
+    hand), renames the files (state.sqlite first) into --backup and prints
+    each move. Nothing is copied or deleted. The next 'pi-workflows server
+    start' creates a new database.
+
+    Example: pi-workflows state reset --backup /home/me/pi-workflows-state-2026-12-02/
+    """
+    from piworkflows.writer import reset
+
+    try:
+        moved = reset.reset(paths, backup_dir)
+    except (reset.ResetRefused, OSError) as exc:
+        fail(str(exc))
+    for source, target in moved:
+        click.echo(f"moved {source} -> {target}")
+    click.echo(f"the next '{_command('server', 'start')}' creates a new state database")
+
+
 @state_group.command("verify")
 @click.argument("backup", required=False, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the verification receipt as one line of JSON.")
@@ -444,8 +567,9 @@ def state_verify(paths: StatePaths, backup: str | None, as_json: bool) -> None:
     """Check the live database through the server, or an inactive BACKUP file: SQLite
     integrity and foreign keys, then the spec's invariants.
 
-    A BACKUP is opened read-only here (the only SQLite open outside the server); the
-    active database is refused under any name. Repairs nothing. Exits 0 only if
+    A BACKUP is opened read-only here (writer/offline.py, as for the check before
+    state reset: the only SQLite opens outside the server); the active database
+    is refused under any name. Repairs nothing. Exits 0 only if
     everything holds.
 
     Example: pi-workflows state verify ~/backups/state-2026-12-02.sqlite
@@ -566,7 +690,40 @@ def effect_retry(paths: StatePaths, effect_id: str) -> None:
     click.echo(f"{effect_id} will be attempted again" + (" (already)" if response.outcome == "adopted" else ""))
 
 
+def _command(*args: str) -> str:
+    """A command line for the user to run next, with --state-dir when one was given."""
+    context = click.get_current_context()
+    state_dir = ["--state-dir", str(context.obj.state_dir)] if context.find_root().params["state_dir"] else []
+    return shlex.join(["pi-workflows", *state_dir, *args])
+
+
+_ID = TypeAdapter(client_v1.Id)
+
+
+def _check(operation: str, payload: Any, run_id: str | None = None) -> None:
+    """What the CLI can check itself, with the protocol's own models: a usage error, nothing sent."""
+    try:
+        client_v1.OPERATION_SHAPES[operation][0].model_validate(payload)
+        if run_id is not None:
+            _ID.validate_python(run_id)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'RUN_ID'}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(f"{operation}: {problems}") from None
+
+
 def _request(
+    paths: StatePaths,
+    operation: str,
+    payload: Any,
+    run_id: str | None = None,
+    expected_revision: int | None = None,
+    idempotency_key: str | None = None,
+) -> client_v1.Response:
+    _check(operation, payload, run_id)
+    return _send(paths, operation, payload, run_id, expected_revision, idempotency_key)
+
+
+def _send(
     paths: StatePaths,
     operation: str,
     payload: Any,

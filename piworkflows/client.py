@@ -47,6 +47,10 @@ class ServerRefused(ClientError):
         self.code = code
 
 
+class StopTimedOut(ClientError):
+    """The server's recorded processes still live after the stop's timeout."""
+
+
 class WorkflowClient:
     def __init__(
         self,
@@ -204,29 +208,33 @@ def _read_line_with_timeout(stream: Any, timeout: float) -> str:
 
 
 def stop_server(paths: StatePaths, timeout: float = 60.0) -> bool:
-    """Ask the server to stop and wait until its supervisor process is gone (lock released).
+    """Ask the server to stop and wait until none of the processes host.json records lives
+    (then the lock is released).
 
-    Returns False if no server was running. Raises ClientError if the stop was
-    refused or the server did not exit within ``timeout`` seconds.
+    Returns False if no server was running: the socket does not answer and no
+    recorded process lives (one that lives without an answering socket is
+    stopping already and is waited for). Raises ClientError if the stop was
+    refused, ``StopTimedOut`` if its processes still live after ``timeout`` seconds.
     """
-    from piworkflows.supervisor.registry import Registry  # host.json: the supervisor's identity
+    from piworkflows.supervisor import registry  # host.json: the identities of the server's processes
 
-    supervisor = Registry.load(paths.registry).supervisor  # read before the server clears it
     client = WorkflowClient(paths.state_dir, retry_for=0)
     try:
-        response = client.request("server.stop")
+        response: client_v1.Response | None = client.request("server.stop")
     except (ServerNotRunning, OSError, ConnectionError):
-        return False
+        response = None
     finally:
         client.close()
-    if response.outcome not in ("accepted", "adopted"):
+    if response is None and not registry.live(paths.registry):
+        return False
+    if response is not None and response.outcome not in ("accepted", "adopted"):
         raise ClientError(f"server.stop answered {response.outcome}: {response.error}")
     deadline = time.monotonic() + timeout
-    # Stopped means the process is gone (lock released), not just the socket closed.
-    while (supervisor is not None and supervisor.find() is not None) or client.running():
+    # Stopped means every recorded process is gone (lock released), not just the socket closed.
+    while registry.live(paths.registry) or client.running():
         client.close()
         if time.monotonic() > deadline:
-            raise ClientError(f"the server did not stop within {timeout:g} s")
+            raise StopTimedOut(f"the server did not stop within {timeout:g} s")
         time.sleep(0.05)
     client.close()
     return True

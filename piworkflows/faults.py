@@ -35,10 +35,13 @@ OUTBOX_AFTER_REQUEST_SENT = "outbox.after_request_sent"
 # line of server.log.
 SUPERVISOR_REGISTRY_SAVE = "supervisor.registry_save"
 SUPERVISOR_LOG_WRITE = "supervisor.log_write"
+# In the supervisor's shutdown, once the client socket closed (tests hang a stop there: its children live on).
+SUPERVISOR_SOCKET_CLOSED = "supervisor.socket_closed"
 
 POINTS = frozenset(
     {WRITER_BEFORE_COMMIT, WRITER_AFTER_COMMIT, WRITER_AFTER_REPLY, WRITER_BACKUP_STEP,
-     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT, SUPERVISOR_REGISTRY_SAVE, SUPERVISOR_LOG_WRITE}
+     OUTBOX_AFTER_ATTEMPT_RECORDED, OUTBOX_AFTER_REQUEST_SENT, SUPERVISOR_REGISTRY_SAVE, SUPERVISOR_LOG_WRITE,
+     SUPERVISOR_SOCKET_CLOSED}
 )  # fmt: skip
 ACTIONS = ("crash", "raise", "sleep", "enospc", "eio")
 _DISK_ERRORS = {"enospc": errno.ENOSPC, "eio": errno.EIO}

@@ -43,12 +43,6 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, what: s
         time.sleep(interval)
 
 
-def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    """``pi-workflows --state-dir <the server's> ARGS`` in the server's environment."""
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=server.env)
-
-
 def check_state(state_dir: Path) -> None:
     """The spec's invariants plus SQLite's integrity and foreign-key checks, read-only."""
     import sqlite3

@@ -106,8 +106,8 @@ class ShellPerformer:
             _kill_group(proc.pid)
             proc.wait()
             # Nothing ran: an idempotent effect is tried again later (host.json may be writable then).
-            return Outcome("rejected" if policy == "manual" else "retry",
-                           error="the command's process group could not be recorded", error_code="spawnFailed")  # fmt: skip
+            return Outcome("rejected" if policy == "manual" else "retry", error_code="spawnFailed",
+                           error="the command's process group could not be recorded")  # fmt: skip
         started = time.monotonic()
         os.write(go_write, b"go\n")
         os.close(go_write)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from itertools import accumulate
 from typing import Annotated, Any, Literal
 
@@ -500,6 +501,18 @@ class StatePrunePayload(Payload):
     before: str = Field(min_length=1, max_length=64)
     apply: bool = False
     backupPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
+
+
+def prune_before_ms(before: str) -> int:
+    """``StatePrunePayload.before`` in epoch milliseconds (the router's check and the CLI's
+    ``--before``); ValueError, its message the fix, unless an ISO 8601 time with a zone after 1970."""
+    try:
+        moment: datetime | None = datetime.fromisoformat(before)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None or moment.timestamp() < 0:
+        raise ValueError("before must be an ISO 8601 time with a zone (after 1970), e.g. 2026-08-01T00:00:00Z")
+    return int(moment.timestamp() * 1000)
 
 
 class PruneBlocked(BaseModel):

@@ -15,10 +15,10 @@ import os
 import sys
 
 from piworkflows.errors import StateCorrupt, StateIncompatible, StatePathRefused
+from piworkflows.lock import AlreadyRunning
 from piworkflows.paths import StatePaths, ensure_private_dir
 from piworkflows.settings import Settings
 from piworkflows.supervisor import logs
-from piworkflows.supervisor.lock import AlreadyRunning
 from piworkflows.supervisor.main import StartupFailed, Supervisor
 from piworkflows.supervisor.server import SocketPathTooLong
 from piworkflows.writer.process import WriterStartError, free_bytes

@@ -32,13 +32,13 @@ from collections.abc import Callable
 
 import psutil
 
+from piworkflows.errors import StatePathRefused
+from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
-from piworkflows.supervisor.lock import HostLock
 from piworkflows.supervisor.outbox import OutboxPool
-from piworkflows.errors import StatePathRefused
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.retention import Retention

@@ -13,7 +13,9 @@ link, 0600), fsync, ``os.replace``, fsync of ``host/``; a write that fails
 was. On takeover a new
 supervisor ends the processes an older epoch recorded, but only through
 ``psutil.Process`` after pid, create time and command-line marker all match
-(a pid read from disk may belong to an unrelated process by now).
+(a pid read from disk may belong to an unrelated process by now). The CLI
+reads it too: ``server status`` says ``stopping`` while a recorded process
+lives, and ``server stop --kill`` ends them (``kill_recorded``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from typing import Any
 import psutil
 
 from piworkflows import faults
+from piworkflows.errors import StatePathRefused
 from piworkflows.paths import open_private
 
 
@@ -73,6 +78,10 @@ class Registry:
     def drop_child(self, pid: int) -> None:
         self.children = [c for c in self.children if c.pid != pid]
 
+    def identities(self) -> list[Identity]:
+        """The supervisor first, then its children."""
+        return ([self.supervisor] if self.supervisor is not None else []) + list(self.children)
+
     @classmethod
     def load(cls, path: Path) -> Registry:
         try:
@@ -85,8 +94,8 @@ class Registry:
             )
         except FileNotFoundError:
             return cls()
-        except (ValueError, TypeError, KeyError):
-            return cls()  # unreadable: nothing can be matched, so nothing is signalled
+        except (ValueError, TypeError, KeyError, StatePathRefused):
+            return cls()  # unreadable or not ours (a link): nothing can be matched, so nothing is signalled
 
     def save(self, path: Path) -> None:
         """Replace host.json whole, or raise OSError and leave it as it was."""
@@ -133,6 +142,52 @@ def end_process(identity: Identity, grace_s: float) -> bool:
             psutil.wait_procs([proc], timeout=grace_s)
     except (psutil.Error, ProcessLookupError):
         pass
+    return True
+
+
+def live(path: Path) -> list[Identity]:
+    """The processes host.json records that still live (each identity checked), supervisor first."""
+    return [identity for identity in Registry.load(path).identities() if identity.find() is not None]
+
+
+def kill_recorded(path: Path, grace_s: float) -> list[Identity]:
+    """SIGKILL every process host.json records that still lives; returns those signalled.
+
+    Each is signalled only right after its identity matched. The supervisor is
+    stopped (SIGSTOP) first, so it starts no replacement and its children do
+    not exit on their own while they are killed (a child leading a process
+    group with its whole group); then the supervisor is killed. Waits up to
+    ``grace_s`` for them to be gone.
+    """
+    supervisor = Registry.load(path).supervisor
+    frozen = supervisor.find() if supervisor is not None else None
+    if frozen is not None and not _signal(frozen.suspend):
+        frozen = None
+    killed = [identity for identity in Registry.load(path).children if _kill(identity)]
+    if frozen is not None and supervisor is not None and _signal(frozen.kill):
+        killed.insert(0, supervisor)
+    deadline = time.monotonic() + grace_s
+    while any(identity.find() is not None for identity in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return killed
+
+
+def _kill(identity: Identity) -> bool:
+    """SIGKILL the process (or the group it leads) the identity names, if it matches now."""
+    proc = identity.find()
+    if proc is None:
+        return False
+    if identity.processGroup:
+        return _signal(lambda: os.killpg(proc.pid, signal.SIGKILL))
+    return _signal(proc.kill)
+
+
+def _signal(send: Callable[[], None]) -> bool:
+    """Send; False if the process went meanwhile (psutil checks the pid was not reused)."""
+    try:
+        send()
+    except (psutil.Error, ProcessLookupError):
+        return False
     return True
 
 

@@ -20,7 +20,6 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -150,8 +149,13 @@ class Router:
         try:
             resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
         except ChildNotRecorded:
-            return refuse(request, CommandError("unavailable", "the server cannot start a resolver now (host.json "
-                                                               "cannot be written); retry with the same key"))
+            return refuse(
+                request,
+                CommandError(
+                    "unavailable",
+                    "the server cannot start a resolver now (host.json cannot be written); retry with the same key",
+                ),
+            )
         refusal = None
         if not resolution.ok:
             code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
@@ -299,14 +303,11 @@ class Router:
         """A dry run is a read (not stored); an apply is stored with its key, answered after the
         backup, the deletion, the WAL truncation and VACUUM."""
         try:
-            before = datetime.fromisoformat(payload.before.replace("Z", "+00:00"))
-            if before.tzinfo is None:
-                raise ValueError("no zone")
-        except ValueError:
-            return refuse(request, CommandError("validationFailed", "before is an ISO 8601 time with a zone, "
-                                                                    "e.g. 2026-08-01T00:00:00Z"))  # fmt: skip
-        body: dict[str, Any] = {"actor": client_actor(request), "before_ms": int(before.timestamp() * 1000),
-                                "apply": payload.apply, "backup_path": payload.backupPath}  # fmt: skip
+            before_ms = client_v1.prune_before_ms(payload.before)
+        except ValueError as exc:
+            return refuse(request, CommandError("validationFailed", str(exc)))
+        body: dict[str, Any] = {"actor": client_actor(request), "before_ms": before_ms, "apply": payload.apply,
+                                "backup_path": payload.backupPath}  # fmt: skip
         if payload.apply:
             body["client_receipt"] = receipt_key(request)
         return from_reply(request, await self._maintenance("state.prune", body))

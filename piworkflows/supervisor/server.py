@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from piworkflows import __version__
+from piworkflows import __version__, faults
 from piworkflows.errors import CommandError
 from piworkflows.paths import FILE_MODE, SOCKET_PATH_LIMIT
 from piworkflows.protocol import client_v1
@@ -131,6 +131,7 @@ class ClientServer:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        faults.hit(faults.SUPERVISOR_SOCKET_CLOSED)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")

@@ -132,8 +132,13 @@ class WriterChild:
                     self._proc = await self._spawn()
                 except (StateIncompatible, WriterStartError, OSError) as exc:
                     self.on_spawn(None)  # the recorded writer is gone
-                    failure = exc if isinstance(exc, WriterStartError) else WriterStartError(
-                        str(exc), "stateIncompatible" if isinstance(exc, StateIncompatible) else None)
+                    failure = (
+                        exc
+                        if isinstance(exc, WriterStartError)
+                        else WriterStartError(
+                            str(exc), "stateIncompatible" if isinstance(exc, StateIncompatible) else None
+                        )
+                    )
                     if failure.code != (self.start_failure.code if self.start_failure else None):
                         log.error("the writer could not start: %s", failure)  # once per reason
                     self.start_failure = failure

@@ -3,7 +3,8 @@
 ::
 
     state.backup {destination} ── a stored answer for its key? adopted, nothing copied
-      destination: absolute, new, in a private (0700) directory ── else refused (stored)
+      destination: absolute, new, in a private (0700) directory ── else refused (not stored:
+        a repeat with the same key is checked again)
       create it 0600 ── connection.backup(pages=backup_step_pages, progress=between_steps):
         between two steps the writer loop runs the write groups waiting (commands keep
         flowing; writes on this same connection are carried into the copy, no restart)

@@ -52,12 +52,19 @@ class Result:
 
 
 class Handler(Generic[C]):
-    """One command kind. Subclasses set ``kind``, ``model`` and ``actors``."""
+    """One command kind. Subclasses set ``kind``, ``model`` and ``actors``.
+
+    ``stores_refusals``: a refusal is stored under the command's key like an
+    acceptance, so a repeat answers it again. A handler whose refusals depend on
+    something outside the database (the filesystem at that moment) sets it
+    False: its refusal is answered but not stored, and a repeat is checked again.
+    """
 
     kind: ClassVar[str]
     model: ClassVar[type]
     actors: ClassVar[frozenset[str]]
     read_only: ClassVar[bool] = False
+    stores_refusals: ClassVar[bool] = True
 
     def run(self, tx: Tx, cmd: C) -> Result:
         if tx.actor.actor_class not in self.actors:

@@ -10,7 +10,8 @@
         │     stored answer? adopt / conflict     │ transaction (FULL, IOERR, NOMEM,
         │     handler.run (the write contract)    │ a failed COMMIT, in_transaction
         │     refused: ROLLBACK TO, store answer  │ lost): ROLLBACK, every command of
-        │  RELEASE                                │ the group gets ``unavailable``
+        │       (unless stores_refusals is False) │ the group gets ``unavailable``
+        │  RELEASE                                │
     COMMIT ───────────────────────────────────────┘
         ▼
     replies (only now) ── notices
@@ -250,7 +251,7 @@ class GroupExecutor:
             return _refusal(CommandError("internalError", "the server failed on this command"))
         if answer.outcome != "accepted":
             conn.execute("ROLLBACK TO command")
-        if key is not None:
+        if key is not None and (answer.outcome == "accepted" or handler.stores_refusals):
             records.store_answer(conn, key, answer, tx.now)
         conn.execute("RELEASE command")
         return Reply(outcome=answer.outcome, revision=answer.revision, receipt=answer.receipt, error=answer.error)

@@ -1,6 +1,6 @@
-"""Verification of an inactive backup: the only SQLite open outside the server's writer.
+"""Inactive database files: the only SQLite opens outside the server's writer.
 
-::
+Verification of a backup::
 
     pi-workflows state verify BACKUP
       stat BACKUP ── same (device, inode) as the active state.sqlite? refused (a symlink, a
@@ -11,6 +11,8 @@
       spec's invariants (writer/invariants.py)
 
 Nothing is written, created or repaired: not the backup, and no -wal or -shm.
+``state reset`` (``writer/reset.py``) checks here that a stopped server's
+state.sqlite opens before it moves it aside, the same way.
 """
 
 from __future__ import annotations
@@ -55,11 +57,27 @@ def check_inactive(backup: Path, active_database: Path) -> None:
             raise NotABackup(f"{backup}{suffix} exists: a backup is one self-contained file, not a live database")
 
 
+def _read_only(database: Path) -> sqlite3.Connection:
+    """``mode=ro&immutable=1``: SQLite writes nothing, takes no lock and makes no -wal or -shm
+    (a -wal beside the file is ignored, not read)."""
+    return sqlite3.connect("file:" + quote(str(Path(database).absolute())) + "?mode=ro&immutable=1", uri=True)
+
+
+def schema_cookie(database: Path) -> int:
+    """``PRAGMA schema_version`` of an inactive database file opened read-only (no byte changes);
+    raises ``sqlite3.DatabaseError`` if it is not an SQLite database."""
+    conn = _read_only(database)
+    try:
+        cookie: int = conn.execute("PRAGMA schema_version").fetchone()[0]
+        return cookie
+    finally:
+        conn.close()
+
+
 def verify_backup(backup: Path, active_database: Path, now_ms: int) -> dict[str, Any]:
     """The same checks as ``state.verify``, on an inactive backup opened read-only."""
     check_inactive(backup, active_database)
-    uri = "file:" + quote(str(Path(backup).absolute())) + "?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True)
+    conn = _read_only(backup)
     try:
         conn.execute("PRAGMA query_only = ON")
         try:

@@ -57,9 +57,17 @@ from piworkflows.protocol.internal import (
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
 from piworkflows.writer import backup, invariants, records, schema
-from piworkflows.writer.commands import state as state_commands
 from piworkflows.writer.commands import REGISTRY
-from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, condition_of, connect, open_database, unavailable
+from piworkflows.writer.commands import state as state_commands
+from piworkflows.writer.db import (
+    GroupExecutor,
+    GroupFailed,
+    Submitted,
+    condition_of,
+    connect,
+    open_database,
+    unavailable,
+)
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -209,8 +217,11 @@ class WriterLoop:
             health = WriterHealth(code=code, message=message)
         elif code == "diskFull":
             free = free_bytes(self.paths.state_dir)
-            health = WriterHealth(code=code, free_bytes=free, message=(
-                f"the disk holding {self.paths.state_dir} is full ({free} bytes free); nothing was committed"))
+            health = WriterHealth(
+                code=code,
+                free_bytes=free,
+                message=(f"the disk holding {self.paths.state_dir} is full ({free} bytes free); nothing was committed"),
+            )
         elif code == "ioError":
             health = WriterHealth(code=code, message=f"an I/O error on {self.paths.database}; nothing was committed")
         else:
@@ -230,11 +241,17 @@ class WriterLoop:
     def _refusal(self, code: str | None) -> Reply:
         """The answer to a command the writer could not commit, by what failed (``condition_of``)."""
         if code == "databaseCorrupt":
-            refusal = CommandError("databaseCorrupt", "the state database is damaged; every write is refused "
-                                                      "until an operator restores it ('pi-workflows server status')")
+            refusal = CommandError(
+                "databaseCorrupt",
+                "the state database is damaged; every write is refused "
+                "until an operator restores it ('pi-workflows server status')",
+            )
         elif code == "diskFull":
-            refusal = CommandError("diskFull", "the disk holding the state is full; retry with the same idempotency "
-                                               "key once there is space", freeBytes=self.health.free_bytes)
+            refusal = CommandError(
+                "diskFull",
+                "the disk holding the state is full; retry with the same idempotency key once there is space",
+                freeBytes=self.health.free_bytes,
+            )
         elif code == "ioError":
             refusal = CommandError("ioError", "an I/O error on the state database; retry with the same idempotency key")
         else:
@@ -246,7 +263,7 @@ class WriterLoop:
         receipt commits after the copy verified. A stored answer is adopted without a copy."""
         destination = self._new_copy(item, StateBackup, lambda cmd: cmd.destination)
         if destination is None:
-            self._run_batch([item])  # adopted, or refused and stored with its key
+            self._run_batch([item])  # adopted, or refused (not stored: a repeat is checked again)
             return
         done = self._copy(item, destination)
         if done is not None:
@@ -258,7 +275,7 @@ class WriterLoop:
         then checkpoints the WAL, vacuums and checks integrity before it answers."""
         destination = self._new_copy(item, StatePrune, lambda cmd: cmd.backup_path if cmd.apply else None)
         if destination is None:
-            self._run_batch([item])  # a dry run; adopted; or refused and stored with its key
+            self._run_batch([item])  # a dry run; adopted; or refused (not stored)
             return
         done = self._copy(item, destination)
         if done is None:
@@ -278,8 +295,8 @@ class WriterLoop:
 
     def _new_copy(self, item: Submitted, model: type[Any], target: Callable[[Any], str | None]) -> Path | None:
         """Where a maintenance request wants its new copy, or None when the executor answers the
-        request as it is: invalid (refused there, stored with its key), answered before
-        (adopted), or one that copies nothing (a dry run)."""
+        request as it is: invalid (refused there, not stored), answered before (adopted), or
+        one that copies nothing (a dry run)."""
         try:
             cmd = model.model_validate(item.body)
             path = target(cmd)

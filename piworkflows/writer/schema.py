@@ -34,9 +34,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from piworkflows import __version__
-from piworkflows.writer import invariants
 from piworkflows.errors import StateCorrupt, StateIncompatible
 from piworkflows.paths import FILE_MODE, StatePaths, check_private_file, ensure_private_dir
+from piworkflows.writer import invariants
 
 APPLICATION_ID = 0x50495746  # "PIWF"
 USER_VERSION = 1

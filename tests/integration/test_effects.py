@@ -29,7 +29,7 @@ import pytest
 
 from piworkflows import canonical
 from tests.engine_util import start, view, wait_status, write
-from tests.server_util import ServerProcess, check_state, cli, wait_until
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -488,7 +488,7 @@ def test_an_operator_retry_after_the_run_was_cancelled_is_refused_and_the_comman
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"]) == ("ambiguous", "manual")
 
-    retried = cli(server, "effect", "retry", effect["effectId"])
+    retried = server.cli("effect", "retry", effect["effectId"])
     assert retried.returncode == 1, (retried.stdout, retried.stderr)
     assert "conflict (runFinished)" in retried.stderr and f"run {run_id} already ended cancelled" in retried.stderr
     flag.write_text("go")  # a second run of the command would not block now
@@ -496,7 +496,7 @@ def test_an_operator_retry_after_the_run_was_cancelled_is_refused_and_the_comman
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
     assert effect_row(server, run_id)["status"] == "ambiguous"
 
-    confirmed = cli(server, "effect", "confirm", effect["effectId"], "--note", "the deploy log shows it")
+    confirmed = server.cli("effect", "confirm", effect["effectId"], "--note", "the deploy log shows it")
     assert confirmed.returncode == 0, confirmed.stderr
     assert effect_row(server, run_id)["status"] == "applied"
     assert view(server, run_id)["display"]["status"] == "cancelled"  # the run keeps its outcome

@@ -26,7 +26,7 @@ import pytest
 from stress.ledger import LedgerServer
 from tests.engine_util import start, view, wait_status, write
 from tests.integration.test_effects import FAST, effect_attempts, effect_row, node_attempts, query, run_phases, stays
-from tests.server_util import ServerProcess, check_state, cli, wait_until
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -416,7 +416,7 @@ def test_a_secret_a_remote_echoes_back_is_stored_nowhere(ledger, server, project
     assert "authorization: [secret:TOKEN]" in effect_error(server, no)
     assert [r["headers"]["authorization"] for r in ledger.requests] == [secret, secret]  # sent, and reflected
     backup = tmp_path / "backups" / "state.sqlite"
-    copied = cli(server, "state", "backup", str(backup))
+    copied = server.cli("state", "backup", str(backup))
     assert copied.returncode == 0, copied.stderr
 
     needle = secret.encode()
@@ -524,28 +524,28 @@ CONFIRM_NOTE = ["--note", "seen in the partner's log", "--output", '{"ok": true}
 def test_the_cli_lists_and_confirms_an_ambiguous_request(ledger, server, project):
     run_id, effect_id = ambiguous_manual_request(server, ledger, project)
 
-    listed = cli(server, "effects", "--json")
+    listed = server.cli("effects", "--json")
     assert listed.returncode == 0, listed.stderr
     items = [json.loads(line) for line in listed.stdout.splitlines()]
     assert len(items) == 1, listed.stdout
     [item] = items
     assert (item["effectId"], item["effectType"], item["status"], item["runId"], item["attempts"]) == (
         effect_id, "test.http", "ambiguous", run_id, 1)  # fmt: skip
-    by_run = cli(server, "effects", "--json", "--all", "--run", run_id)
+    by_run = server.cli("effects", "--json", "--all", "--run", run_id)
     assert by_run.returncode == 0, by_run.stderr
     assert [json.loads(line)["effectId"] for line in by_run.stdout.splitlines()] == [effect_id]
-    table = cli(server, "effects")
+    table = server.cli("effects")
     assert table.returncode == 0 and effect_id in table.stdout and "ambiguous" in table.stdout
 
-    confirmed = cli(server, "effect", "confirm", effect_id, *CONFIRM_NOTE)
+    confirmed = server.cli("effect", "confirm", effect_id, *CONFIRM_NOTE)
     assert confirmed.returncode == 0, confirmed.stderr
     assert "confirmed applied" in confirmed.stdout and "already" not in confirmed.stdout
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "completed", done["error"]
     assert done["output"] == {"call": {"ok": True}}
-    assert cli(server, "effects", "--json").stdout == ""  # nothing left to review
+    assert server.cli("effects", "--json").stdout == ""  # nothing left to review
 
-    usage = cli(server, "effect", "confirm")
+    usage = server.cli("effect", "confirm")
     assert usage.returncode == 2, usage
     assert "EFFECT_ID" in usage.stderr
     assert len(ledger.requests) == 1
@@ -553,9 +553,9 @@ def test_the_cli_lists_and_confirms_an_ambiguous_request(ledger, server, project
 
 def test_a_repeated_cli_confirm_is_harmless(ledger, server, project):
     run_id, effect_id = ambiguous_manual_request(server, ledger, project)
-    confirmed = cli(server, "effect", "confirm", effect_id, *CONFIRM_NOTE)
+    confirmed = server.cli("effect", "confirm", effect_id, *CONFIRM_NOTE)
     assert confirmed.returncode == 0, confirmed.stderr
     assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
-    again = cli(server, "effect", "confirm", effect_id, *CONFIRM_NOTE)
+    again = server.cli("effect", "confirm", effect_id, *CONFIRM_NOTE)
     assert again.returncode == 0, again.stderr
     assert "confirmed applied (already)" in again.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -147,14 +148,34 @@ def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: 
     assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
 
 
+def test_ctrl_c_while_the_cli_waits_exits_130_and_the_run_goes_on(server: ServerProcess, project: Path):
+    """No runners: the run stays queued while `run start --wait` polls; SIGINT as a terminal's Ctrl-C sends it."""
+    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "start",
+               "builtin:demo", "--project", str(project), "--wait"]  # fmt: skip
+    waiting = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=server.env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        run_id = waiting.stdout.readline().strip()  # printed once the run is stored; then it waits
+        assert run_id.startswith("run-"), waiting.stderr.read() if waiting.poll() is not None else run_id
+        waiting.send_signal(signal.SIGINT)
+        _, stderr = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        waiting.wait(30)
+    assert waiting.returncode == 130, stderr
+    assert f"{run_id} goes on" in stderr and "Traceback" not in stderr, stderr
+    assert f"pi-workflows --state-dir {server.state_dir} run status {run_id}" in stderr
+    assert f"pi-workflows --state-dir {server.state_dir} run cancel {run_id}" in stderr
+    assert rows(server, "SELECT run_id, status FROM runs") == [(run_id, "queued")]
+
+
 def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
     started = start(server, {"projectPath": str(project), "workflowName": "builtin:demo", "input": {"who": "cli"}})
     run_id = started.receipt["runId"]
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args],
-                              capture_output=True, text=True, timeout=60, env=server.env)  # fmt: skip
-
+    cli = server.cli
     listed = cli("runs")
     assert listed.returncode == 0 and run_id in listed.stdout and "demo for cli" in listed.stdout
     shown = cli("run", "status", run_id)

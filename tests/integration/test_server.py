@@ -276,20 +276,41 @@ def test_cli_start_status_stop_and_status_when_stopped(cleanup: Cleanup, tmp_pat
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "fix"),
     [
-        ("server", "bogus"),
-        ("--state-dir",),
-        ("server", "status", "--bogus"),
-        ("server", "stop", "--timeout", "soon"),
-        ("bogus",),
+        (("server", "bogus"), "No such command"),
+        (("--state-dir",), "requires an argument"),
+        (("server", "status", "--bogus"), "No such option"),
+        (("server", "stop", "--timeout", "soon"), "not a valid float"),
+        (("bogus",), "No such command"),
+        (("server", "stop", "--timeout", "-1"), ">=0"),
+        (("state", "prune", "--before", "yesterday", "--dry-run"), "e.g. 2026-08-01T00:00:00Z"),
+        (("state", "prune", "--before", "2026-08-01T00:00:00", "--dry-run"), "with a zone"),
+        (("state", "prune", "--before", "2026-08-01T00:00:00Z", "--backup", "/abs/b.sqlite"), "--apply"),
+        (("state", "reset", "--backup", "relative/dir"), "absolute"),
+        (("run", "status", ""), "RUN_ID"),
+        (("effect", "confirm", "effect-1", "--note", "n" * 2001), "note: String should have at most 2000 characters"),
     ],
-    ids=["unknown-server-command", "state-dir-without-value", "unknown-option", "bad-option-value", "unknown-group"],
+    ids=[
+        "unknown-server-command",
+        "state-dir-without-value",
+        "unknown-option",
+        "bad-option-value",
+        "unknown-group",
+        "negative-timeout",
+        "before-not-a-time",
+        "before-without-zone",
+        "backup-without-apply",
+        "reset-relative",
+        "empty-run-id",
+        "note-too-long",
+    ],  # fmt: skip
 )
-def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...]):
+def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...], fix: str):
+    """Whatever the CLI can check itself is a usage error with the fix, before anything is sent."""
     result = cleanup.cli(*args, cwd=tmp_path)
     assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Error:" in result.stderr and "Traceback" not in result.stderr
+    assert "Error:" in result.stderr and fix in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "home" / ".pi").exists()  # nothing was started in the default state dir
 
 
@@ -789,3 +810,73 @@ def test_cli_stop_returns_only_after_the_server_has_exited(cleanup: Cleanup, tmp
         wait_until(lambda: gone(sup["pid"], sup["createTime"]), what="old server gone")
         if WorkflowClient(state_dir, retry_for=0).running():
             cleanup.cli("--state-dir", str(state_dir), "server", "stop")
+
+
+def test_a_stop_that_times_out_shows_stopping_and_kill_ends_every_recorded_process(cleanup: Cleanup, tmp_path: Path):
+    state_dir = tmp_path / "s"
+    # The shutdown hangs once the socket closed: the supervisor and its children live on.
+    reg = start_cli_server(cleanup, state_dir, env={"PIW_FAULTS": "supervisor.socket_closed=sleep:60000"})
+    recorded = [reg["supervisor"], *reg["children"]]
+    writer = next(c for c in reg["children"] if c["role"] == "writer")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return cleanup.cli("--state-dir", str(state_dir), *args)
+
+    timed_out = cli("server", "stop", "--timeout", "1")
+    assert timed_out.returncode == 1, timed_out.stdout
+    assert "did not stop within 1 s" in timed_out.stderr
+    assert f"pi-workflows --state-dir {state_dir} server stop --kill" in timed_out.stderr
+    wait_until(lambda: not paths_of(state_dir).socket.exists(), what="the socket closed")
+    assert all(alive(entry["pid"], entry["createTime"]) for entry in recorded)
+    pids = [entry["pid"] for entry in [registry(state_dir)["supervisor"], *registry(state_dir)["children"]]]
+
+    status = cli("server", "status")
+    assert status.returncode == 1
+    assert status.stdout.startswith(f"stopping (pids: {', '.join(map(str, pids))})"), status.stdout
+    as_json = cli("server", "status", "--json")
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout) == {"pids": pids, "socketAvailable": False, "state": "stopping"}
+
+    killed = cli("server", "stop", "--kill", "--timeout", "1")
+    assert killed.returncode == 0, killed.stderr
+    assert f"killed supervisor (pid {reg['supervisor']['pid']})" in killed.stdout
+    assert f"killed writer (pid {writer['pid']})" in killed.stdout
+    assert all(gone(entry["pid"], entry["createTime"]) for entry in recorded)
+    assert lock_is_free(state_dir)
+    after = cli("server", "status")
+    assert after.returncode == 1 and after.stdout.strip() == f"not running ({state_dir})"
+    assert cli("server", "start").returncode == 0  # the next server takes over
+    assert cli("server", "stop").returncode == 0
+
+
+def test_status_and_stop_kill_act_only_on_recorded_processes_whose_identity_matches(cleanup: Cleanup, tmp_path: Path):
+    """host.json of a server whose supervisor is gone: a leftover child that matches is waited for, then
+    killed; a reused pid (another create time) or a process without the marker is neither shown nor signalled."""
+    state_dir = tmp_path / "s"
+    paths_of(state_dir).host_dir.mkdir(parents=True)
+    matching = cleanup.helper(MARKED_SLEEPER)
+    wrong_time = cleanup.helper(MARKED_SLEEPER)
+    no_marker = cleanup.helper(["sleep", "60"])
+    for proc in (matching, wrong_time, no_marker):
+        wait_until(lambda p=proc: alive(p.pid) and psutil.Process(p.pid).cmdline()[:1] == [p.args[0]])
+    reaper = threading.Thread(target=matching.wait, daemon=True)  # our child: reaped as soon as it dies
+    reaper.start()
+    reused = psutil.Process(wrong_time.pid).create_time() + 7
+    write_registry(state_dir, {"serverEpoch": 1, "supervisor": None, "children": [
+        identity_entry("writer", matching.pid, "piworkflows.writer"),
+        identity_entry("writer", wrong_time.pid, "piworkflows.writer", reused),
+        identity_entry("writer", no_marker.pid, "piworkflows.writer"),
+    ]})  # fmt: skip
+
+    status = cleanup.cli("--state-dir", str(state_dir), "server", "status", "--json")
+    assert status.returncode == 1
+    assert json.loads(status.stdout) == {"pids": [matching.pid], "socketAvailable": False, "state": "stopping"}
+    waited = cleanup.cli("--state-dir", str(state_dir), "server", "stop", "--timeout", "0")
+    assert waited.returncode == 1 and "did not stop within 0 s" in waited.stderr, waited.stderr
+    killed = cleanup.cli("--state-dir", str(state_dir), "server", "stop", "--kill", "--timeout", "0")
+    assert killed.returncode == 0, killed.stderr
+    assert killed.stdout == f"killed writer (pid {matching.pid})\nserver stopped (killed)\n"
+    reaper.join(timeout=30)
+    assert matching.returncode == -signal.SIGKILL
+    assert wrong_time.poll() is None and no_marker.poll() is None
+    assert cleanup.cli("--state-dir", str(state_dir), "server", "status").stdout.strip() == f"not running ({state_dir})"

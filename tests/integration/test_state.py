@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
 import stat
 import threading
@@ -12,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from piworkflows.errors import StateIncompatible
 from tests.engine_util import TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state, cli, wait_until
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -25,23 +28,23 @@ def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):
         run_id = start(server, project, "tenstep")
         assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
 
-        status = json.loads(cli(server, "state", "status", "--json").stdout)
+        status = json.loads(server.cli("state", "status", "--json").stdout)
         assert status["counts"]["runs"] == {"completed": 1} and status["violations"] == {}
         assert status["fileBytes"] > 0 and status["pageCount"] > 0
         assert run_id not in json.dumps(status)  # ids only where an invariant is violated
-        human = cli(server, "state", "status")
+        human = server.cli("state", "status")
         assert human.returncode == 0 and "1 completed" in human.stdout and "invariants: all hold" in human.stdout
 
-        verified = cli(server, "state", "verify")
+        verified = server.cli("state", "verify")
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert "integrity_check ok, foreign_key_check ok" in verified.stdout
-        assert json.loads(cli(server, "state", "verify", "--json").stdout) == {
+        assert json.loads(server.cli("state", "verify", "--json").stdout) == {
             "ok": True, "integrity": [], "violations": {}}  # fmt: skip
-        assert cli(server, "state", "verify", "--bogus").returncode == 2
+        assert server.cli("state", "verify", "--bogus").returncode == 2
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
-    stopped = cli(server, "state", "status")
+    stopped = server.cli("state", "status")
     assert stopped.returncode == 1 and "no server is running" in stopped.stderr
 
 
@@ -84,7 +87,7 @@ def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path:
         copy = backups / "b1.sqlite"
         assert stat.S_IMODE(copy.stat().st_mode) == 0o600 and stat.S_IMODE(backups.stat().st_mode) == 0o700
         assert sorted(p.name for p in backups.iterdir()) == ["b1.sqlite"]  # one file, no -wal
-        verified = cli(server, "state", "verify", str(copy), "--json")
+        verified = server.cli("state", "verify", str(copy), "--json")
         assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout
 
         with server.client() as client:
@@ -97,10 +100,38 @@ def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path:
         assert exists.outcome == "rejected" and exists.receipt["code"] == "resourceExists"
         assert open_dir.outcome == "rejected" and "chmod 700" in open_dir.error
         assert into_state.outcome == "rejected" and "state directory" in into_state.error
-        made = cli(server, "state", "backup", str(backups / "b3.sqlite"))
+        made = server.cli("state", "backup", str(backups / "b3.sqlite"))
         assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
-        again = cli(server, "state", "backup", str(backups / "b3.sqlite"))
-        assert again.returncode == 0, again.stderr  # the same destination again: the first answer adopted
+        again = server.cli("state", "backup", str(backups / "b3.sqlite"))  # a new request: the file exists
+        assert again.returncode == 1 and "resourceExists" in again.stderr, again.stderr
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(server.state_dir)
+
+
+def test_the_backup_command_is_checked_again_after_a_refusal_and_copies_anew_each_time(tmp_path: Path):
+    """Each `state backup` is a new request: a refusal is not adopted once its cause is fixed, and a
+    repeat after the file was deleted makes a new file instead of answering the old receipt."""
+    server = ServerProcess(tmp_path / "s").start()
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    destination = folder / "b.sqlite"
+    try:
+        refused = server.cli("state", "backup", str(destination))
+        assert refused.returncode == 1 and f"chmod 700 {folder}" in refused.stderr, refused.stderr
+        os.chmod(folder, 0o700)
+        made = server.cli("state", "backup", str(destination))
+        assert made.returncode == 0 and "backed up and verified" in made.stdout, made.stderr
+        first = destination.read_bytes()
+        destination.unlink()
+        again = server.cli("state", "backup", str(destination))
+        assert again.returncode == 0 and "backed up and verified" in again.stdout, again.stderr
+        assert destination.exists() and len(destination.read_bytes()) == len(first)
+        verified = server.cli("state", "verify", str(destination), "--json")
+        assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout
+        exists = server.cli("state", "backup", str(destination))
+        assert exists.returncode == 1 and "resourceExists" in exists.stderr, exists.stderr
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
@@ -119,30 +150,30 @@ def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project
             assert client.request("run.pause", {}, run_id=kept).outcome == "accepted"  # unfinished: kept
         cutoff = datetime.fromtimestamp(time.time() + 86_400, tz=UTC).isoformat()
 
-        dry = cli(server, "state", "prune", "--before", cutoff, "--dry-run", "--json")
+        dry = server.cli("state", "prune", "--before", cutoff, "--dry-run", "--json")
         assert dry.returncode == 0, dry.stderr
         assert sorted(json.loads(dry.stdout)["eligible"]) == sorted(done)
-        assert json.loads(cli(server, "state", "status", "--json").stdout)["counts"]["runs"]["completed"] == 3
+        assert json.loads(server.cli("state", "status", "--json").stdout)["counts"]["runs"]["completed"] == 3
 
         backup = tmp_path / "backups" / "before-prune.sqlite"
         args = ("state", "prune", "--before", cutoff, "--backup", str(backup), "--apply", "--json")
-        applied = cli(server, *args)
+        applied = server.cli(*args)
         assert applied.returncode == 0, applied.stderr
         receipt = json.loads(applied.stdout)
         assert receipt["applied"] is True and sorted(receipt["eligible"]) == sorted(done)
         assert receipt["deleted"]["trees"] == 3 and receipt["deleted"]["runs"] == 3 and receipt["deleted"]["blobs"] > 0
         assert receipt["vacuumed"] is True and receipt["integrity"] == [] and receipt["backup"] == str(backup)
-        again = cli(server, *args)  # the same command: the first answer adopted, nothing copied or deleted
+        again = server.cli(*args)  # the same command: the first answer adopted, nothing copied or deleted
         assert again.returncode == 0 and json.loads(again.stdout)["deleted"] == receipt["deleted"], again.stderr
 
         with server.client() as client:
             listed = client.request("run.list", {"limit": 50}).receipt["items"]
             assert [item["runId"] for item in listed] == [kept]
             assert client.request("run.status", {}, run_id=done[0]).outcome == "notFound"
-        assert json.loads(cli(server, "state", "verify", "--json").stdout)["ok"] is True
-        kept_copy = cli(server, "state", "verify", str(backup), "--json")
+        assert json.loads(server.cli("state", "verify", "--json").stdout)["ok"] is True
+        kept_copy = server.cli("state", "verify", str(backup), "--json")
         assert kept_copy.returncode == 0 and json.loads(kept_copy.stdout)["ok"] is True  # the runs live on there
-        assert cli(server, "state", "prune", "--before", cutoff, "--apply").returncode == 2  # no --backup
+        assert server.cli("state", "prune", "--before", cutoff, "--apply").returncode == 2  # no --backup
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
@@ -169,7 +200,7 @@ def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_
             status = client.request("state.status").receipt
         # the paused run only: queued, or running and parked if a runner had claimed it first
         assert sum(status["counts"]["runs"].values()) == 1 and status["violations"] == {}
-        assert json.loads(cli(server, "state", "verify", "--json").stdout)["ok"] is True
+        assert json.loads(server.cli("state", "verify", "--json").stdout)["ok"] is True
     finally:
         assert server.stop() == 0, server.output()
     check_state(server.state_dir)
@@ -207,7 +238,7 @@ def test_a_backup_while_four_clients_write_holds_every_run_acknowledged_before_i
         for thread in threads:
             thread.join(timeout=30)
         assert server.stop() == 0, server.output()
-    assert json.loads(cli(server, "state", "verify", str(backups / "b.sqlite"), "--json").stdout)["ok"] is True
+    assert json.loads(server.cli("state", "verify", str(backups / "b.sqlite"), "--json").stdout)["ok"] is True
     copy = sqlite3.connect(f"file:{backups / 'b.sqlite'}?mode=ro&immutable=1", uri=True)
     try:
         in_copy = {row[0] for row in copy.execute("SELECT run_id FROM runs")}
@@ -215,3 +246,63 @@ def test_a_backup_while_four_clients_write_holds_every_run_acknowledged_before_i
         copy.close()
     assert before <= in_copy
     check_state(server.state_dir)
+
+
+STATE_FILES = ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm")
+
+
+def another_applications_database(state_dir: Path) -> dict[str, bytes]:
+    """A WAL database of another application as state.sqlite, its table still in the -wal."""
+    state_dir.mkdir(mode=0o700, parents=True)
+    source = state_dir.parent / "elsewhere"
+    source.mkdir()
+    conn = sqlite3.connect(source / "state.sqlite", isolation_level=None)
+    try:
+        conn.execute("PRAGMA application_id = 1234")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('kept')")
+        for name in STATE_FILES:  # copied while open: the three files of a live WAL database
+            shutil.copyfile(source / name, state_dir / name)
+    finally:
+        conn.close()
+    return {name: (state_dir / name).read_bytes() for name in STATE_FILES}
+
+
+def test_state_reset_moves_an_incompatible_database_aside_and_the_next_start_creates_a_new_one(tmp_path: Path):
+    state_dir = tmp_path / "s"
+    files = another_applications_database(state_dir)
+    server = ServerProcess(state_dir)
+    refused = server.cli("server", "start")
+    assert refused.returncode == 1 and StateIncompatible.MESSAGE in refused.stderr, refused.stderr
+    assert f"pi-workflows --state-dir {state_dir} state reset --backup" in refused.stderr  # the steps as one command
+    assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
+
+    relative = server.cli("state", "reset", "--backup", "old-state")
+    assert relative.returncode == 2 and "absolute" in relative.stderr, relative.stderr
+    (tmp_path / "taken").mkdir()
+    taken = server.cli("state", "reset", "--backup", str(tmp_path / "taken"))
+    assert taken.returncode == 2 and "exists" in taken.stderr, taken.stderr
+    assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
+
+    backup = tmp_path / "kept" / "old-state"
+    reset = server.cli("state", "reset", "--backup", str(backup))
+    assert reset.returncode == 0, reset.stderr
+    for name, content in files.items():
+        assert f"{state_dir / name} -> {backup / name}" in reset.stdout
+        assert (backup / name).read_bytes() == content and not (state_dir / name).exists()
+    assert sorted(p.name for p in backup.iterdir()) == sorted(STATE_FILES)
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o700 and stat.S_IMODE(backup.parent.stat().st_mode) == 0o700
+
+    server.start()  # a new database
+    try:
+        with server.client() as client:
+            assert client.request("server.status").outcome == "accepted"
+        busy = server.cli("state", "reset", "--backup", str(tmp_path / "again"))
+        assert busy.returncode == 1 and "stop the server first: pi-workflows server stop" in busy.stderr, busy.stderr
+        assert not (tmp_path / "again").exists()
+    finally:
+        assert server.stop() == 0, server.output()
+    check_state(state_dir)
+    assert (backup / "state.sqlite").read_bytes() == files["state.sqlite"]  # never touched again

@@ -289,3 +289,39 @@ def test_the_command_after_a_vacuum_commits(paths: StatePaths):
         assert after.outcome == "accepted", after
     finally:
         assert writer.stop() == 0
+
+
+def test_a_refused_backup_or_prune_is_not_stored_so_the_same_key_is_checked_again(paths: StatePaths, tmp_path: Path):
+    """Their refusals depend on the filesystem at that moment: answered, never kept for the key."""
+    client = {"actor_class": "client", "actor_id": "client-1"}
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    os.chmod(folder, 0o755)  # not private: refused
+    backup = {"actor": client, "destination": str(folder / "b.sqlite"),
+              "client_receipt": client_receipt("backup-1", "b.sqlite", operation="state.backup")}  # fmt: skip
+    prune = {"actor": client, "before_ms": 1, "apply": True, "backup_path": str(folder / "p.sqlite"),
+             "client_receipt": client_receipt("prune-1", "p.sqlite", operation="state.prune")}  # fmt: skip
+
+    def stored_keys() -> list[str]:
+        conn = sqlite3.connect(f"file:{paths.database}?mode=ro", uri=True)
+        try:
+            return [row[0] for row in conn.execute("SELECT idempotency_key FROM host_commands ORDER BY 1")]
+        finally:
+            conn.close()
+
+    writer = spawn(paths.state_dir, Settings())
+    try:
+        for kind, body in (("state.backup", backup), ("state.prune", prune)):
+            refused = writer.link.request(kind, body, timeout=30)
+            assert refused.outcome == "rejected" and f"chmod 700 {folder}" in refused.error, refused
+        assert stored_keys() == []
+        os.chmod(folder, 0o700)  # the cause fixed: the same keys are checked again
+        made = writer.link.request("state.backup", backup, timeout=30)
+        assert made.outcome == "accepted" and made.receipt["verified"] is True, made
+        assert writer.link.request("state.backup", backup, timeout=30).outcome == "adopted"  # accepted: stored
+        pruned = writer.link.request("state.prune", prune, timeout=30)
+        assert pruned.outcome == "accepted" and pruned.receipt["backup"] == str(folder / "p.sqlite"), pruned
+        assert stored_keys() == ["backup-1", "prune-1"]
+    finally:
+        assert writer.stop() == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["b.sqlite", "p.sqlite"]

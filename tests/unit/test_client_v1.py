@@ -670,6 +670,15 @@ def test_schema_document_describes_the_messages() -> None:
     assert request_schema.get("additionalProperties") is False
 
 
+def test_prune_before_is_an_iso_8601_time_with_a_zone_after_1970() -> None:
+    """One parser for the router's check and the CLI's --before."""
+    assert client_v1.prune_before_ms("2026-08-01T00:00:00Z") == 1_785_542_400_000
+    assert client_v1.prune_before_ms("2026-08-01T02:00:00+02:00") == 1_785_542_400_000
+    for bad in ("yesterday", "2026-08-01T00:00:00", "2026-08-01", "1969-12-31T00:00:00Z", ""):
+        with pytest.raises(ValueError, match="ISO 8601 time with a zone"):
+            client_v1.prune_before_ms(bad)
+
+
 _texts = st.one_of(
     st.dictionaries(
         st.text(max_size=4),

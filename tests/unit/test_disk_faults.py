@@ -7,7 +7,6 @@ import errno
 import json
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -102,11 +102,12 @@ class Verify(Handler[StateVerify]):
 
 class Backup(Handler[StateBackup]):
     """The receipt of a backup the writer loop made and verified (``performed``); a request the
-    loop found invalid is refused here, with the same words, and stored like any answer."""
+    loop found invalid is refused here, with the same words, and not stored."""
 
     kind = StateBackup.kind
     model = StateBackup
     actors = MAINTAINERS
+    stores_refusals = False  # they depend on the filesystem at that moment (a directory made private, a file gone)
 
     def execute(self, tx: Tx, cmd: StateBackup) -> Result:
         if cmd.performed is None:
@@ -122,6 +123,7 @@ class Prune(Handler[StatePrune]):
     kind = StatePrune.kind
     model = StatePrune
     actors = MAINTAINERS
+    stores_refusals = False  # its backup path's refusals depend on the filesystem at that moment
 
     def execute(self, tx: Tx, cmd: StatePrune) -> Result:
         if cmd.apply and cmd.performed_backup is None:

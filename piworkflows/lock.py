@@ -3,7 +3,8 @@
 Whoever holds it is the one live server for the state dir, however the dir
 was named (a symlink or another working directory reach the same inode). The
 kernel drops the lock when its holder dies, so a crashed server never blocks
-the next one.
+the next one. The supervisor holds it while it serves; ``state reset`` holds it
+while it moves a stopped server's files aside.
 """
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""``pi-workflows state reset --backup DIR``: the spec's reset instruction as one command.
+
+::
+
+    DIR absolute and new
+    host/host.lock, non-blocking ── held: a server runs, refused (stop it first)
+      state.sqlite opens read-only? (offline.py: immutable, no byte changes) ── else refused
+      mkdir DIR 0700 (each missing parent 0700)
+      rename state.sqlite, then -wal, then -shm into DIR ── fsync DIR and the state dir
+    lock released ── the next start creates a new state.sqlite
+
+Nothing is copied or deleted: the files keep their bytes under DIR. state.sqlite
+moves first: a crash between two renames leaves a -wal without state.sqlite,
+which the next start refuses (the reverse order could lose committed WAL
+content). A rename across filesystems (EXDEV) is refused, never done as a copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+from piworkflows.lock import AlreadyRunning, HostLock
+from piworkflows.paths import StatePaths, ensure_private_dir
+from piworkflows.writer import offline
+
+
+class ResetRefused(Exception):
+    """The state cannot be moved (the message says why and what to do); nothing was moved."""
+
+
+def reset(paths: StatePaths, backup_dir: Path) -> list[tuple[Path, Path]]:
+    """Move state.sqlite, -wal and -shm into the new directory ``backup_dir``; returns each move."""
+    if not backup_dir.is_absolute():
+        raise ResetRefused(f"{backup_dir} is not an absolute path")
+    if os.path.lexists(backup_dir):
+        raise ResetRefused(f"{backup_dir} exists; name a new directory")
+    if not paths.database.exists():
+        leftovers = [p.name for p in (paths.wal, paths.shm) if p.exists()]
+        raise ResetRefused(f"there is no {paths.database} to move" +
+                           (f"; move {' and '.join(leftovers)} by hand" if leftovers else ""))  # fmt: skip
+    lock = HostLock(paths)
+    try:
+        lock.acquire()
+    except AlreadyRunning:
+        raise ResetRefused(f"a server is running for {paths.state_dir}; stop the server first: "
+                           "pi-workflows server stop") from None  # fmt: skip
+    try:
+        try:
+            offline.schema_cookie(paths.database)
+        except sqlite3.DatabaseError as exc:
+            raise ResetRefused(f"{paths.database} does not open as an SQLite database ({exc}); nothing was "
+                               "moved: move it with its -wal and -shm files by hand") from None  # fmt: skip
+        ensure_private_dir(backup_dir)  # with each missing parent, every one 0700
+        _fsync_dir(backup_dir.parent)
+        moved = []
+        for source in (paths.database, paths.wal, paths.shm):
+            if not source.exists():
+                continue
+            target = backup_dir / source.name
+            try:
+                os.rename(source, target)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                raise ResetRefused(f"{backup_dir} is on another filesystem than {paths.state_dir}; nothing was "
+                                   "moved (the new directory stays, empty): name a new directory on the same "
+                                   "filesystem") from None  # fmt: skip
+            moved.append((source, target))
+        _fsync_dir(backup_dir)
+        _fsync_dir(paths.state_dir)
+        return moved
+    finally:
+        lock.release()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
