@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows import faults
-from stress.crash.harness import CRASH_POINTS, TARGETS, Harness, Options
+from stress.crash.harness import CRASH_POINTS, FAULT_KINDS, TARGETS, Harness, Options
 
 
 def _names(known: frozenset[str] | tuple[str, ...], what: str):
@@ -38,7 +38,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-every", type=int, default=1500, metavar="MS", help="mean time between two kills")
     p.add_argument("--targets", type=_names(TARGETS, "target"), default=TARGETS, help=",".join(TARGETS))
     p.add_argument("--faults", type=_names(faults.POINTS, "fault point"), default=CRASH_POINTS,
-                   help="fault points a restart may arm (crash at the Nth hit); default: all of them")  # fmt: skip
+                   help="fault points a restart may arm to crash at the Nth hit; default: all of them")  # fmt: skip
+    p.add_argument("--fault-kinds", type=_names(FAULT_KINDS, "fault kind"), default=FAULT_KINDS,
+                   help="what an armed fault does: crash (a --faults point), enospc or eio (a disk write site "
+                        "fails for some hits); default: all")  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None, help="default: a new temporary directory")
     p.add_argument(
         "--quiet-seconds",
@@ -54,7 +57,8 @@ def human(report: dict[str, Any]) -> str:
     rows = [
         ("seed", report["seed"]),
         ("kills", ", ".join(f"{k} {v}" for k, v in report["kills"].items()) + f" (total {report['killsTotal']})"),
-        ("faults armed", report["faultsArmed"]),
+        ("faults armed", f"{report['faultsArmed']} (" + ", ".join(f"{k} {v}" for k, v in report["faultsByKind"].items())
+         + ")"),
         (
             "server starts",
             f"{report['restarts']} (stopped by itself {report['serverExits']}, "
@@ -94,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                        "the whole database with this run's evidence)")  # fmt: skip
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1 << 31)
     options = Options(seconds=args.seconds, seed=seed, clients=args.clients, kill_every_ms=args.kill_every,
-                      targets=args.targets, faults=args.faults, state_dir=args.state_dir,
-                      quiet_s=args.quiet_seconds)  # fmt: skip
+                      targets=args.targets, faults=args.faults, fault_kinds=args.fault_kinds,
+                      state_dir=args.state_dir, quiet_s=args.quiet_seconds)  # fmt: skip
     report = Harness(options).run()
     print(json.dumps(report, sort_keys=True) if args.json else human(report), flush=True)
     return 0 if report["ok"] else 1

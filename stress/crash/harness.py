@@ -7,7 +7,10 @@
       ├─ every --kill-every ms: SIGKILL one target, drawn from the seed:
       │    supervisor | group (the supervisor's process group) -> restart the server
       │    writer | outbox | runner                            -> its supervisor restarts it
-      │  a restart may arm one --faults point (crash@N) for that server's life
+      │  a restart may arm one fault of a --fault-kinds kind for that server's life:
+      │    crash: a --faults point kills its process at the Nth hit
+      │    enospc | eio: hits N to N+K of a disk write site fail as on a full or failing disk
+      │      (the writer's groups, host.json, server.log)
       ├─ a server that stopped by itself (epoch claim lost) is restarted and counted
       ├─ after every restart: state.verify (integrity, foreign keys, the spec's invariants)
     end: clients stop; a kill-free quiet period; every unanswered command retried with its key;
@@ -43,6 +46,10 @@ from stress.crash import evidence, oracles, snapshot, workload
 
 TARGETS = ("supervisor", "writer", "outbox", "runner", "group")
 CRASH_POINTS = tuple(sorted(faults.POINTS - {faults.WRITER_BACKUP_STEP}))  # the harness makes no backups
+FAULT_KINDS = ("crash", "enospc", "eio")
+# Where a disk fault strikes: the writer's next groups (answered unavailable, nothing committed), and
+# the supervisor's own writes.
+DISK_POINTS = (faults.WRITER_BEFORE_COMMIT, faults.SUPERVISOR_REGISTRY_SAVE, faults.SUPERVISOR_LOG_WRITE)
 # Short durations (ARCHITECTURE.md, Time and identity): recovery within seconds, not minutes.
 SERVER_ENV = {
     "PI_WORKFLOWS_CLAIM_TTL_MS": "3000",
@@ -74,6 +81,7 @@ class Options:
     kill_every_ms: int = 1500
     targets: tuple[str, ...] = TARGETS
     faults: tuple[str, ...] = CRASH_POINTS
+    fault_kinds: tuple[str, ...] = FAULT_KINDS
     state_dir: Path | None = None
     quiet_s: float = 60.0
     pace_ms: int = 100
@@ -85,6 +93,8 @@ class Options:
                  "--targets", ",".join(self.targets)]  # fmt: skip
         if self.faults:
             parts += ["--faults", ",".join(self.faults)]
+        if self.fault_kinds:
+            parts += ["--fault-kinds", ",".join(self.fault_kinds)]
         return " ".join(parts)
 
 
@@ -93,7 +103,7 @@ class Tally:
     kills: dict[str, int] = field(default_factory=lambda: {target: 0 for target in TARGETS})
     restarts: int = 0
     exits: int = 0  # the server stopped by itself (not killed by the harness)
-    faults_armed: int = 0
+    faults_armed: dict[str, int] = field(default_factory=lambda: {kind: 0 for kind in FAULT_KINDS})
     windows: list[tuple[float, float]] = field(default_factory=list)  # crash windows (wall clock)
 
 
@@ -216,11 +226,13 @@ class Harness:
 
     def _start_server(self, arm: bool) -> None:
         os.environ.pop(faults.ENV, None)
-        if arm and self.options.faults and self.fault_rng.random() < 0.5:
-            point = self.fault_rng.choice(self.options.faults)
-            os.environ[faults.ENV] = f"{point}=crash@{self.fault_rng.randint(20, 200)}"
-            self.tally.faults_armed += 1
-            self._record({"t": "arm", "fault": os.environ[faults.ENV], "at": time.time()})
+        if arm and self.options.fault_kinds and self.fault_rng.random() < 0.5:
+            kind = self.fault_rng.choice(self.options.fault_kinds)
+            fault = self._fault(kind)
+            if fault is not None:
+                os.environ[faults.ENV] = fault
+                self.tally.faults_armed[kind] += 1
+                self._record({"t": "arm", "fault": fault, "at": time.time()})
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -232,6 +244,16 @@ class Harness:
                 time.sleep(0.2)  # the killed group's children are still letting go of the lock
         self.tally.restarts += 1
         self._verify(after=f"start {self.tally.restarts}")
+
+    def _fault(self, kind: str) -> str | None:
+        """One PIW_FAULTS rule of this kind, drawn from the seed (None: no point for it)."""
+        first = self.fault_rng.randint(20, 200)
+        if kind == "crash":
+            if not self.options.faults:
+                return None
+            return f"{self.fault_rng.choice(self.options.faults)}=crash@{first}"
+        point = self.fault_rng.choice(DISK_POINTS)
+        return f"{point}={kind}@{first}-{first + self.fault_rng.randint(0, 20)}"
 
     def _verify(self, after: str) -> None:
         try:
@@ -357,7 +379,8 @@ class Harness:
             "clients": self.options.clients,
             "kills": dict(self.tally.kills),
             "killsTotal": sum(self.tally.kills.values()),
-            "faultsArmed": self.tally.faults_armed,
+            "faultsArmed": sum(self.tally.faults_armed.values()),
+            "faultsByKind": self.tally.faults_armed,
             "restarts": self.tally.restarts,
             "serverExits": self.tally.exits,
             "verifiedStarts": len(self.checks),  # starts after which state.verify answered

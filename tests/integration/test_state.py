@@ -265,6 +265,7 @@ def another_applications_database(state_dir: Path) -> dict[str, bytes]:
         conn.execute("INSERT INTO notes VALUES ('kept')")
         for name in STATE_FILES:  # copied while open: the three files of a live WAL database
             shutil.copyfile(source / name, state_dir / name)
+            (state_dir / name).chmod(0o600)  # private, as a server leaves them (a wider mode is refused first)
     finally:
         conn.close()
     return {name: (state_dir / name).read_bytes() for name in STATE_FILES}

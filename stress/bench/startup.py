@@ -1,0 +1,105 @@
+"""The startup check: what ``PRAGMA quick_check`` (run before the server serves) costs per 100 MiB.
+
+A state dir is planted to about ``--mib`` MiB: ``--trees`` old run trees through the writer's own
+``run.create`` (``stress/bench/trees.py``), then unreferenced 16 KiB blobs up to the size. Each
+figure is the median of ``--repeat`` timings on a warm page cache (the file was just written):
+
+- ``quick_check_s``: ``PRAGMA quick_check`` alone, on the read-only immutable connection startup
+  uses after a clean stop;
+- ``verify_clean_s``: all of startup's verification (header, schema shape, quick_check);
+- ``verify_after_crash_s``: the same with a -wal and -shm present (a crash or kill left them), where
+  the three files are first copied to a private directory so nothing live is touched;
+- ``integrity_check_s``: ``state verify``'s ``PRAGMA integrity_check``, for comparison.
+
+``*_per_100_mib_s`` scale each to 100 MiB of database file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from piworkflows.paths import StatePaths
+from piworkflows.writer import invariants, schema
+from stress.bench.fs import bench_dir, cleanup, filesystem_of
+from stress.bench.trees import plant
+
+BLOB_BYTES = 16 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mib", type=int, default=200, help="database size to plant")
+    parser.add_argument("--trees", type=int, default=5_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", help="where to create the temporary state dir (a disk, not tmpfs)")
+
+
+def fill(paths: StatePaths, mib: int) -> None:
+    """Unreferenced blobs until the database file holds ``mib`` MiB."""
+    conn = sqlite3.connect(paths.database, isolation_level=None)
+    try:
+        n = 0
+        while paths.database.stat().st_size < mib * 1024 * 1024:
+            conn.execute("BEGIN")
+            for _ in range(256):
+                n += 1
+                data = os.urandom(BLOB_BYTES)
+                conn.execute("INSERT INTO blobs VALUES (randomblob(32), 'text/plain;charset=utf-8', ?, ?, 1)",
+                             (len(data), data))  # fmt: skip
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def timed(action: Callable[[], object], repeat: int) -> float:
+    seconds = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        action()
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds)
+
+
+def check(paths: StatePaths, pragma: str) -> None:
+    conn = sqlite3.connect(f"file:{paths.database}?mode=ro&immutable=1", uri=True)
+    try:
+        assert invariants.damage(conn, pragma) == [], f"{pragma} found damage"
+    finally:
+        conn.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = bench_dir(args.dir)
+    try:
+        paths = StatePaths.resolve(base / "s")
+        plant(paths, args.trees)
+        fill(paths, args.mib)
+        mib = paths.database.stat().st_size / (1024 * 1024)
+        figures = {
+            "quick_check_s": timed(lambda: check(paths, "quick_check"), args.repeat),
+            "verify_clean_s": timed(lambda: schema.verify_database(paths), args.repeat),
+            "integrity_check_s": timed(lambda: check(paths, "integrity_check"), args.repeat),
+        }
+        keep = sqlite3.connect(paths.database)  # an open writer leaves -wal and -shm, as a crash does
+        keep.execute("PRAGMA journal_mode = WAL")
+        keep.execute("INSERT INTO blobs VALUES (randomblob(32), 'application/json', 2, '{}', 1)")
+        keep.commit()
+        try:
+            figures["verify_after_crash_s"] = timed(lambda: schema.verify_database(paths), args.repeat)
+        finally:
+            keep.close()
+        fstype = filesystem_of(base)
+    finally:
+        cleanup(base)
+    report: dict[str, Any] = {"benchmark": "startup", "database_mib": round(mib, 1), "trees": args.trees,
+                              "repeat": args.repeat, "filesystem": fstype}  # fmt: skip
+    for name, seconds in figures.items():
+        report[name] = round(seconds, 3)
+        report[name.removesuffix("_s") + "_per_100_mib_s"] = round(seconds * 100 / mib, 3)
+    return report
