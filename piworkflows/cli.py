@@ -425,9 +425,9 @@ def _with_progress(
 ) -> client_v1.Response:
     """Send a long maintenance request; on a terminal, draw its progress from state.status polled
     on a second connection meanwhile."""
-    _check(operation, payload)
+    _check(operation, payload)  # a usage error is raised here, not in the thread below
     answer: list[client_v1.Response] = []
-    worker = threading.Thread(target=lambda: answer.append(_send(paths, operation, payload, idempotency_key=key)),
+    worker = threading.Thread(target=lambda: answer.append(_request(paths, operation, payload, idempotency_key=key)),
                               daemon=True)  # fmt: skip
     worker.start()
     if show and sys.stdout.isatty():
@@ -719,18 +719,8 @@ def _request(
     expected_revision: int | None = None,
     idempotency_key: str | None = None,
 ) -> client_v1.Response:
+    """Check what the CLI can (a usage error, nothing sent), then send one request."""
     _check(operation, payload, run_id)
-    return _send(paths, operation, payload, run_id, expected_revision, idempotency_key)
-
-
-def _send(
-    paths: StatePaths,
-    operation: str,
-    payload: Any,
-    run_id: str | None = None,
-    expected_revision: int | None = None,
-    idempotency_key: str | None = None,
-) -> client_v1.Response:
     try:
         # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
         client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None

@@ -121,6 +121,24 @@ def ensure_private_dir(path: Path) -> None:
         os.close(fd)
 
 
+def free_bytes(path: Path) -> int:
+    """What an unprivileged write could still use on the filesystem holding ``path``."""
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return 0
+    return found.f_bavail * found.f_frsize
+
+
+def fsync(path: Path) -> None:
+    """Flush a file, or a directory's entries (a rename or a new file in it), to the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def open_private(path: Path, flags: int, create: bool = False) -> int:
     """Open a file of the state dir without following a link: a regular file of this uid, 0600."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)

@@ -16,12 +16,13 @@ import sys
 
 from piworkflows.errors import StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.lock import AlreadyRunning
-from piworkflows.paths import StatePaths, ensure_private_dir
+from piworkflows.paths import StatePaths, ensure_private_dir, free_bytes
 from piworkflows.settings import Settings
 from piworkflows.supervisor import logs
 from piworkflows.supervisor.main import StartupFailed, Supervisor
 from piworkflows.supervisor.server import SocketPathTooLong
-from piworkflows.writer.process import WriterStartError, free_bytes
+from piworkflows.writer.health import disk_full_message
+from piworkflows.writer.process import WriterStartError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -63,7 +64,7 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
 def _describe(exc: BaseException, paths: StatePaths) -> str:
     """One sentence for the CLI and the log; a disk error says which disk and how full."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"the disk holding {paths.state_dir} is full ({free_bytes(paths.state_dir)} bytes free)"
+        return disk_full_message(paths.state_dir, free_bytes(paths.state_dir))
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     return str(exc)

@@ -33,7 +33,7 @@ import psutil
 
 from piworkflows import faults
 from piworkflows.errors import StatePathRefused
-from piworkflows.paths import open_private
+from piworkflows.paths import fsync, open_private
 
 
 class ChildNotRecorded(OSError):
@@ -113,11 +113,7 @@ class Registry:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync(path.parent)
 
 
 def end_process(identity: Identity, grace_s: float) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.paths import DIR_MODE, FILE_MODE
+from piworkflows.paths import DIR_MODE, FILE_MODE, fsync
 from piworkflows.writer import offline
 
 
@@ -68,11 +68,7 @@ def make_backup(
         finally:
             target.close()
         for path in (destination, destination.parent):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync(path)
         verified = offline.verify_backup(destination, active_database, now_ms)
         if not verified["ok"]:
             raise CommandError("internalError", "the backup did not verify; it was removed")

@@ -23,7 +23,6 @@ docs/design/group-commit.md for why each command keeps its guarantees.
 from __future__ import annotations
 
 import atexit
-import errno
 import json
 import logging
 import sqlite3
@@ -41,6 +40,7 @@ from piworkflows.settings import Settings
 from piworkflows.writer import local_effects, prune, records, schema
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.contract import Handler, Tx
+from piworkflows.writer.health import condition_of
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +56,6 @@ _GROUP_FATAL_CODES = {
     sqlite3.SQLITE_BUSY,
     sqlite3.SQLITE_LOCKED,
 }
-
-
-# What a failed group says about the file or the disk beneath it (writer/process.py acts on it):
-# diskFull and ioError fail each group until they pass; databaseCorrupt refuses every write.
-_SQLITE_CONDITIONS = {
-    sqlite3.SQLITE_FULL: "diskFull",
-    sqlite3.SQLITE_IOERR: "ioError",
-    sqlite3.SQLITE_CORRUPT: "databaseCorrupt",
-    sqlite3.SQLITE_NOTADB: "databaseCorrupt",
-}
-_OS_CONDITIONS = {errno.ENOSPC: "diskFull", errno.EDQUOT: "diskFull", errno.EIO: "ioError"}
-
-
-def condition_of(exc: BaseException) -> str | None:
-    """``diskFull``, ``ioError``, ``databaseCorrupt``, or None for any other failure."""
-    if isinstance(exc, sqlite3.Error):
-        return _SQLITE_CONDITIONS.get((getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF)
-    if isinstance(exc, OSError):
-        return _OS_CONDITIONS.get(exc.errno or 0)
-    return None
 
 
 def connect(paths: StatePaths, settings: Settings) -> sqlite3.Connection:
@@ -261,8 +241,4 @@ def _refusal(exc: CommandError) -> Reply:
     return Reply(outcome=exc.outcome, receipt=exc.receipt(), error=exc.message)
 
 
-def unavailable(message: str = "the writer could not commit; retry with the same idempotency key") -> Reply:
-    return Reply(outcome="unavailable", receipt={"code": "unavailable"}, error=message)
-
-
-__all__ = ["GroupExecutor", "GroupFailed", "Submitted", "connect", "open_database", "unavailable"]
+__all__ = ["GroupExecutor", "GroupFailed", "Submitted", "connect", "open_database"]

@@ -56,18 +56,11 @@ from piworkflows.protocol.internal import (
 )
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
-from piworkflows.writer import backup, invariants, records, schema
+from piworkflows.writer import backup, health, invariants, records, schema
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.commands import state as state_commands
-from piworkflows.writer.db import (
-    GroupExecutor,
-    GroupFailed,
-    Submitted,
-    condition_of,
-    connect,
-    open_database,
-    unavailable,
-)
+from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, connect, open_database
+from piworkflows.writer.health import condition_of
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -194,12 +187,9 @@ class WriterLoop:
             replies, leftover = self.executor.run(batch) if batch else ([], [])
         except GroupFailed as failed:
             group = batch[: self.settings.group_max_commands]
-            if failed.condition is not None:
-                self._tell_health(failed.condition)
+            self._after_failure(failed)
             replies = [(item.corr_id, self._refusal(failed.condition)) for item in group]
             leftover = batch[len(group) :]
-            if self.health.code != "databaseCorrupt":
-                self._reopen()
         else:
             if self.executor.damage is not None and self.health.code != "databaseCorrupt":
                 self._tell_health("databaseCorrupt", self.executor.damage)
@@ -212,51 +202,29 @@ class WriterLoop:
 
     def _tell_health(self, code: str | None, finding: str | None = None) -> None:
         """Record what the writer can do now and tell the supervisor when it changed (one log line)."""
-        if code == "databaseCorrupt":
-            message = str(StateCorrupt(str(self.paths.database), finding or "SQLITE_CORRUPT at run time"))
-            health = WriterHealth(code=code, message=message)
-        elif code == "diskFull":
-            free = free_bytes(self.paths.state_dir)
-            health = WriterHealth(
-                code=code,
-                free_bytes=free,
-                message=(f"the disk holding {self.paths.state_dir} is full ({free} bytes free); nothing was committed"),
-            )
-        elif code == "ioError":
-            health = WriterHealth(code=code, message=f"an I/O error on {self.paths.database}; nothing was committed")
-        else:
-            health = WriterHealth(code=None)
-        if health.code == self.health.code:
-            self.health = health  # the newest free bytes; no new line
+        now = health.health(code, self.paths, finding)
+        changed = now.code != self.health.code
+        self.health = now  # unchanged: the newest free bytes, no new line
+        if not changed:
             return
-        self.health = health
         if code == "databaseCorrupt":
             log.error("the state database is damaged (%s): every write is refused from now on", finding)
         elif code is not None:
             log.error("writes fail: %s", code)
         else:
             log.info("writes commit again")
-        frames.send(self.sock, HEALTH, 0, health.model_dump())
+        frames.send(self.sock, HEALTH, 0, now.model_dump())
 
     def _refusal(self, code: str | None) -> Reply:
-        """The answer to a command the writer could not commit, by what failed (``condition_of``)."""
-        if code == "databaseCorrupt":
-            refusal = CommandError(
-                "databaseCorrupt",
-                "the state database is damaged; every write is refused "
-                "until an operator restores it ('pi-workflows server status')",
-            )
-        elif code == "diskFull":
-            refusal = CommandError(
-                "diskFull",
-                "the disk holding the state is full; retry with the same idempotency key once there is space",
-                freeBytes=self.health.free_bytes,
-            )
-        elif code == "ioError":
-            refusal = CommandError("ioError", "an I/O error on the state database; retry with the same idempotency key")
-        else:
-            return unavailable()
-        return Reply(outcome=refusal.outcome, receipt=refusal.receipt(), error=refusal.message)
+        return health.refusal(code, self.health.free_bytes)
+
+    def _after_failure(self, failed: GroupFailed) -> None:
+        """A group that did not commit: what it says of the disk or the file; a new connection
+        unless the file is damaged (then the writer stays, refusing every write)."""
+        if failed.condition is not None:
+            self._tell_health(failed.condition)
+        if self.health.code != "databaseCorrupt":
+            self._reopen()
 
     def _backup(self, item: Submitted) -> None:
         """state.backup (writer/backup.py): groups keep running between the copy's steps; the
@@ -284,9 +252,9 @@ class WriterLoop:
         item = Submitted(item.corr_id, item.kind, {**item.body, "performed_backup": done})
         try:
             [(corr_id, reply)], _ = self.executor.run([item])
-        except GroupFailed:
-            self._reopen()
-            self.sock.sendall(_encode_reply(item.corr_id, unavailable()))
+        except GroupFailed as failed:
+            self._after_failure(failed)
+            self.sock.sendall(_encode_reply(item.corr_id, self._refusal(failed.condition)))
             return
         if reply.outcome == "accepted" and reply.receipt is not None:
             reply = reply.model_copy(update={"receipt": {**reply.receipt, **self._compact()}})
@@ -316,8 +284,10 @@ class WriterLoop:
             return backup.make_backup(self.executor.conn, destination, self.paths.database, self.clock.now_ms(),
                                       self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
         except (CommandError, sqlite3.Error, OSError) as exc:
-            log.error("a backup failed: %s", condition_of(exc) or type(exc).__name__)
-            self.sock.sendall(_encode_reply(item.corr_id, unavailable("the backup failed; retry with the same key")))
+            why = condition_of(exc) or type(exc).__name__
+            log.error("a backup failed: %s", why)
+            reply = health.unavailable(f"the backup failed ({why}); retry with the same key")
+            self.sock.sendall(_encode_reply(item.corr_id, reply))
             return None
 
     def _compact(self, vacuum_if_worth_it: bool = False) -> dict[str, object]:
@@ -394,15 +364,6 @@ def _writes(item: Submitted) -> bool:
     return item.kind in MAINTENANCE_KINDS or (handler is not None and not handler.read_only)
 
 
-def free_bytes(path: Path) -> int:
-    """What an unprivileged write could still use on the filesystem holding ``path``."""
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return 0
-    return found.f_bavail * found.f_frsize
-
-
 def _encode_reply(corr_id: int, reply: Reply) -> bytes:
     try:
         return frames.encode(REPLY, corr_id, reply.model_dump())
@@ -432,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop = WriterLoop(sock, paths, Settings.from_env(), SystemClock(), parent)
     except (StateIncompatible, StateCorrupt, StatePathRefused, OSError, sqlite3.Error) as exc:
-        fatal = _fatal(exc, paths)
+        fatal = health.fatal(exc, paths)
         log.error("the state database cannot be used: %s",
                   exc.reason if isinstance(exc, StateIncompatible) else fatal.message)  # fmt: skip
         frames.send(sock, FATAL, 0, fatal.model_dump())
@@ -445,25 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     frames.send(sock, READY, 0, ready.model_dump())
     return loop.serve()
-
-
-def _fatal(exc: BaseException, paths: StatePaths) -> Fatal:
-    """Why the writer cannot open the state database, for the supervisor (and the user)."""
-    if isinstance(exc, StateIncompatible):
-        return Fatal(code="stateIncompatible", message=exc.MESSAGE)
-    if isinstance(exc, StateCorrupt):
-        return Fatal(code="databaseCorrupt", message=str(exc))
-    if isinstance(exc, StatePathRefused):
-        return Fatal(code="statePathRefused", message=str(exc))
-    condition = condition_of(exc)
-    if condition == "diskFull":
-        free = free_bytes(paths.state_dir)
-        return Fatal(code=condition, free_bytes=free,
-                     message=f"the disk holding {paths.state_dir} is full ({free} bytes free)")  # fmt: skip
-    if condition == "databaseCorrupt":
-        return Fatal(code=condition, message=str(StateCorrupt(str(paths.database), str(exc))))
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return Fatal(code=condition or "cannotOpen", message=f"{paths.database} cannot be opened: {reason}")
 
 
 class WriterStartError(RuntimeError):

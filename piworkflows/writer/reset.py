@@ -23,7 +23,7 @@ import sqlite3
 from pathlib import Path
 
 from piworkflows.lock import AlreadyRunning, HostLock
-from piworkflows.paths import StatePaths, ensure_private_dir
+from piworkflows.paths import StatePaths, ensure_private_dir, fsync
 from piworkflows.writer import offline
 
 
@@ -54,7 +54,7 @@ def reset(paths: StatePaths, backup_dir: Path) -> list[tuple[Path, Path]]:
             raise ResetRefused(f"{paths.database} does not open as an SQLite database ({exc}); nothing was "
                                "moved: move it with its -wal and -shm files by hand") from None  # fmt: skip
         ensure_private_dir(backup_dir)  # with each missing parent, every one 0700
-        _fsync_dir(backup_dir.parent)
+        fsync(backup_dir.parent)
         moved = []
         for source in (paths.database, paths.wal, paths.shm):
             if not source.exists():
@@ -69,16 +69,8 @@ def reset(paths: StatePaths, backup_dir: Path) -> list[tuple[Path, Path]]:
                                    "moved (the new directory stays, empty): name a new directory on the same "
                                    "filesystem") from None  # fmt: skip
             moved.append((source, target))
-        _fsync_dir(backup_dir)
-        _fsync_dir(paths.state_dir)
+        fsync(backup_dir)
+        fsync(paths.state_dir)
         return moved
     finally:
         lock.release()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

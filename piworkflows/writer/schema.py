@@ -35,7 +35,7 @@ from pathlib import Path
 
 from piworkflows import __version__
 from piworkflows.errors import StateCorrupt, StateIncompatible
-from piworkflows.paths import FILE_MODE, StatePaths, check_private_file, ensure_private_dir
+from piworkflows.paths import FILE_MODE, StatePaths, check_private_file, ensure_private_dir, fsync
 from piworkflows.writer import invariants
 
 APPLICATION_ID = 0x50495746  # "PIWF"
@@ -112,9 +112,9 @@ def create_database(paths: StatePaths, now_ms: int) -> None:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()  # the last connection checkpoints and removes -wal and -shm
-    _fsync(tmp)
+    fsync(tmp)
     os.rename(tmp, paths.database)
-    _fsync(paths.state_dir)
+    fsync(paths.state_dir)
 
 
 def verify_database(paths: StatePaths) -> None:
@@ -201,11 +201,3 @@ def _statements(script: str) -> Iterator[str]:
             ):
                 yield statement
             pending = ""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -182,14 +182,19 @@ class _TextHandler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def text_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _TextHandler)
+def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server in a thread answering with ``handler``; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def text_server() -> Iterator[str]:
+    yield from _serving(_TextHandler)
 
 
 def test_text_answer(text_server: str) -> None:
@@ -403,12 +408,7 @@ class _ReflectingHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def reflecting_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ReflectingHandler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    yield from _serving(_ReflectingHandler)
 
 
 def reflect(url: str, policy: str = "idempotent") -> Outcome:
