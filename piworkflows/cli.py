@@ -118,8 +118,8 @@ def _start_failed(exc: StartFailed) -> NoReturn:
     instruction's steps."""
     message = str(exc)
     if message == StateIncompatible.MESSAGE:
-        message += (f"\n  With the server stopped, one command moves the three files into a new directory: "
-                    f"{_command('state', 'reset', '--backup', '/abs/new-dir/')}")  # fmt: skip
+        message += "\n  " + StateIncompatible.RESET_HINT.format(
+            command=_command("state", "reset", "--backup", "/abs/new-dir/"))
     fail(message)
 
 

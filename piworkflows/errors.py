@@ -111,6 +111,8 @@ class StateIncompatible(Exception):
         "and -shm files, then start Pi Workflows to create a new state.sqlite database. The "
         "incompatible state was not changed."
     )
+    # What follows MESSAGE where a user reads it (the CLI, a foreground server): the steps as one command.
+    RESET_HINT = "With the server stopped, one command moves the three files into a new directory: {command}"
 
     def __init__(self, reason: str) -> None:
         super().__init__(self.MESSAGE)

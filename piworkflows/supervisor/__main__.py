@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import os
+import shlex
 import sys
 
 from piworkflows.errors import StateCorrupt, StateIncompatible, StatePathRefused
@@ -45,6 +46,10 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
         message = _describe(exc, paths)
         tell("error: " + message)
         print(f"pi-workflows: {message}", file=sys.stderr)
+        if isinstance(exc, StateIncompatible):
+            command = shlex.join(["pi-workflows", "--state-dir", str(paths.state_dir), "state", "reset", "--backup",
+                                  "/abs/new-dir/"])  # fmt: skip
+            print("  " + StateIncompatible.RESET_HINT.format(command=command), file=sys.stderr)
         return EXIT_FAILED
 
     try:  # nothing is written into a state dir the server must not use, not even its log

@@ -145,6 +145,8 @@ class ClientServer:
                               "refused a connection: %d connections are open", len(self.connections))  # fmt: skip
                 return
             await Connection(self, reader, writer).serve()
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # the client went away without reading its answers: a close, not a failure
         except Exception as exc:  # one connection's failure never reaches the server; its message may quote input
             self.log_line("connection failure", logging.ERROR, "a connection failed: %s", type(exc).__name__)
         finally:

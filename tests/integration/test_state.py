@@ -278,6 +278,9 @@ def test_state_reset_moves_an_incompatible_database_aside_and_the_next_start_cre
     refused = server.cli("server", "start")
     assert refused.returncode == 1 and StateIncompatible.MESSAGE in refused.stderr, refused.stderr
     assert f"pi-workflows --state-dir {state_dir} state reset --backup" in refused.stderr  # the steps as one command
+    foreground = server.cli("server", "run")  # the same words from a server in the foreground
+    assert foreground.returncode == 1 and StateIncompatible.MESSAGE in foreground.stderr, foreground.stderr
+    assert f"pi-workflows --state-dir {state_dir} state reset --backup" in foreground.stderr
     assert {name: (state_dir / name).read_bytes() for name in STATE_FILES} == files
 
     relative = server.cli("state", "reset", "--backup", "old-state")
