@@ -28,6 +28,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 from collections.abc import Callable
 
 import psutil
@@ -84,6 +85,9 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._registry_unsaved = False  # host.json is behind the registry in memory
+        # The writer's identity is recorded from the thread that spawns it: one change of the
+        # registry and one write of host.json (its temp file is O_EXCL) at a time.
+        self._registry_lock = threading.RLock()
 
     @property
     def token_hash(self) -> bytes:
@@ -96,27 +100,34 @@ class Supervisor:
             self._stop.set()
 
     def _record_writer(self, identity: Identity | None) -> None:
-        self.registry.children = [c for c in self.registry.children if c.role != "writer"]
-        if identity is not None:
-            self.record_child(identity)
-        else:
-            self.save_registry()
+        with self._registry_lock:
+            self.registry.children = [c for c in self.registry.children if c.role != "writer"]
+            if identity is not None:
+                self.record_child(identity)
+            else:
+                self.save_registry()
 
     def record_child(self, identity: Identity) -> None:
         """In host.json before the child does anything, so a takeover can end it. Raises
         ChildNotRecorded when host.json cannot be written: the caller ends the child."""
-        self.registry.set_child(identity)
-        if not self.save_registry():
-            self.registry.drop_child(identity.pid)
-            raise ChildNotRecorded(f"the {identity.role} could not be recorded in host.json")
+        with self._registry_lock:
+            self.registry.set_child(identity)
+            if not self.save_registry():
+                self.registry.drop_child(identity.pid)
+                raise ChildNotRecorded(f"the {identity.role} could not be recorded in host.json")
 
     def forget_child(self, pid: int) -> None:
-        self.registry.drop_child(pid)
-        self.save_registry()
+        with self._registry_lock:
+            self.registry.drop_child(pid)
+            self.save_registry()
 
     def save_registry(self) -> bool:
         """Write host.json; when it cannot be written (a full disk) the previous file stays, one line
         is logged, and the heartbeat writes it again. Returns whether it was written."""
+        with self._registry_lock:
+            return self._save_registry()
+
+    def _save_registry(self) -> bool:
         try:
             self.registry.save(self.paths.registry)
         except (OSError, StatePathRefused) as exc:
