@@ -6,6 +6,7 @@ measures durations (active execution time, timeouts).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Protocol
 
@@ -40,3 +41,15 @@ class FakeClock:
     def advance(self, ms: int) -> None:
         self._now += ms
         self._mono += ms
+
+
+async def woken(event: asyncio.Event, seconds: float) -> bool:
+    """Wait for ``event`` at most ``seconds``; True if it was set. A cancel is never lost (Python
+    3.11's ``asyncio.wait_for`` swallowed one that landed as the event was set, and a stopping
+    loop went on waiting)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

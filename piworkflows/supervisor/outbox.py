@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from piworkflows import canonical, faults
+from piworkflows.clock import woken
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED
 from piworkflows.protocol import frames
@@ -246,10 +247,7 @@ class OutboxPool:
             if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
                 wait_s = min(wait_s, max(0.005, (receipt["nextDueAt"] - time.time() * 1000) / 1000))
             slot.idle = True
-            try:
-                await asyncio.wait_for(slot.wakeup.wait(), timeout=wait_s)
-            except TimeoutError:
-                pass
+            await woken(slot.wakeup, wait_s)
             slot.idle = False
             slot.wakeup.clear()
         return None

@@ -71,9 +71,8 @@ class Resolvers:
         child = self._idle.pop() if self._idle else await self._spawn()
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
         try:
-            resolution = await asyncio.wait_for(
-                self._exchange(child, request), timeout=self.settings.resolve_timeout_ms / 1000
-            )
+            async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
+                resolution = await self._exchange(child, request)
         except TimeoutError:
             await self._end(child)
             return Resolution(ok=False, code="invalidDefinition", message="loading the workflow took too long")

@@ -23,6 +23,8 @@ import logging
 import time
 from typing import Any
 
+from piworkflows.clock import woken
+
 log = logging.getLogger("piworkflows.supervisor")
 SERVER = {"actor_class": "server"}
 
@@ -36,6 +38,7 @@ class Retention:
         self._completed_at: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         if not self.settings.retention:
@@ -48,6 +51,7 @@ class Retention:
         self._wake.set()
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -63,11 +67,8 @@ class Retention:
         return pending.outcome == "accepted" and not (pending.receipt or {}).get("runIds")
 
     async def _loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.retention_idle_retry_ms / 1000)
-            except TimeoutError:
-                pass
+        while not self._stopping:
+            await woken(self._wake, self.settings.retention_idle_retry_ms / 1000)
             self._wake.clear()
             if not self._due() or not await self._idle():
                 continue  # still due: the next trigger or the idle retry continues

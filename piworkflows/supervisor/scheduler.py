@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 
 from piworkflows import canonical
+from piworkflows.clock import woken
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, new_claim
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
@@ -121,10 +122,7 @@ class Scheduler:
     async def _admission(self) -> None:
         reconciled = self.supervisor.writer.restarts
         while not self._stopping:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.scheduler_tick_ms / 1000)
-            except TimeoutError:
-                pass
+            await woken(self._wake, self.settings.scheduler_tick_ms / 1000)
             self._wake.clear()
             restarts = self.supervisor.writer.restarts
             if restarts != reconciled and await self._reconcile():
@@ -272,7 +270,8 @@ class Scheduler:
             status = await self._effect_status(effect_id)
             if status in EFFECT_WORK_STATUSES and not handle.stopping:
                 try:
-                    await asyncio.wait_for(asyncio.shield(settled), timeout=self.settings.effect_await_ms / 1000)
+                    async with asyncio.timeout(self.settings.effect_await_ms / 1000):
+                        await asyncio.shield(settled)
                 except TimeoutError:
                     pass
                 status = await self._effect_status(effect_id)

@@ -95,3 +95,21 @@ def test_at_most_one_completed_sweep_per_interval_and_only_when_idle(clock):
         return loop_ran
 
     assert asyncio.run(scenario()) == [1, 1, 1, 2]
+
+
+def test_stop_ends_the_loop_even_when_a_wake_lands_with_the_cancel():
+    """A trigger and the stop in the same turn of the loop: Python 3.11's wait_for returned the
+    finished wait and swallowed the cancel, and the loop went on waiting (a shutdown that hung)."""
+
+    async def scenario() -> bool:
+        task, _, supervisor = retention(0)
+        supervisor.state = "stopping"  # never idle: the loop only waits for triggers
+        task.start()
+        for _ in range(5):
+            await asyncio.sleep(0)  # the first trigger handled; the loop waits again
+        task.request()
+        stopping = asyncio.ensure_future(task.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+        return stopping in done
+
+    assert asyncio.run(scenario()) is True
