@@ -1,0 +1,19 @@
+"""``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
+
+Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix),
+130 interrupted (Ctrl-C). Whatever the CLI can check itself (arguments, JSON,
+the request against the protocol's models) is a usage error before anything
+is sent.
+The CLI never executes workflow code and opens SQLite only read-only on
+inactive files (``writer/offline.py``): to verify a backup (``state verify
+BACKUP``) and, with the server stopped, to check the state ``state reset``
+moves aside.
+
+One module per command group adds its commands to the root group ``main``
+(``cli/base.py``): ``server``, ``runs``, ``state``, ``effects``, ``protocol``.
+"""
+
+from piworkflows.cli import effects, protocol, runs, server, state  # noqa: F401  (they add their commands)
+from piworkflows.cli.base import main
+
+__all__ = ["main"]

@@ -1,0 +1,5 @@
+"""``python -m piworkflows.cli``: the ``pi-workflows`` command."""
+
+from piworkflows.cli import main
+
+main()

@@ -1,0 +1,118 @@
+"""The CLI's shared parts: the root group, exit codes, and sending one checked request.
+
+Every command module (``server``, ``runs``, ``state``, ``effects``, ``protocol``) adds its
+commands to ``main`` here and answers through ``accepted``/``fail``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, NoReturn
+
+import click
+from pydantic import TypeAdapter, ValidationError
+
+from piworkflows.client import ServerNotRunning, ServerRefused, StartFailed, WorkflowClient
+from piworkflows.errors import StateIncompatible
+from piworkflows.paths import StatePaths
+from piworkflows.protocol import client_v1
+
+EXIT_RUNTIME = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"pi-workflows: {message}", err=True)
+    sys.exit(EXIT_RUNTIME)
+
+
+class _Main(click.Group):
+    """Ctrl-C anywhere exits 130 (click's own handling would print "Aborted!" and exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\npi-workflows: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Main)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="State directory (default: $PI_WORKFLOWS_STATE_DIR, else ~/.pi/agent/workflows).",
+)
+@click.version_option(package_name="piworkflows")
+@click.pass_context
+def main(ctx: click.Context, state_dir: str | None) -> None:
+    """Pi Workflows durable workflow server.
+
+    Example: pi-workflows server start && pi-workflows server status
+    """
+    ctx.obj = StatePaths.resolve(state_dir)
+
+
+def command_line(*args: str) -> str:
+    """A command line for the user to run next, with --state-dir when one was given."""
+    context = click.get_current_context()
+    state_dir = ["--state-dir", str(context.obj.state_dir)] if context.find_root().params["state_dir"] else []
+    return shlex.join(["pi-workflows", *state_dir, *args])
+
+
+_ID = TypeAdapter(client_v1.Id)
+
+
+def check(operation: str, payload: Any, run_id: str | None = None) -> None:
+    """What the CLI can check itself, with the protocol's own models: a usage error, nothing sent."""
+    try:
+        client_v1.OPERATION_SHAPES[operation][0].model_validate(payload)
+        if run_id is not None:
+            _ID.validate_python(run_id)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'RUN_ID'}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(f"{operation}: {problems}") from None
+
+
+def request(
+    paths: StatePaths,
+    operation: str,
+    payload: Any,
+    run_id: str | None = None,
+    expected_revision: int | None = None,
+    idempotency_key: str | None = None,
+) -> client_v1.Response:
+    """Check what the CLI can (a usage error, nothing sent), then send one request."""
+    check(operation, payload, run_id)
+    try:
+        # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
+        client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None
+        with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
+            return client.request(operation, payload, run_id=run_id, expected_revision=expected_revision,
+                                  idempotency_key=idempotency_key)  # fmt: skip
+    except ServerRefused as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+    except (ServerNotRunning, OSError, ConnectionError):
+        fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
+        raise  # unreachable: fail exits
+
+
+def accepted(response: client_v1.Response) -> Any:
+    if response.outcome not in ("accepted", "adopted"):
+        code = (response.receipt or {}).get("code", "?") if isinstance(response.receipt, dict) else "?"
+        fail(f"{response.outcome} ({code}): {response.error}")
+    return response.receipt
+
+
+def start_failed(exc: StartFailed) -> NoReturn:
+    """Why the server did not start; for an incompatible state also the one command that does the
+    instruction's steps."""
+    message = str(exc)
+    if message == StateIncompatible.MESSAGE:
+        message += "\n  " + StateIncompatible.RESET_HINT.format(
+            command=command_line("state", "reset", "--backup", "/abs/new-dir/")
+        )
+    fail(message)
