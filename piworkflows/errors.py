@@ -54,6 +54,7 @@ CODES: dict[str, str] = {
     "internalError": "rejected",
     "maxStepsExceeded": "rejected",
     "responseTooLarge": "rejected",
+    "deletionBlocked": "rejected",  # run.delete: a blocker of prune's selection keeps the tree
     "databaseCorrupt": "rejected",  # a client must not retry it: every write is refused until an operator acts
     # unavailable
     "unavailable": "unavailable",

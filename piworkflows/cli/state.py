@@ -13,6 +13,7 @@ import click
 
 from piworkflows import canonical
 from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, command_line, fail, main, request
+from piworkflows.cli.runs import run_group
 from piworkflows.client import WorkflowClient
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
@@ -190,6 +191,38 @@ def state_reset(paths: StatePaths, backup_dir: Path) -> None:
     for source, target in moved:
         click.echo(f"moved {source} -> {target}")
     click.echo(f"the next '{command_line('server', 'start')}' creates a new state database")
+
+
+@run_group.command("delete")
+@click.argument("run_id")
+@click.option("--yes", is_flag=True, help="Delete without asking (needed when stdin is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def run_delete(paths: StatePaths, run_id: str, yes: bool, as_json: bool) -> None:
+    """Delete one finished run for good, with every run of its tree (its restarts).
+
+    The same safety checks as 'state prune' apply, whatever the run's age: a run
+    that has not finished, an unsettled or ambiguous effect, a live claim or a
+    reference from another run keeps it, and the refusal names what. Asks first
+    on a terminal; --yes skips the question.
+
+    Example: pi-workflows run delete run-0123abcd --yes
+    """
+    check("run.delete", {}, run_id)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("stdin is not a terminal: pass --yes to delete without a question")
+        run = accepted(request(paths, "run.status", {}, run_id=run_id))
+        question = (f"Delete run {run_id} ({run['run']['workflowName']}, {run['display']['status']}) and every "
+                    "run of its tree for good?")  # fmt: skip
+        if not click.confirm(question, default=False):
+            fail("nothing was deleted")
+    receipt = accepted(request(paths, "run.delete", {}, run_id=run_id))
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+        return
+    deleted = receipt["deleted"]
+    click.echo(f"deleted {run_id}: {deleted['runs']} runs, {deleted['blobs']} stored values")
 
 
 @state_group.command("verify")

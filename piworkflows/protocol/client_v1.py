@@ -57,7 +57,7 @@ OPERATIONS = (
     # maintenance
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema",
+    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete",
 )  # fmt: skip
 
 # Reads are never stored in host_commands.
@@ -356,6 +356,21 @@ class RunCancelReceipt(BaseModel):
     status: Literal["cancelled"]
 
 
+class DeletedCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    trees: int
+    runs: int
+    blobs: int
+
+
+class RunDeleteReceipt(BaseModel):
+    """run.delete: the root run named in the envelope, and what its tree's deletion removed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    deleted: DeletedCounts
+
+
 class RunPauseReceipt(BaseModel):
     """run.pause and run.resume: the run's status after the change and its pause flag."""
 
@@ -544,6 +559,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "run.resume": (EmptyPayload, RunPauseReceipt),
     "run.restart": (RunRestartPayload, RunRestartReceipt),
     "run.cancel": (EmptyPayload, RunCancelReceipt),
+    "run.delete": (EmptyPayload, RunDeleteReceipt),
     "checkpoint.answer": (CheckpointAnswerPayload, CheckpointAnswerReceipt),
     "run.start": (RunStartPayload, RunStartReceipt),
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)

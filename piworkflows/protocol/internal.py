@@ -253,6 +253,13 @@ class StatePrune(Command):
     performed_backup: BackupDone | None = None
 
 
+class RunDelete(Command):
+    """run.delete: one terminal root-run tree, by its root, with prune's blockers and deletion."""
+
+    kind: ClassVar[str] = "run.delete"
+    run_id: Id
+
+
 class StateRetain(Command):
     """Automatic retention, one step: recheck the selection and delete one eligible tree (and the
     blobs no longer referenced) in one transaction. No backup."""
@@ -754,6 +761,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         StatePrune,
         StateRetain,
         StateCompact,
+        RunDelete,
     )
 }
 

@@ -42,6 +42,7 @@ class Router:
         self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
             "checkpoint.answer": self.checkpoint_answer,
             "run.cancel": self.run_cancel,
+            "run.delete": self.run_delete,
             "run.pause": self.run_pause,
             "run.resume": self.run_resume,
             "run.restart": self.run_restart,
@@ -264,6 +265,13 @@ class Router:
         if reply.outcome == "accepted":
             self.supervisor.scheduler.wake()
         return from_reply(request, reply)
+
+    async def run_delete(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """One terminal root-run tree, deleted at the writer with prune's blockers; stored with its receipt."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "run.delete names the root run in runId"))
+        body = {"actor": client_actor(request), "client_receipt": receipt_key(request), "run_id": request.runId}
+        return from_reply(request, await self.supervisor.writer.request("run.delete", body))
 
     async def run_restart(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """A child run of a finished run; the expected revision is the parent's runRevision."""

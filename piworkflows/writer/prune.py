@@ -62,6 +62,26 @@ BLOCKERS: dict[str, str] = {
     f"AND (e.run_id IS NULL OR e.run_id NOT IN ({TREE}))",
 }
 
+# What each blocker means, for a refusal a person reads.
+BLOCKER_TEXT: dict[str, str] = {
+    "unfinishedRun": "a run of its tree has not finished",
+    "recentRun": "a run of its tree finished after the cutoff",
+    "liveQueue": "a run of its tree still has queue work",
+    "activeRunner": "a runner still serves a run of its tree",
+    "pendingWorkflowMessage": "a workflow message of its tree is still pending",
+    "openTurn": "a Pi turn of its tree is still open",
+    "pendingInteraction": "an interaction of its tree still waits for an answer",
+    "pendingDecision": "a human decision of its tree is not resolved",
+    "recordingSegment": "a session segment of its tree is still recording",
+    "queuedFollowUp": "a follow-up of its tree is still queued",
+    "activeLease": "a claim on a run of its tree or on one of their effects is live",
+    "unsettledEffect": "an effect of its tree is unsettled or ambiguous (see 'pi-workflows effects')",
+    "controllerOwnership": "a managed resource owns a run of its tree",
+    "outsideReference": "a run outside its tree refers to it",
+    "outsideEffectSource": "an effect outside its tree was caused by it",
+}
+assert set(BLOCKER_TEXT) == set(BLOCKERS)
+
 # The resources a tree owns besides its runs (their domain rows cascade from the runs).
 OWNED_RESOURCES = (
     "SELECT effect_id FROM effects WHERE run_id IN ({tree})",

@@ -17,6 +17,7 @@ from typing import Any
 
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import (
+    RunDelete,
     StateBackup,
     StateCompact,
     StatePrune,
@@ -166,9 +167,31 @@ class Compact(Handler[StateCompact]):
         raise CommandError("notAvailable", "compaction runs in the writer loop, outside any transaction")
 
 
+class DeleteRun(Handler[RunDelete]):
+    """The narrow deletion control: one terminal root-run tree, named by its root, deleted with
+    prune's own blockers (any finish time counts) and deletion path; refused naming the blocker."""
+
+    kind = RunDelete.kind
+    model = RunDelete
+    actors = frozenset({"client", "operator"})
+
+    def execute(self, tx: Tx, cmd: RunDelete) -> Result:
+        row = tx.conn.execute("SELECT root_run_id FROM runs WHERE run_id = ?", (cmd.run_id,)).fetchone()
+        if row is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        if row[0] != cmd.run_id:
+            raise CommandError("invalidTransition", f"run {cmd.run_id} belongs to the tree of run {row[0]}; a tree "
+                               "is deleted whole, by its root run", runId=cmd.run_id, rootRunId=row[0])  # fmt: skip
+        found = prune.blocker(tx.conn, cmd.run_id, tx.now + 1, tx.now)  # no cutoff: every finished run counts
+        if found is not None:
+            raise CommandError("deletionBlocked", f"run {cmd.run_id} is kept: {prune.BLOCKER_TEXT[found]}",
+                               runId=cmd.run_id, blocker=found)  # fmt: skip
+        return Result(receipt={"runId": cmd.run_id, "deleted": prune.delete_trees(tx.conn, [cmd.run_id])})
+
+
 def _active_database(tx: Tx) -> Path:
     """The file the writer's connection has open."""
     return Path(next(row[2] for row in tx.conn.execute("PRAGMA database_list") if row[1] == "main"))
 
 
-HANDLERS = (Status(), Verify(), Backup(), Prune(), Retain(), Compact())
+HANDLERS = (Status(), Verify(), Backup(), Prune(), Retain(), Compact(), DeleteRun())
