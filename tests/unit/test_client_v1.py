@@ -56,7 +56,7 @@ PROTOCOL_OPERATIONS = [
     # Maintenance
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema",
+    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete",
 ]  # fmt: skip
 
 PROTOCOL_SESSION_ANSWER_OPERATIONS = {
@@ -615,7 +615,7 @@ def test_fingerprint_treats_equal_numbers_alike() -> None:
 
 def test_operations_match_the_protocol_exactly() -> None:
     assert len(OPERATIONS) == len(set(OPERATIONS))
-    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 45
+    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 46
     assert list(OPERATIONS) == PROTOCOL_OPERATIONS
 
 
