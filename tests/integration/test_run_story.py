@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.engine_util import CHECKPOINT, TENSTEP, start, view, wait_status, write
+from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -205,6 +206,31 @@ def test_run_watch_prints_step_lines_in_order_and_the_question(server, project):
     assert [e.get("event") for e in events[-4:-1]] == ["stepStarted", "stepFinished", "finished"]
     assert events[-2] == {"event": "finished", "runId": run_id, "status": "completed", "errorCode": None}
     assert events[-1]["output"] == {"go": False}
+
+
+def test_ctrl_c_while_watching_exits_130_and_the_run_goes_on(server, project, tmp_path):
+    write(project, "blocking", BLOCKING)
+    flag = tmp_path / "flag"
+    run_id = start(server, project, "blocking", {"flag": str(flag)})
+    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "watch", run_id]
+    watching = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=server.env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        while "wait (compute) started" not in (line := watching.stdout.readline()):
+            assert line, watching.stderr.read()  # it printed the step before it went on polling
+        watching.send_signal(signal.SIGINT)
+        _, stderr = watching.communicate(timeout=60)
+    finally:
+        if watching.poll() is None:
+            watching.kill()
+        watching.wait(30)
+    assert watching.returncode == 130, stderr
+    assert f"{run_id} goes on" in stderr and "Traceback" not in stderr, stderr
+    assert f"pi-workflows --state-dir {server.state_dir} run watch {run_id}" in stderr
+    assert view(server, run_id)["display"]["status"] == "running"
+    flag.write_text("go")
+    assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
 
 
 def test_human_output_is_readable_at_80_columns(server, project):
