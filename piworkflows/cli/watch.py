@@ -17,14 +17,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from piworkflows import canonical
 from piworkflows.cli import story
-from piworkflows.cli.base import EXIT_INTERRUPTED, accepted, command_line
-from piworkflows.client import WorkflowClient
+from piworkflows.cli.base import EXIT_INTERRUPTED, accepted, command_line, fail
+from piworkflows.client import ClientError, ServerNotRunning, WorkflowClient
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
 from piworkflows.states import ACTIVE_ATTEMPT_STATUSES, TERMINAL_RUN_STATUSES
@@ -133,6 +133,7 @@ def follow(paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[
     delay = settings.watch_poll_min_ms
     try:
         with WorkflowClient(paths.state_dir) as client:
+            client.connect()  # no server: said at once (a later loss is retried like any request)
             while True:
                 view: dict[str, Any] = accepted(client.request("run.status", {}, run_id=run_id))
                 events = follower.events(view)
@@ -147,11 +148,15 @@ def follow(paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[
                 line.draw(view)
                 time.sleep(delay / 1000)
                 delay = min(delay * 2, settings.watch_poll_max_ms)
+    except ServerNotRunning as exc:
+        fail(f"{exc}; start it with '{command_line('server', 'start')}'")
+    except (ClientError, OSError) as exc:  # lost for longer than the client retries
+        fail(f"the server stopped answering ({exc}); watch again with '{command_line('run', 'watch', run_id)}'")
     finally:
         line.clear()
 
 
-def interrupted(run_id: str) -> None:
+def interrupted(run_id: str) -> NoReturn:
     """Ctrl-C while following: the run goes on; say how to find it again, exit 130."""
     click.echo(f"\npi-workflows: interrupted; {run_id} goes on", err=True)
     for label, words in (("see it", ("run", "status")), ("watch it", ("run", "watch")),

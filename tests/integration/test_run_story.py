@@ -233,6 +233,14 @@ def test_ctrl_c_while_watching_exits_130_and_the_run_goes_on(server, project, tm
     assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
 
 
+def test_watch_without_a_server_says_so_at_once(tmp_path):
+    stopped = ServerProcess(tmp_path / "none")  # never started: nothing listens on its socket
+    result = stopped.cli("run", "watch", "run-x", timeout=10)
+    assert result.returncode == 1 and "no Pi Workflows server is running" in result.stderr, result.stderr
+    assert f"start it with 'pi-workflows --state-dir {stopped.state_dir} server start'" in result.stderr
+    assert result.stdout == "" and not (tmp_path / "none" / "state.sqlite").exists()
+
+
 def test_human_output_is_readable_at_80_columns(server, project):
     """Short values: every line fits 80 columns (paths are printed whole: the project's line is not
     counted) and nothing prints a Python repr."""
