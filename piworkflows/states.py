@@ -50,6 +50,7 @@ NODE_KINDS = frozenset(
 )
 ATTEMPT_STATUSES = frozenset({"running", "waiting", "completed", "failed", "timed_out", "cancelled", "interrupted"})
 NODE_OUTCOMES = frozenset({"ok", "failed", "timed_out", "cancelled"})
+ACTIVE_ATTEMPT_STATUSES = frozenset({"running", "waiting"})  # an attempt that has not finished
 
 # Effects (WORKFLOWS.md, Effects: the status table is the contract).
 EFFECT_STATUSES = frozenset({"pending", "applying", "applied", "rejected", "ambiguous", "cancelled"})

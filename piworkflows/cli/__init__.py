@@ -11,6 +11,8 @@ moves aside.
 
 One module per command group adds its commands to the root group ``main``
 (``cli/base.py``): ``server``, ``runs``, ``state``, ``effects``, ``protocol``.
+``story`` (a run view as lines for people) and ``watch`` (following a run)
+serve ``runs``.
 """
 
 from piworkflows.cli import effects, protocol, runs, server, state  # noqa: F401  (they add their commands)

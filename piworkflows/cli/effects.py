@@ -52,7 +52,10 @@ def _age(ms: int) -> str:
 
 @main.group("effect")
 def effect_group() -> None:
-    """Operator recovery of an ambiguous effect (the run view's review control)."""
+    """Operator recovery of an ambiguous effect (the run view's review control).
+
+    Example: pi-workflows effect confirm effect-0123abcd --note "deploy log shows it ran"
+    """
 
 
 def _effect(paths: StatePaths, effect_id: str) -> dict[str, Any]:

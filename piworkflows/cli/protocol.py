@@ -12,7 +12,10 @@ from piworkflows.protocol import client_v1
 
 @main.group()
 def protocol() -> None:
-    """The client protocol pi-workflows.client.v1."""
+    """The client protocol pi-workflows.client.v1.
+
+    Example: pi-workflows protocol schema > schema.json
+    """
 
 
 @protocol.command("schema")

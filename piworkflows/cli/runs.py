@@ -1,22 +1,20 @@
-"""``pi-workflows run ...``, ``answer`` and ``runs``: start, watch and control workflow runs."""
+"""``pi-workflows run ...``, ``answer`` and ``runs``: start, follow, show and control workflow runs."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import click
 
 from piworkflows import canonical
+from piworkflows.cli import story, watch
 from piworkflows.cli.base import (
-    EXIT_INTERRUPTED,
     EXIT_RUNTIME,
     accepted,
     check,
-    command_line,
     fail,
     main,
     request,
@@ -39,14 +37,17 @@ def run_group() -> None:
 @click.option("--project", type=click.Path(exists=True, file_okay=False), default=".", show_default=True,
               help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
 @click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
-@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
-@click.option("--wait", is_flag=True, help="Wait until the run ends or needs someone; exit 0 only if it completed "
-              "(Ctrl-C: exit 130, the run goes on).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the receipt as one line of JSON (with --wait, then the final run view).")  # fmt: skip
+@click.option("--wait", is_flag=True, help="Follow the run until it ends or needs someone (a line per step); exit 0 "
+              "only if it completed (Ctrl-C: exit 130, the run goes on).")  # fmt: skip
 @click.pass_obj
 def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool, wait: bool) -> None:
     """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
 
-    The server is started on demand. Example: pi-workflows run start shell-check --input '{"command": "true"}'
+    The server is started on demand. With --json stdout holds only JSON lines.
+
+    Example: pi-workflows run start shell-check --input '{"command": "true"}' --wait
     """
     try:
         input_value = json.loads(input_json)
@@ -66,39 +67,40 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
     receipt = accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
     if wait:
-        try:
-            view = _wait_until_settled(paths, receipt["runId"])
-        except KeyboardInterrupt:
-            run_id = receipt["runId"]
-            watch, cancel = command_line("run", "status", run_id), command_line("run", "cancel", run_id)
-            click.echo(f"\npi-workflows: interrupted; {run_id} goes on. Watch it: {watch}; cancel it: {cancel}",
-                       err=True)  # fmt: skip
-            sys.exit(EXIT_INTERRUPTED)
-        display = view["display"]
-        click.echo(f"{view['runId']} {display['status']}" + (f" ({display['reason']})" if display["reason"] else ""))
-        if view["output"] is not None:
-            click.echo(f"  output: {canonical.dumps(view['output'])[:2000]}")
-        if view["error"] is not None:
-            click.echo(f"  error: {view['error'][:2000]}")
-        if display["status"] != "completed":
-            sys.exit(EXIT_RUNTIME)
+        _follow_and_exit(paths, receipt["runId"], as_json, events=not as_json)
 
 
-# Display statuses after which a run moves on only when someone acts.
-SETTLED = frozenset({"completed", "failed", "timed_out", "cancelled", "waiting", "paused", "ambiguous"})
+def _follow_and_exit(paths: StatePaths, run_id: str, as_json: bool, events: bool) -> None:
+    """Follow the run until it is settled; print the final view (--json) or how it stands; exit 0
+    only if it completed."""
+    emit = (watch.print_json if as_json else watch.print_human) if events else None
+    try:
+        view = watch.follow(paths, run_id, emit, live=not as_json)
+    except KeyboardInterrupt:
+        watch.interrupted(run_id)
+    if as_json:
+        click.echo(canonical.dumps(view))
+    else:
+        for line in story.outcome(view):
+            click.echo(line)
+    if view["display"]["status"] != "completed":
+        sys.exit(EXIT_RUNTIME)
 
 
-def _wait_until_settled(paths: StatePaths, run_id: str) -> dict[str, Any]:
-    """Poll run.status (live views come with view.run.watch) until the run is settled."""
-    delay = 0.02
-    with WorkflowClient(paths.state_dir) as client:
-        while True:
-            view = accepted(client.request("run.status", {}, run_id=run_id))
-            parked = view["display"]["activity"] == "parked" and view["display"]["reason"] != "shutdown"
-            if view["display"]["status"] in SETTLED or parked:
-                return view  # type: ignore[no-any-return]
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+@run_group.command("watch")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event line, then the final run view.")
+@click.pass_obj
+def run_watch(paths: StatePaths, run_id: str, as_json: bool) -> None:
+    """Follow a run: a line as each step starts and ends, the question when it waits at a checkpoint.
+
+    Stops when the run ends or needs someone (waiting, paused, ambiguous, parked); exits 0 only if it
+    completed. On a terminal a status line shows the current node and the elapsed time. Ctrl-C: exit
+    130, the run goes on. Events with --json: stepStarted, stepFinished, waiting, finished.
+
+    Example: pi-workflows run watch run-0123abcd
+    """
+    _follow_and_exit(paths, run_id, as_json, events=True)
 
 
 @run_group.command("status")
@@ -106,7 +108,8 @@ def _wait_until_settled(paths: StatePaths, run_id: str) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the pi-workflows.run-view.v1 object as one line.")
 @click.pass_obj
 def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
-    """Show one run: status, current node, steps, display controls.
+    """Show a run's full story: status and why, source, times, every step with its output or error,
+    a waiting checkpoint's question and the command that answers it, effects to review, the controls.
 
     Example: pi-workflows run status run-0123abcd --json
     """
@@ -114,20 +117,8 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(canonical.dumps(view))
         return
-    run, display = view["run"], view["display"]
-    click.echo(f"{view['runId']}  {run['workflowName']}  {display['status']} ({display['activity']})")
-    if run["title"]:
-        click.echo(f"  title: {run['title']}")
-    click.echo(f"  project: {run['projectPath']}")
-    click.echo(f"  controls: {', '.join(display['controls']) or '-'}")
-    if view["output"] is not None:
-        click.echo(f"  output: {canonical.dumps(view['output'])[:500]}")
-    if view["error"] is not None:
-        click.echo(f"  error ({run['errorCode'] or 'failed'}): {view['error'][:500]}")
-    steps = view["steps"]["items"]
-    click.echo(f"  steps: {len(steps)}" + ("" if steps else " (none yet)"))
-    for step in steps:
-        click.echo(f"    {step['stepIndex']:>3} {step['nodePath']} [{step['nodeKind']}] {step['status']}")
+    for line in story.story(view):
+        click.echo(line)
 
 
 def _control(name: str, summary: str, done: str) -> None:

@@ -22,7 +22,10 @@ from piworkflows.protocol import client_v1
 @main.group("state")
 def state_group() -> None:
     """Inspect, back up, prune and verify the durable state through the server; move an
-    incompatible one aside with the server stopped (state reset)."""
+    incompatible one aside with the server stopped (state reset).
+
+    Example: pi-workflows state status
+    """
 
 
 @state_group.command("status")

@@ -239,6 +239,19 @@ def read_json(conn: sqlite3.Connection, digest: bytes) -> Any:
 # --- effects ------------------------------------------------------------------
 
 
+def node_effect_key(run_id: str, effect_type: str, node_path: str, visit: int) -> str:
+    """The idempotency key of a node's effect: one effect per node visit."""
+    return canonical.dumps([run_id, effect_type, node_path, visit])
+
+
+def effect_node(owner_scope: str, idempotency_key: str) -> tuple[str | None, int | None]:
+    """The node path and visit a run-scoped effect was reserved for (``node_effect_key``), else (None, None)."""
+    if owner_scope == "run" and idempotency_key.startswith("["):
+        node_path, visit = canonical.loads(idempotency_key)[2:4]
+        return node_path, visit
+    return None, None
+
+
 def insert_effect(
     conn: sqlite3.Connection,
     request: EffectRequest,

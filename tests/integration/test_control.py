@@ -577,7 +577,8 @@ def test_the_cli_starts_and_waits(tmp_path, server, project):
     assert waits.returncode == 1 and " waiting" in waits.stdout
     write(project, "crashy", CRASHY % str(tmp_path / "never-fixed"))
     parked = cli(server, home, "run", "start", "crashy", "--project", str(project), "--wait")
-    assert parked.returncode == 1 and " queued (runnerNoProgress)" in parked.stdout
+    assert parked.returncode == 1 and " queued\n" in parked.stdout
+    assert "  parked: the runner exited before it saved progress" in parked.stdout
     usage = cli(server, home, "run", "start", "tenstep", "--project", str(project), "--input", "not json")
     assert usage.returncode == 2 and "not JSON" in usage.stderr
     no_project = cli(server, home, "run", "start", "tenstep", "--project", str(tmp_path / "nowhere"))

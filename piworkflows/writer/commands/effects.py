@@ -388,14 +388,13 @@ class ListEffects(Handler[EffectList]):
         items = []
         for (effect_id, effect_type, status, policy, performer, run_id, key, scope, attempts, max_attempts,
              available_at, error_code, created_at, updated_at, settled_at) in rows:  # fmt: skip
+            node_path, visit = records.effect_node(scope, key)
             item: dict[str, Any] = {
                 "effectId": effect_id, "effectType": effect_type, "status": status, "recoveryPolicy": policy,
-                "performer": performer, "runId": run_id, "nodePath": None, "visit": None, "attempts": attempts,
+                "performer": performer, "runId": run_id, "nodePath": node_path, "visit": visit, "attempts": attempts,
                 "maxAttempts": max_attempts, "nextAttemptAt": available_at if status == "pending" else None,
                 "errorCode": error_code, "createdAt": created_at, "updatedAt": updated_at, "settledAt": settled_at,
             }  # fmt: skip
-            if scope == "run" and key.startswith("["):  # a node's key: [runId, effect type, full node path, visit]
-                item["nodePath"], item["visit"] = json.loads(key)[2:4]
             items.append(item)
         return Result(receipt={"items": items, "now": tx.now})
 

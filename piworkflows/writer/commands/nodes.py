@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal import (
     BlobValue,
@@ -249,7 +248,7 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
         node_path, visit = row[0], row[1]
         request = EffectRequest(
             effect_type=cmd.effect_type,
-            idempotency_key=canonical.dumps([cmd.run_id, cmd.effect_type, node_path, visit]),
+            idempotency_key=records.node_effect_key(cmd.run_id, cmd.effect_type, node_path, visit),
             payload=cmd.payload,
             effect_class="external",
             performer=cmd.performer,
@@ -307,14 +306,7 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
             (cmd.run_id, cmd.node_path),
         ).fetchone()
         if waiting is None:
-            answered = conn.execute(
-                "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND node_path = ? AND node_kind = 'checkpoint' "
-                "AND attempt_status = 'completed' ORDER BY finished_at DESC LIMIT 1",
-                (cmd.run_id, cmd.node_path),
-            ).fetchone()
-            if answered is not None:
-                raise CommandError("winnerDecided", "the checkpoint was already answered", attemptId=answered[0])
-            raise CommandError("notWaiting", "the run does not wait at this checkpoint", nodePath=cmd.node_path)
+            _refuse_answer(conn, cmd)
         attempt_id = waiting[0]
 
         def apply(stamp: Stamp) -> None:
@@ -330,6 +322,27 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
 
         return Change(event_type="checkpoint.answered", apply=apply, blobs=[cmd.answer],
                       receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"})  # fmt: skip
+
+
+def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
+    """Why no checkpoint NODE waits: it was answered, or the run waits elsewhere (named in the
+    details ``waitingNode`` and the sentence) or nowhere."""
+    row = conn.execute("SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'waiting'",
+                       (cmd.run_id,)).fetchone()  # fmt: skip
+    waiting = {"waitingNode": row[0]} if row is not None else {}
+    answered = conn.execute(
+        "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND node_path = ? AND node_kind = 'checkpoint' "
+        "AND attempt_status = 'completed' ORDER BY finished_at DESC LIMIT 1",
+        (cmd.run_id, cmd.node_path),
+    ).fetchone()
+    if answered is not None:
+        now_waits = f"; run {cmd.run_id} now waits at node '{row[0]}'" if row is not None else ""
+        raise CommandError("winnerDecided", "the checkpoint was already answered" + now_waits,
+                           attemptId=answered[0], **waiting)  # fmt: skip
+    if row is None:
+        raise CommandError("notWaiting", f"run {cmd.run_id} does not wait at any checkpoint", nodePath=cmd.node_path)
+    raise CommandError("notWaiting", f"run {cmd.run_id} waits at node '{row[0]}', not '{cmd.node_path}'",
+                       nodePath=cmd.node_path, **waiting)  # fmt: skip
 
 
 HANDLERS = (StartNode(), FinishNode(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())

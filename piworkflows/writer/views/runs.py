@@ -4,6 +4,11 @@ A run list reads metadata, status, lease facts and the presentation
 revision, never payload bodies. A run view (``pi-workflows.run-view.v1``)
 adds the graph, the input (JSON reader, bounded), steps and compact trace
 events (at most 256 rows each, with a cursor), and the display object.
+Each step carries its own values (output, error text, a checkpoint's
+request): each at most ``INLINE_VALUE_BYTES`` and all of one view together
+at most ``STEP_VALUES_BYTES``, newest step first; the rest only by size and
+digest, so one view fits one reply frame. What upstream's view does not have
+stays under ``piworkflows`` (the active step, the run's ambiguous effects).
 """
 
 from __future__ import annotations
@@ -12,11 +17,16 @@ import sqlite3
 from typing import Any
 
 from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import MAX_FRAME_BYTES
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
 
 PAGE_ROWS = 256
 INLINE_VALUE_BYTES = 64 * 1024
+# The step values of one view together: with the input, output, error and 256 step and trace rows
+# beside them the view stays within one reply frame.
+STEP_VALUES_BYTES = MAX_FRAME_BYTES * 3 // 8
 RUN_VIEW_SCHEMA = "pi-workflows.run-view.v1"
 RUN_LIST_SCHEMA = "pi-workflows.run-list-page.v1"
 
@@ -122,6 +132,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
             "createdAt": created,
             "startedAt": started,
             "finishedAt": finished,
+            "durationMs": _duration(started, finished),
             "errorCode": error_code,
         },
         "source": source,
@@ -133,40 +144,123 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "steps": _steps(conn, run_id),
         "trace": _trace(conn, run_id),
         "display": display(facts),
+        "piworkflows": {
+            "currentStep": _current_step(conn, run_id),
+            "ambiguousEffects": _ambiguous_effects(conn, run_id),
+        },
     }
+
+
+def _duration(started: int | None, finished: int | None) -> int | None:
+    return finished - started if started is not None and finished is not None else None
+
+
+def _omitted(length: int, digest: bytes) -> dict[str, Any]:
+    return {"omitted": {"byteLength": length, "digest": "sha256:" + digest.hex()}}
 
 
 def _read_json(conn: sqlite3.Connection, digest: bytes, limit: int | None) -> Any:
     """A JSON value through its declared media type; above ``limit`` only its size."""
     row = conn.execute("SELECT media_type, byte_length FROM blobs WHERE digest = ?", (digest,)).fetchone()
-    if row is None or row[0] != "application/json":
+    if row is None or row[0] != MEDIA_JSON:
         raise CommandError("presentationFailed", "a stored JSON value is missing or has another media type")
     length = row[1]
     if limit is not None and length > limit:
-        return {"omitted": {"byteLength": length, "digest": "sha256:" + digest.hex()}}
+        return _omitted(length, digest)
     return records.read_json(conn, digest)
 
 
 def _read_text(conn: sqlite3.Connection, digest: bytes, limit: int) -> str:
     """A stored text value through its declared media type, cut at ``limit`` bytes."""
     row = conn.execute("SELECT media_type, substr(bytes, 1, ?) FROM blobs WHERE digest = ?", (limit, digest)).fetchone()
-    if row is None or row[0] != "text/plain;charset=utf-8":
+    if row is None or row[0] != MEDIA_TEXT:
         raise CommandError("presentationFailed", "a stored text value is missing or has another media type")
     return bytes(row[1]).decode("utf-8", "replace")
 
 
+class _StepValues:
+    """Reads step values while the view's budget lasts; a value it cannot afford is only its size and digest.
+
+    Sizes come from the blobs rows (``byte_length``), so nothing beyond the budget is read.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, budget: int) -> None:
+        self.conn, self.left = conn, budget
+
+    def _afford(self, cost: int) -> bool:
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
+
+    def json(self, digest: bytes | None, length: int | None) -> Any:
+        if digest is None or length is None:
+            return None
+        if length > INLINE_VALUE_BYTES or not self._afford(length):
+            return _omitted(length, digest)
+        return _read_json(self.conn, digest, limit=None)
+
+    def text(self, digest: bytes | None, length: int | None) -> Any:
+        """Error text, cut at INLINE_VALUE_BYTES."""
+        if digest is None or length is None:
+            return None
+        if not self._afford(min(length, INLINE_VALUE_BYTES)):
+            return _omitted(length, digest)
+        return _read_text(self.conn, digest, INLINE_VALUE_BYTES)
+
+
+# A step row with its values' digests and stored sizes (a LEFT JOIN to blobs each: no bytes read).
+_STEP_SELECT = """
+    SELECT s.step_index, a.attempt_id, a.node_path, a.node_kind, a.visit_number, a.attempt_number,
+           a.attempt_status, a.outcome, a.started_at, a.finished_at, a.error_code,
+           a.output_digest, o.byte_length, a.error_digest, e.byte_length, a.receipt_digest, q.byte_length
+    FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
+    LEFT JOIN blobs o ON o.digest = a.output_digest LEFT JOIN blobs e ON e.digest = a.error_digest
+    LEFT JOIN blobs q ON q.digest = a.receipt_digest
+"""
+_STEP_KEYS = ("stepIndex", "attemptId", "nodePath", "nodeKind", "visit", "attempt", "status", "outcome", "startedAt",
+              "finishedAt", "errorCode")  # fmt: skip
+
+
+def _step(row: tuple[Any, ...], values: _StepValues) -> dict[str, Any]:
+    """One step item: its row's facts, its duration once finished, and its values (the request of a
+    checkpoint first: it is what a waiting run needs answered)."""
+    item = dict(zip(_STEP_KEYS, row[:11], strict=True))
+    output, output_length, error, error_length, request, request_length = row[11:]
+    item["durationMs"] = _duration(item["startedAt"], item["finishedAt"])
+    item["request"] = values.json(request, request_length) if item["nodeKind"] == "checkpoint" else None
+    item["error"] = values.text(error, error_length)
+    item["output"] = values.json(output, output_length)
+    return item
+
+
 def _steps(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    rows = conn.execute(
-        """SELECT s.step_index, a.attempt_id, a.node_path, a.node_kind, a.visit_number, a.attempt_number,
-                  a.attempt_status, a.outcome, a.started_at, a.finished_at, a.error_code
-           FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
-           WHERE s.run_id = ? ORDER BY s.step_index LIMIT ?""",
-        (run_id, PAGE_ROWS + 1),
-    ).fetchall()
-    keys = ("stepIndex", "attemptId", "nodePath", "nodeKind", "visit", "attempt", "status", "outcome", "startedAt",
-            "finishedAt", "errorCode")  # fmt: skip
-    items = [dict(zip(keys, row, strict=True)) for row in rows[:PAGE_ROWS]]
+    rows = conn.execute(f"{_STEP_SELECT} WHERE s.run_id = ? ORDER BY s.step_index LIMIT ?",
+                        (run_id, PAGE_ROWS + 1)).fetchall()  # fmt: skip
+    values = _StepValues(conn, STEP_VALUES_BYTES)
+    items = [_step(row, values) for row in reversed(rows[:PAGE_ROWS])][::-1]  # the newest step's values first
     return {"items": items, "cursor": items[-1]["stepIndex"] if len(rows) > PAGE_ROWS else None}
+
+
+def _current_step(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    """The run's active step (running, or a checkpoint waiting with its request), also past the steps' page."""
+    row = conn.execute(f"{_STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')",
+                       (run_id,)).fetchone()  # fmt: skip
+    return None if row is None else _step(row, _StepValues(conn, INLINE_VALUE_BYTES))
+
+
+def _ambiguous_effects(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+    """The run's effects waiting for an operator's review, each with the node visit it was reserved for."""
+    rows = conn.execute(
+        "SELECT effect_id, effect_type, owner_scope, idempotency_key FROM effects "
+        "WHERE run_id = ? AND effect_status = 'ambiguous' ORDER BY created_at, effect_id LIMIT ?",
+        (run_id, PAGE_ROWS),
+    ).fetchall()
+    items = []
+    for effect_id, effect_type, scope, key in rows:
+        node_path, visit = records.effect_node(scope, key)
+        items.append({"effectId": effect_id, "effectType": effect_type, "nodePath": node_path, "visit": visit})
+    return items
 
 
 def _trace(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:

@@ -1,0 +1,272 @@
+"""A run's story for people: the run view (``pi-workflows.run-view.v1``) as lines of at most 80 columns.
+
+The view holds the facts; this module only renders them (``run status``, ``run watch``, ``run start
+--wait``): times in local time, durations, JSON values as canonical JSON text, missing values as "-",
+texts wrapped and bounded, and the exact commands an operator runs next (``base.command_line``, with
+--state-dir when one was given). Never a Python repr. Paths and commands are printed whole, so a long
+state directory or project path makes its own line wider.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from typing import Any
+
+from piworkflows import canonical
+from piworkflows.cli.base import command_line
+from piworkflows.states import ACTIVE_ATTEMPT_STATUSES
+
+WIDTH = 80
+SHOWN_LINES = 5  # of a shell node's stdout and stderr: the last ones
+TEXT_LINES = 4  # of a value, an error or a question
+
+# A display reason (a park reason, or effectAmbiguous) in words; tests keep the keys equal to states.PARK_REASONS.
+REASON_WORDS = {
+    "shutdown": "the server stopped while it ran; it goes on by itself",
+    "paused": "paused by an operator",
+    "runnerNoProgress": "the runner exited before it saved progress",
+    "workflowSourceChanged": "the workflow file changed after the run started",
+    "effectAmbiguous": "an outside effect may or may not have acted",
+}
+
+
+def reason_words(reason: str) -> str:
+    return REASON_WORDS.get(reason, reason)
+
+
+def moment(ms: int | None) -> str:
+    """A local date and time, or "-"."""
+    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def clock(ms: int | None) -> str:
+    """A local time of day, or "-"."""
+    return "-" if ms is None else time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    seconds = ms // 1000
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds // 60 % 60:02d}m"
+
+
+def omitted(value: Any) -> int | None:
+    """The size of a value the view left out (``{"omitted": {byteLength, digest}}``), else None."""
+    if isinstance(value, dict) and set(value) == {"omitted"} and isinstance(value["omitted"], dict):
+        length = value["omitted"].get("byteLength")
+        return length if isinstance(length, int) else None
+    return None
+
+
+def json_text(value: Any) -> str:
+    size = omitted(value)
+    return f"{size} bytes, too large to show here" if size is not None else canonical.dumps(value)
+
+
+def cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> list[str]:
+    """``label: text`` wrapped to WIDTH under ``indent`` spaces, at most ``max_lines`` lines ("..." when cut)."""
+    pad = " " * indent
+    lines: list[str] = []
+    for paragraph in text.splitlines() or [""]:
+        lead = pad + "  " if lines else f"{pad}{label}: "
+        lines += textwrap.wrap(paragraph.expandtabs(), WIDTH, initial_indent=lead, subsequent_indent=pad + "  ",
+                               break_long_words=True) or [lead.rstrip()]  # fmt: skip
+    if len(lines) > max_lines:
+        lines = lines[: max_lines - 1] + [lines[max_lines - 1][: WIDTH - 4] + " ..."]
+    return lines
+
+
+def command(label: str, text: str, indent: int) -> list[str]:
+    """``label: command``, never wrapped (it is copied whole); on its own line when it does not fit."""
+    pad = " " * indent
+    line = f"{pad}{label}: {text}"
+    return [line] if len(line) <= WIDTH else [f"{pad}{label}:", f"{pad}  {text}"]
+
+
+def answer_command(run_id: str, node_path: str) -> str:
+    """The command that answers a waiting checkpoint; 'JSON' stands for the answer."""
+    return command_line("answer", run_id, node_path) + " 'JSON'"
+
+
+def question(run_id: str, step: dict[str, Any], indent: int) -> list[str]:
+    """A checkpoint's request (its summary and details); while it waits, the command that answers it."""
+    request = step.get("request")
+    lines: list[str] = []
+    if isinstance(request, dict) and omitted(request) is None:
+        summary = request.get("summary")
+        lines += block("question", summary if isinstance(summary, str) and summary else json_text(summary), indent)
+        if request.get("details") is not None:
+            lines += block("details", json_text(request["details"]), indent)
+    elif request is not None:
+        lines += block("question", json_text(request), indent)
+    if step["status"] == "waiting":
+        lines += command("answer it", answer_command(run_id, step["nodePath"]), indent)
+    return lines
+
+
+def review(effect: dict[str, Any], indent: int) -> list[str]:
+    """An ambiguous effect: its id, and the commands that settle it."""
+    effect_id = effect["effectId"]
+    line = f"{' ' * indent}ambiguous effect {effect_id}"
+    if len(line) + len(effect["effectType"]) + 3 <= WIDTH:
+        line += f" ({effect['effectType']})"
+    return [
+        line,
+        *command("it acted", command_line("effect", "confirm", effect_id), indent + 2),
+        *command("run again", command_line("effect", "retry", effect_id), indent + 2),
+    ]
+
+
+def step_label(step: dict[str, Any]) -> str:
+    """``node (kind)``, with the visit and attempt when they are not the first."""
+    extra = "".join(f", {name} {step[name]}" for name in ("visit", "attempt") if step[name] != 1)
+    return f"{step['nodePath']} ({step['nodeKind']}{extra})"
+
+
+def _shell(output: dict[str, Any], indent: int) -> list[str]:
+    """A shell node's output: how the command ended, then the last lines of stdout and stderr."""
+    pad = " " * indent
+    code, signal = output.get("exitCode"), output.get("signal")
+    ended = f"exit code {code}" if code is not None else f"signal {signal or '-'}"
+    lines = [f"{pad}{ended} after {duration(output.get('durationMs'))}"]
+    for stream in ("stdout", "stderr"):
+        text = output.get(stream) or ""
+        if not isinstance(text, str):
+            lines += block(stream, json_text(text), indent)
+            continue
+        rows = text.rstrip("\n").splitlines()
+        if not rows:
+            lines.append(f"{pad}{stream}: (empty)")
+            continue
+        shown = rows[-SHOWN_LINES:]
+        more = f" (last {len(shown)} of {len(rows)} lines)" if len(rows) > len(shown) else ""
+        lines.append(f"{pad}{stream}{more}:")
+        lines += [cut(f"{pad}  {row.expandtabs()}", WIDTH) for row in shown]
+    return lines
+
+
+def _is_shell_output(step: dict[str, Any]) -> bool:
+    output = step.get("output")
+    return step["nodeKind"] == "shell" and isinstance(output, dict) and {"stdout", "stderr", "exitCode"} <= set(output)
+
+
+def step_details(run_id: str, step: dict[str, Any], effects: list[dict[str, Any]], indent: int) -> list[str]:
+    """What happened inside a step: its output, error, question and ambiguous effects."""
+    lines: list[str] = []
+    if step["nodeKind"] == "checkpoint":
+        lines += question(run_id, step, indent)
+        if step["status"] not in ACTIVE_ATTEMPT_STATUSES and step.get("output") is not None:
+            lines += block("answer", json_text(step["output"]), indent)
+    elif _is_shell_output(step):
+        lines += _shell(step["output"], indent)
+    elif step.get("output") is not None:
+        lines += block("output", json_text(step["output"]), indent)
+    if step.get("error") is not None:
+        error = step["error"] if isinstance(step["error"], str) else json_text(step["error"])
+        lines += block(_error_label(step["errorCode"]), error, indent)
+    for effect in effects:
+        lines += review(effect, indent)
+    return lines
+
+
+def _error_label(code: str | None) -> str:
+    return f"error ({code})" if code else "error"
+
+
+def _steps_table(run_id: str, steps: list[dict[str, Any]], effects: list[dict[str, Any]]) -> list[str]:
+    """One line per step (index, node, kind, visit/attempt, status, started, duration), its details under it.
+    An ambiguous effect shows under the last step of its node visit."""
+    node_width = max([4, *(len(s["nodePath"]) for s in steps)])
+    kind_width = max([4, *(len(s["nodeKind"]) for s in steps)])
+    lines = [f"  {'#':>3}  {'node':<{node_width}}  {'kind':<{kind_width}}  try  {'status':<11}  started   duration"]
+    last_of_visit = {(s["nodePath"], s["visit"]): s["stepIndex"] for s in steps}
+    for step in steps:
+        tries = f"{step['visit']}/{step['attempt']}"
+        lines.append(f"  {step['stepIndex']:>3}  {step['nodePath']:<{node_width}}  {step['nodeKind']:<{kind_width}}  "
+                     f"{tries:<3}  {step['status']:<11}  {clock(step['startedAt']):<8}  "
+                     f"{duration(step['durationMs']):>8}".rstrip())  # fmt: skip
+        mine = [e for e in effects if last_of_visit.get((e["nodePath"], e["visit"])) == step["stepIndex"]]
+        lines += step_details(run_id, step, mine, indent=8)
+    return lines
+
+
+def _source(view: dict[str, Any]) -> str:
+    source, project = view["source"], view["run"]["projectPath"]
+    if source["kind"] == "builtin":
+        return f"{source['id']}, revision {source['revision']}"
+    path = source["path"] or "-"
+    if path.startswith(project.rstrip("/") + "/"):
+        path = path[len(project.rstrip("/")) + 1 :]
+    return f"{path}, sha256 {source['sha256'][:12]}"
+
+
+def _times(run: dict[str, Any]) -> list[str]:
+    created = run["createdAt"]
+    day = time.strftime("%Y-%m-%d", time.localtime(created / 1000))
+
+    def when(ms: int | None) -> str:  # a time of the creation day without its date
+        text = moment(ms)
+        return text[len(day) + 1 :] if text.startswith(day + " ") else text
+
+    return [f"  created {moment(created)}, started {when(run['startedAt'])}",
+            f"  finished {when(run['finishedAt'])}, duration {duration(run['durationMs'])}"]  # fmt: skip
+
+
+def _reason(display: dict[str, Any]) -> list[str]:
+    """Why the run stands still (parked, or an effect to review), in words."""
+    return block(display["activity"], reason_words(display["reason"]), 2) if display["reason"] else []
+
+
+def outcome(view: dict[str, Any]) -> list[str]:
+    """How the run stands: status and reason in words, the run's output or error, effects to review."""
+    run, display, run_id = view["run"], view["display"], view["runId"]
+    lines = [f"{run_id} {display['status']}", *_reason(display)]
+    if view["output"] is not None:
+        lines += block("output", json_text(view["output"]), 2)
+    if view["error"] is not None:
+        lines += block(_error_label(run["errorCode"]), view["error"], 2)
+    for effect in view["piworkflows"]["ambiguousEffects"]:
+        lines += review(effect, 2)
+    return lines
+
+
+def story(view: dict[str, Any]) -> list[str]:
+    """``run status``: header, times, every step with what happened inside it, the controls allowed now."""
+    run, display, run_id = view["run"], view["display"], view["runId"]
+    lines = [f"{run_id}  {run['workflowName']}  {display['status']} ({display['activity']})"]
+    lines += _reason(display)
+    if run["title"]:
+        lines += block("title", run["title"], 2)
+    lines += [f"  source: {_source(view)}", f"  project: {run['projectPath']}", *_times(run)]
+    if view["output"] is not None:
+        lines += block("output", json_text(view["output"]), 2)
+    if view["error"] is not None:
+        lines += block(_error_label(run["errorCode"]), view["error"], 2)
+    steps = list(view["steps"]["items"])
+    current = view["piworkflows"]["currentStep"]
+    effects = view["piworkflows"]["ambiguousEffects"]
+    more = view["steps"]["cursor"] is not None
+    lines.append(f"  steps: {len(steps)}{' (the first ones; more not shown)' if more else ''}" if steps
+                 else "  steps: none yet")  # fmt: skip
+    if current is not None and all(s["stepIndex"] != current["stepIndex"] for s in steps):
+        steps.append(current)  # past the steps' page: the active step still shows
+    if steps:
+        lines += _steps_table(run_id, steps, effects)
+    shown = {(s["nodePath"], s["visit"]) for s in steps}
+    for effect in effects:
+        if (effect["nodePath"], effect["visit"]) not in shown:
+            lines += review(effect, 2)
+    lines.append(f"  controls: {', '.join(display['controls']) or '-'}")
+    return lines

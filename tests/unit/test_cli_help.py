@@ -1,0 +1,26 @@
+"""Every CLI command and group explains itself with an example, within 80 columns."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from piworkflows.cli import main
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [path]
+    for name, command in group.commands.items():
+        found += commands(command, (*path, name)) if isinstance(command, click.Group) else [(*path, name)]
+    return found
+
+
+@pytest.mark.parametrize("path", commands(main), ids=lambda path: " ".join(path) or "pi-workflows")
+def test_every_help_has_an_example(path):
+    result = CliRunner().invoke(main, [*path, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    assert "Example: pi-workflows " in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output

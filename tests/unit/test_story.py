@@ -1,0 +1,69 @@
+"""The CLI's run story and watch, without a server: words, formats, wrapping, and the events of
+successive run views."""
+
+from __future__ import annotations
+
+import pytest
+
+from piworkflows.cli import story
+from piworkflows.cli.watch import Follower, settled
+from piworkflows.states import PARK_REASONS
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_every_park_reason_has_words():
+    assert set(story.REASON_WORDS) == PARK_REASONS
+
+
+@pytest.mark.parametrize(
+    "ms, text",
+    [(None, "-"), (0, "0 ms"), (999, "999 ms"), (1_500, "1.5 s"), (125_000, "2m 05s"), (3_720_000, "1h 02m")],
+)
+def test_durations(ms, text):
+    assert story.duration(ms) == text
+
+
+def test_blocks_wrap_within_80_columns_and_stop_after_a_few_lines():
+    lines = story.block("error", "word " * 200, indent=8)
+    assert len(lines) == story.TEXT_LINES and lines[0].startswith("        error: word")
+    assert all(len(line) <= story.WIDTH for line in lines) and lines[-1].endswith(" ...")
+    assert story.block("output", '{"a":1}', indent=2) == ['  output: {"a":1}']
+    too_large = {"omitted": {"byteLength": 70000, "digest": "sha256:00"}}
+    assert story.json_text(too_large) == "70000 bytes, too large to show here"
+
+
+def step(index: int, status: str, kind: str = "compute") -> dict:
+    done = status not in ("running", "waiting")
+    return {"stepIndex": index, "attemptId": f"attempt-{index}", "nodePath": f"n{index}", "nodeKind": kind,
+            "visit": 1, "attempt": 1, "status": status, "outcome": "ok" if done else None, "startedAt": 1000,
+            "finishedAt": 1005 if done else None, "durationMs": 5 if done else None, "errorCode": None,
+            "output": None, "error": None, "request": {"summary": "go?"} if kind == "checkpoint" else None}  # fmt: skip
+
+
+def run_view(status: str, steps: list[dict], activity: str = "running", reason: str | None = None) -> dict:
+    current = next((s for s in steps if s["status"] in ("running", "waiting")), None)
+    return {"runId": "run-1", "run": {"errorCode": None}, "steps": {"items": steps, "cursor": None},
+            "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
+            "piworkflows": {"currentStep": current, "ambiguousEffects": []}}  # fmt: skip
+
+
+def test_the_follower_reports_each_start_end_wait_and_finish_once():
+    follower = Follower()
+    names = lambda view: [(e["event"], e.get("stepIndex")) for e, _ in follower.events(view)]  # noqa: E731
+    assert names(run_view("running", [step(0, "running")])) == [("stepStarted", 0)]
+    assert names(run_view("running", [step(0, "running")])) == []
+    # Missed in between: step 1 started and ended, step 2 started and waits.
+    waiting = run_view("waiting", [step(0, "completed"), step(1, "completed"), step(2, "waiting", "checkpoint")])
+    assert names(waiting) == [("stepFinished", 0), ("stepStarted", 1), ("stepFinished", 1), ("stepStarted", 2),
+                              ("waiting", 2)]  # fmt: skip
+    assert names(waiting) == [] and settled(waiting)
+    done = run_view("completed", [step(0, "completed"), step(1, "completed"), step(2, "completed", "checkpoint")],
+                    activity="finished")  # fmt: skip
+    assert names(done) == [("stepFinished", 2), ("finished", None)] and names(done) == []
+
+
+def test_parked_runs_are_settled_unless_for_a_shutdown():
+    assert settled(run_view("queued", [], activity="parked", reason="runnerNoProgress"))
+    assert not settled(run_view("queued", [], activity="parked", reason="shutdown"))
+    assert not settled(run_view("running", [step(0, "running")]))
