@@ -563,8 +563,9 @@ class NodeStart(Command):
 class NodeFinish(Command):
     """A runner ends a node: its outcome and output, and where the run goes next.
 
-    ``error`` is the node's error when it failed, or the run's when a
-    successful node leads nowhere (a routing error, max_steps).
+    ``error`` is the node's error when it failed. ``run_error`` is the run's
+    when it fails here: a routing error, max_steps, or the failed node that
+    ends it, named (without it a failed node's error is the run's).
     """
 
     kind: ClassVar[str] = "node.finish"
@@ -579,6 +580,7 @@ class NodeFinish(Command):
     next_node: str | None = Field(default=None, min_length=1, max_length=1024)
     end_status: Literal["completed", "failed", "timed_out", "cancelled"] | None = None
     start_next: NextAttempt | None = None  # start next_node's attempt in the same commit (one round trip)
+    run_error: BlobValue | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> NodeFinish:
@@ -586,12 +588,39 @@ class NodeFinish(Command):
             raise ValueError("a finished node names either the next node or how the run ends")
         if self.output is not None and self.output.media_type != MEDIA_JSON:
             raise ValueError("a node output is JSON")
-        if self.error is not None and self.error.media_type != MEDIA_TEXT:
-            raise ValueError("a node error is text")
-        if self.outcome == "ok" and self.error is not None and self.end_status != "failed":
-            raise ValueError("a successful node carries no error (only a run that fails on its route does)")
+        if any(e is not None and e.media_type != MEDIA_TEXT for e in (self.error, self.run_error)):
+            raise ValueError("a node or run error is text")
+        if self.outcome == "ok" and self.error is not None:
+            raise ValueError("a successful node carries no error (a run that fails on its route has run_error)")
+        if self.run_error is not None and self.end_status in (None, "completed"):
+            raise ValueError("run_error is the error of a run that ends here without completing")
         if self.start_next is not None and self.next_node is None:
             raise ValueError("start_next starts the next node")
+        return self
+
+
+class RunFinish(Command):
+    """A runner ends its run where no node is active: the route after an answered checkpoint
+    (completed with the answer, or a routing error), or workflow code outside any node's own
+    execution that failed (the module's load): ``failed`` with the code and an error naming
+    the node or file."""
+
+    kind: ClassVar[str] = "run.finish"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    end_status: Literal["completed", "failed"]
+    output: BlobValue | None = None
+    error: BlobValue | None = None
+    error_code: str | None = Field(default=None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _shape(self) -> RunFinish:
+        if self.end_status == "completed":
+            if self.output is None or self.output.media_type != MEDIA_JSON or self.error or self.error_code:
+                raise ValueError("a completed run has a JSON output and no error")
+        elif self.error is None or self.error.media_type != MEDIA_TEXT or self.error_code is None or self.output:
+            raise ValueError("a failed run has an error text and an error code, and no output")
         return self
 
 
@@ -728,6 +757,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunnerExited,
         NodeStart,
         NodeFinish,
+        RunFinish,
         NodeWait,
         CheckpointAnswer,
         RunCancel,

@@ -48,6 +48,7 @@ log = logging.getLogger("piworkflows.supervisor")
 RUNNER_MARKER = "piworkflows.runner"
 RUNS_PER_PROCESS = 1000  # a runner process is recycled after this many runs (a Python start: ~0.4 s CPU)
 SERVER = {"actor_class": "server"}
+RUN_MESSAGES = frozenset({"node.start", "node.finish", "node.wait", "run.finish"})  # forwarded under the claim
 
 
 @dataclass
@@ -257,7 +258,7 @@ class Scheduler:
             return reply
         if kind == "effect.await":
             return await self._await_effect(handle, frame["b"]["effect_id"])
-        if kind not in ("node.start", "node.finish", "node.wait"):
+        if kind not in RUN_MESSAGES:
             return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
         return await self._forward_run_message(handle, frame, kind)
 
