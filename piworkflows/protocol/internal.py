@@ -32,6 +32,7 @@ LOG = "log"  # a child's log record, written to the server log by the supervisor
 HEALTH = "health"  # the writer's ability to commit changed (WriterHealth)
 
 MAX_FRAME_BYTES = 1024 * 1024
+MAX_PARK_DETAIL_BYTES = 1024  # a dead runner's last stderr line (settings bound it to fewer characters)
 MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its envelope
 MAX_BLOB_READ_BYTES = 256 * 1024
 
@@ -523,6 +524,17 @@ class RunnerExited(Command):
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
     # the runner refused to run changed code, or met an effect only an operator can resolve
     park_reason: Literal["workflowSourceChanged", "effectAmbiguous"] | None = None
+    # a runner that died: its last stderr line (the exception class and message), kept with a
+    # runnerNoProgress park as the runner.exited event's payload
+    park_detail: BlobValue | None = None
+
+    @model_validator(mode="after")
+    def _short_text(self) -> RunnerExited:
+        if self.park_detail is not None and (
+            self.park_detail.media_type != MEDIA_TEXT or len(self.park_detail.data) > MAX_PARK_DETAIL_BYTES
+        ):
+            raise ValueError(f"a park detail is text of at most {MAX_PARK_DETAIL_BYTES} bytes")
+        return self
 
 
 NodeKind = Literal[

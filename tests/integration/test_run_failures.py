@@ -1,9 +1,11 @@
-"""A run never gets stuck in silence: workflow failures fail the run, naming the node or file.
+"""A run never gets stuck in silence: workflow failures fail the run, dying runners leave their last words.
 
 Through the CLI on real servers: a failure while a runner continues a run (the
 route of an answered checkpoint, the module's load, an include's input) fails
-the run with the node or file named; ``builtin:shell-check`` fails when the
-checked command fails.
+the run with the node or file named; a runner that dies before it saved
+progress parks ``runnerNoProgress`` with its last stderr lines in server.log and
+a park detail in the run view; ``builtin:shell-check`` fails when the checked
+command fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from tests.engine_util import CHECKPOINT, start, view, wait_status, write
 from tests.integration.test_effects import query
-from tests.server_util import ServerProcess, check_state
+from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -57,6 +59,17 @@ workflow = define_workflow("asks", "ask", {
 }, [switch("ask", on="$result.outcome", cases={"failed": "sorry"})])
 """
 
+# Dies (exit 3) in the runner before anything is saved, after a last word on stderr.
+DIES_IN_RUNNER = """
+import os, sys
+from piworkflows.workflows import compute, define_workflow
+if sys.argv[-1] == "run":
+    print("loading the helper table", file=sys.stderr)
+    print("boom: ValueError('x')", file=sys.stderr, flush=True)
+    os._exit(3)
+workflow = define_workflow("dying", "only", {"only": compute(lambda ctx: 1)})
+"""
+
 
 @pytest.fixture
 def server(tmp_path: Path):
@@ -75,6 +88,7 @@ def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, pr
     failed = wait_status(server, run_id, "failed", "completed")
     assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "routingError"
     assert failed["error"] == "node 'ask': no case for $.go = maybe (cases: false, true)"
+    assert failed["piworkflows"] == {"parkDetail": None}
     status = server.cli("run", "status", run_id)
     assert status.returncode == 0 and "failed" in status.stdout and "routingError" in status.stdout
     assert "node 'ask': no case for $.go = maybe" in status.stdout
@@ -128,6 +142,44 @@ def test_a_checkpoint_whose_summary_raises_fails_the_node_and_follows_its_outcom
     assert done["output"] == {"asked": False}
     assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("ask", "failed"),
                                                                             ("sorry", "completed")]  # fmt: skip
+
+
+def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(server, project):
+    write(project, "dying", DIES_IN_RUNNER)
+    result = server.cli("run", "start", "dying", "--project", str(project), "--wait")
+    assert result.returncode == 1 and " queued (runnerNoProgress)" in result.stdout, result.stdout + result.stderr
+    run_id = result.stdout.splitlines()[0]
+    parked = wait_until(lambda: (v := view(server, run_id))["piworkflows"]["parkDetail"] and v, what="park detail")
+    assert parked["run"]["parkReason"] == "runnerNoProgress"
+    assert parked["piworkflows"] == {"parkDetail": "boom: ValueError('x')"}
+    log = wait_until(lambda: "boom: ValueError" in (text := server.server_log()) and text, what="stderr logged")
+    assert f"runner of {run_id} stderr: loading the helper table" in log
+    assert f"runner of {run_id} stderr: boom: ValueError('x')" in log
+    # Resume works as before: one more runner, the same end, and its own detail.
+    resumed = server.cli("run", "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    wait_until(lambda: server.server_log().count(f"runner of {run_id} stderr: boom") == 2, what="parked again")
+    assert view(server, run_id)["piworkflows"] == {"parkDetail": "boom: ValueError('x')"}
+    check_state(server.state_dir)
+
+
+# Dies (exit 4) in the resolver, after a last word on stderr.
+DIES_IN_RESOLVER = """
+import os, sys
+if sys.argv[-1] == "resolve":
+    print("resolver trouble: KeyError('k')", file=sys.stderr, flush=True)
+    os._exit(4)
+"""
+
+
+def test_a_resolver_that_dies_leaves_its_stderr_in_server_log(server, project):
+    write(project, "broken", DIES_IN_RESOLVER)
+    result = server.cli("run", "start", "broken", "--project", str(project))
+    assert result.returncode == 1 and "invalidDefinition" in result.stderr, result.stdout + result.stderr
+    log = wait_until(lambda: "resolver trouble" in (text := server.server_log()) and text, what="stderr logged")
+    line = next(line for line in log.splitlines() if "resolver trouble" in line)
+    assert line.endswith(" stderr: resolver trouble: KeyError('k')") and " resolver " in line
+    assert "the resolver exited with code 4" in log
 
 
 def _shell_check(server: ServerProcess, project: Path, check: dict) -> tuple[int, str, dict]:

@@ -4,6 +4,7 @@ A run list reads metadata, status, lease facts and the presentation
 revision, never payload bodies. A run view (``pi-workflows.run-view.v1``)
 adds the graph, the input (JSON reader, bounded), steps and compact trace
 events (at most 256 rows each, with a cursor), and the display object.
+What upstream's view does not have goes under its ``piworkflows`` key.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sqlite3
 from typing import Any
 
 from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import MAX_PARK_DETAIL_BYTES
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
 
@@ -133,7 +135,18 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "steps": _steps(conn, run_id),
         "trace": _trace(conn, run_id),
         "display": display(facts),
+        "piworkflows": {"parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None},
     }
+
+
+def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
+    """What the runner that parked the run left (its last stderr line), from the latest runner exit."""
+    row = conn.execute(
+        "SELECT payload_digest FROM events WHERE resource_id = ? AND event_type = 'runner.exited' "
+        "ORDER BY resource_revision DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return _read_text(conn, row[0], limit=MAX_PARK_DETAIL_BYTES) if row and row[0] else None
 
 
 def _read_json(conn: sqlite3.Connection, digest: bytes, limit: int | None) -> Any:
