@@ -47,6 +47,12 @@ class Settings(BaseModel):
     # how many resolver children may exist at once (idle ones are kept).
     resolve_timeout_ms: int = Field(default=30_000, ge=100)
     resolvers: int = Field(default=4, ge=1, le=64)
+    # What the supervisor keeps of a runner's or resolver's stderr (workflow code's own text): the
+    # last lines, each cut to this many characters, for server.log when the child dies (a runner:
+    # before it saved progress); and how long it waits for a dead child's last lines.
+    child_stderr_lines: int = Field(default=20, ge=1, le=200)
+    child_stderr_line_chars: int = Field(default=200, ge=20, le=256)  # 4 bytes a char fit a park detail
+    child_stderr_drain_ms: int = Field(default=1_000, ge=10)
     # Outbox workers (PI_WORKFLOWS_OUTBOX_WORKERS): how many perform external effects at once,
     # their restart backoff, and how long an idle worker sleeps at most without a notice.
     outbox_workers: int = Field(default=2, ge=0, le=64)

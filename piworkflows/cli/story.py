@@ -76,13 +76,14 @@ def cut(text: str, width: int) -> str:
 
 
 def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> list[str]:
-    """``label: text`` wrapped to WIDTH under ``indent`` spaces, at most ``max_lines`` lines ("..." when cut)."""
+    """``label: text`` wrapped to WIDTH under ``indent`` spaces, at most ``max_lines`` lines ("..." when cut).
+    A word longer than a line (a path) stays whole on its own line, so it can be copied."""
     pad = " " * indent
     lines: list[str] = []
     for paragraph in text.splitlines() or [""]:
         lead = pad + "  " if lines else f"{pad}{label}: "
         lines += textwrap.wrap(paragraph.expandtabs(), WIDTH, initial_indent=lead, subsequent_indent=pad + "  ",
-                               break_long_words=True) or [lead.rstrip()]  # fmt: skip
+                               break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]  # fmt: skip
     if len(lines) > max_lines:
         lines = lines[: max_lines - 1] + [lines[max_lines - 1][: WIDTH - 4] + " ..."]
     return lines
@@ -224,15 +225,19 @@ def _times(run: dict[str, Any]) -> list[str]:
             f"  finished {when(run['finishedAt'])}, duration {duration(run['durationMs'])}"]  # fmt: skip
 
 
-def _reason(display: dict[str, Any]) -> list[str]:
-    """Why the run stands still (parked, or an effect to review), in words."""
-    return block(display["activity"], reason_words(display["reason"]), 2) if display["reason"] else []
+def _reason(view: dict[str, Any]) -> list[str]:
+    """Why the run stands still (parked, or an effect to review), in words, with what a dead runner left."""
+    display, detail = view["display"], view["piworkflows"]["parkDetail"]
+    if not display["reason"]:
+        return []
+    return block(display["activity"], reason_words(display["reason"]), 2) + (block("runner", detail, 4) if detail
+                                                                              else [])  # fmt: skip
 
 
 def outcome(view: dict[str, Any]) -> list[str]:
     """How the run stands: status and reason in words, the run's output or error, effects to review."""
     run, display, run_id = view["run"], view["display"], view["runId"]
-    lines = [f"{run_id} {display['status']}", *_reason(display)]
+    lines = [f"{run_id} {display['status']}", *_reason(view)]
     if view["output"] is not None:
         lines += block("output", json_text(view["output"]), 2)
     if view["error"] is not None:
@@ -246,7 +251,7 @@ def story(view: dict[str, Any]) -> list[str]:
     """``run status``: header, times, every step with what happened inside it, the controls allowed now."""
     run, display, run_id = view["run"], view["display"], view["runId"]
     lines = [f"{run_id}  {run['workflowName']}  {display['status']} ({display['activity']})"]
-    lines += _reason(display)
+    lines += _reason(view)
     if run["title"]:
         lines += block("title", run["title"], 2)
     lines += [f"  source: {_source(view)}", f"  project: {run['projectPath']}", *_times(run)]

@@ -29,7 +29,8 @@ NodeOutcome = Literal["ok", "failed", "timed_out"]
 @dataclass(frozen=True)
 class Outcome:
     """How one attempt ended. ``result`` (JSON) is stored on an applied effect:
-    ``{"output": node output, "nodeOutcome": "ok" | "timed_out"}``."""
+    ``{"output": node output, "nodeOutcome": "ok" | "timed_out"}``, and on a rejected one
+    whose attempt still produced output (a shell command's non-zero exit): the failed node keeps it."""
 
     settlement: Settlement
     result: Any = None
@@ -44,7 +45,7 @@ class Performer(Protocol):
 
 def node_result(outcome: Outcome) -> tuple[NodeOutcome, Any, str | None]:
     """What the node makes of a settled effect: (outcome, output, error text)."""
+    result = outcome.result or {}
     if outcome.settlement == "applied":
-        result = outcome.result or {}
         return result.get("nodeOutcome", "ok"), result.get("output"), None
-    return "failed", None, outcome.error or f"the effect was {outcome.settlement}"
+    return "failed", result.get("output"), outcome.error or f"the effect was {outcome.settlement}"

@@ -10,7 +10,8 @@
 
 Output: ``{stdout, stderr, exitCode, signal, durationMs}``, each stream
 bounded to ``maxOutputChars`` (the rest is read and dropped). A non-zero exit
-is ``rejected`` unless the node allows it. A timeout: idempotent effects settle
+is ``rejected`` unless the node allows it (the result still holds the output:
+the failed node keeps it). A timeout: idempotent effects settle
 ``applied`` with the signal recorded and the node outcome ``timed_out``;
 manual ones become ``ambiguous`` (the command may have acted).
 """
@@ -137,7 +138,7 @@ class ShellPerformer:
             return Outcome("applied", result={"output": output, "nodeOutcome": "timed_out"})
         if code != 0 and not payload["allowNonZeroExit"]:
             reason = f"exit code {code}" if code > 0 else f"signal {output['signal']}"
-            tail = output["stderr"][-2000:]
-            return Outcome("rejected", error=f"the command failed ({reason})" + (f": {tail}" if tail else ""),
-                           error_code="nonZeroExit")  # fmt: skip
+            tail = output["stderr"][-2000:].strip()
+            return Outcome("rejected", result={"output": output, "nodeOutcome": "failed"}, error_code="nonZeroExit",
+                           error=f"the command failed ({reason})" + (f": {tail}" if tail else ""))  # fmt: skip
         return Outcome("applied", result={"output": output, "nodeOutcome": "ok"})

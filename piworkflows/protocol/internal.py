@@ -32,6 +32,7 @@ LOG = "log"  # a child's log record, written to the server log by the supervisor
 HEALTH = "health"  # the writer's ability to commit changed (WriterHealth)
 
 MAX_FRAME_BYTES = 1024 * 1024
+MAX_PARK_DETAIL_BYTES = 1024  # a dead runner's last stderr line (settings bound it to fewer characters)
 MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its envelope
 MAX_BLOB_READ_BYTES = 256 * 1024
 
@@ -530,6 +531,17 @@ class RunnerExited(Command):
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
     # the runner refused to run changed code, or met an effect only an operator can resolve
     park_reason: Literal["workflowSourceChanged", "effectAmbiguous"] | None = None
+    # a runner that died: its last stderr line (the exception class and message), kept with a
+    # runnerNoProgress park as the runner.exited event's payload
+    park_detail: BlobValue | None = None
+
+    @model_validator(mode="after")
+    def _short_text(self) -> RunnerExited:
+        if self.park_detail is not None and (
+            self.park_detail.media_type != MEDIA_TEXT or len(self.park_detail.data) > MAX_PARK_DETAIL_BYTES
+        ):
+            raise ValueError(f"a park detail is text of at most {MAX_PARK_DETAIL_BYTES} bytes")
+        return self
 
 
 NodeKind = Literal[
@@ -570,8 +582,9 @@ class NodeStart(Command):
 class NodeFinish(Command):
     """A runner ends a node: its outcome and output, and where the run goes next.
 
-    ``error`` is the node's error when it failed, or the run's when a
-    successful node leads nowhere (a routing error, max_steps).
+    ``error`` is the node's error when it failed. ``run_error`` is the run's
+    when it fails here: a routing error, max_steps, or the failed node that
+    ends it, named (without it a failed node's error is the run's).
     """
 
     kind: ClassVar[str] = "node.finish"
@@ -586,6 +599,7 @@ class NodeFinish(Command):
     next_node: str | None = Field(default=None, min_length=1, max_length=1024)
     end_status: Literal["completed", "failed", "timed_out", "cancelled"] | None = None
     start_next: NextAttempt | None = None  # start next_node's attempt in the same commit (one round trip)
+    run_error: BlobValue | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> NodeFinish:
@@ -593,12 +607,39 @@ class NodeFinish(Command):
             raise ValueError("a finished node names either the next node or how the run ends")
         if self.output is not None and self.output.media_type != MEDIA_JSON:
             raise ValueError("a node output is JSON")
-        if self.error is not None and self.error.media_type != MEDIA_TEXT:
-            raise ValueError("a node error is text")
-        if self.outcome == "ok" and self.error is not None and self.end_status != "failed":
-            raise ValueError("a successful node carries no error (only a run that fails on its route does)")
+        if any(e is not None and e.media_type != MEDIA_TEXT for e in (self.error, self.run_error)):
+            raise ValueError("a node or run error is text")
+        if self.outcome == "ok" and self.error is not None:
+            raise ValueError("a successful node carries no error (a run that fails on its route has run_error)")
+        if self.run_error is not None and self.end_status in (None, "completed"):
+            raise ValueError("run_error is the error of a run that ends here without completing")
         if self.start_next is not None and self.next_node is None:
             raise ValueError("start_next starts the next node")
+        return self
+
+
+class RunFinish(Command):
+    """A runner ends its run where no node is active: the route after an answered checkpoint
+    (completed with the answer, or a routing error), or workflow code outside any node's own
+    execution that failed (the module's load): ``failed`` with the code and an error naming
+    the node or file."""
+
+    kind: ClassVar[str] = "run.finish"
+    run_id: Id
+    claim: Claim
+    expected_revision: int = Field(ge=1)
+    end_status: Literal["completed", "failed"]
+    output: BlobValue | None = None
+    error: BlobValue | None = None
+    error_code: str | None = Field(default=None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _shape(self) -> RunFinish:
+        if self.end_status == "completed":
+            if self.output is None or self.output.media_type != MEDIA_JSON or self.error or self.error_code:
+                raise ValueError("a completed run has a JSON output and no error")
+        elif self.error is None or self.error.media_type != MEDIA_TEXT or self.error_code is None or self.output:
+            raise ValueError("a failed run has an error text and an error code, and no output")
         return self
 
 
@@ -735,6 +776,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunnerExited,
         NodeStart,
         NodeFinish,
+        RunFinish,
         NodeWait,
         CheckpointAnswer,
         RunCancel,

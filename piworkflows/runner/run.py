@@ -6,13 +6,17 @@
     runner ── node.start ──> supervisor (claim + expected revision attached) ──> writer
            <── reply ──────
     runner ── node.finish (outcome, output or error, next node or end) ──> ... ──> writer
+    runner ── run.finish (no node active: an answered checkpoint's route ends the run,
+              or the module failed to load here) ──> ... ──> writer
     runner ── exiting ──> and waits for the next launch (the supervisor recycles it)
 
 The runner holds no claim token and never opens SQLite. It refuses changed
 code: a source whose SHA-256 (or built-in revision) or definition digest
 differs from the run's makes it exit asking to park the run
 ``workflowSourceChanged``. A reply other than accepted (a stale claim) ends
-it at once.
+it at once. Workflow code that fails outside a node's own execution (the
+module's load, the route after an answer, an include's input) fails the run
+with an error naming the file or node; the runner never dies of it.
 """
 
 from __future__ import annotations
@@ -87,8 +91,22 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
     return compiled if compiled.digest == launch.definition_digest else None
 
 
+def _source_name(launch: RunnerLaunch) -> str:
+    """The module a run's source names: its file, or builtin:<id>."""
+    source = launch.source
+    return f"builtin:{source.builtin_id}" if source.source_kind == "builtin" else str(source.source_path)
+
+
 EFFECT_AMBIGUOUS = "effectAmbiguous"
 Ended = tuple[str, Any, "str | None", "str | None"]  # node outcome, output, error text, error code
+
+
+class WorkflowCodeFailed(Exception):
+    """Workflow code failed outside a node's own execution: the run fails with this code and text."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(text)
+        self.code, self.text = code, text
 
 
 def effect_request(node: ActionNode, ctx: NodeContext) -> tuple[str, dict[str, Any]]:
@@ -138,7 +156,8 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     if status == "applied":
         outcome = Outcome("applied", result=receipt.get("result"))
     elif status == "rejected":
-        outcome = Outcome("rejected", error=receipt.get("error"), error_code=receipt.get("errorCode"))
+        outcome = Outcome("rejected", result=receipt.get("result"), error=receipt.get("error"),
+                          error_code=receipt.get("errorCode"))  # fmt: skip
     elif status == "ambiguous":
         return EFFECT_AMBIGUOUS
     elif status == "applying" and "attemptNumber" in receipt:  # the supervisor claimed it for this runner
@@ -177,13 +196,31 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4000]
 
 
-def execute(node: Any, ctx: NodeContext) -> Any:
-    if isinstance(node, ComputeNode):
-        return node.run(ctx)
-    if isinstance(node, NotifyNode):
-        message = node.message(ctx) if callable(node.message) else node.message
-        return {"kind": node.notify_kind, "message": str(message)}
-    raise NotImplementedError(f"{node.kind} nodes are not executable by this build's runner yet")
+def execute(node: Any, ctx: NodeContext) -> Ended:
+    """A compute or notify node's own code: its output, or its failure as text."""
+    try:
+        if isinstance(node, ComputeNode):
+            return "ok", node.run(ctx), None, None
+        if isinstance(node, NotifyNode):
+            message = node.message(ctx) if callable(node.message) else node.message
+            return "ok", {"kind": node.notify_kind, "message": str(message)}, None, None
+        raise NotImplementedError(f"{node.kind} nodes are not executable by this build's runner yet")
+    except Exception as exc:
+        return "failed", None, _error_text(exc), None
+
+
+def ask(channel: Channel, node: CheckpointNode, ctx: NodeContext, attempt_id: str) -> Ended | None:
+    """A checkpoint: its request (summary, details) and node.wait, then None (the run waits with no
+    runner; the answer completes the node and requeues the run); its own code failing fails it."""
+    try:
+        request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
+        if node.run is not None:
+            request["details"] = node.run(ctx)
+        value = BlobValue.of_json(request).model_dump()
+    except Exception as exc:
+        return "failed", None, _error_text(exc), None
+    channel.request("node.wait", {"attempt_id": attempt_id, "request": value})
+    return None
 
 
 def _scope(path: str) -> str:
@@ -199,7 +236,11 @@ def make_context(
         mount = scope[:-1]
         include = compiled.mounts[mount]
         parent = make_context(compiled, run_input, outputs, results, _scope(mount))
-        scoped_input = include.input(parent) if include.input is not None else {}
+        try:
+            scoped_input = include.input(parent) if include.input is not None else {}
+        except Exception as exc:
+            raise WorkflowCodeFailed("inputFailed", f"the input function of include '{mount}' failed: "
+                                                    f"{_error_text(exc)}") from exc  # fmt: skip
     else:
         scoped_input = run_input
     return NodeContext(
@@ -209,16 +250,30 @@ def make_context(
     )
 
 
+def _text(text: str) -> dict[str, Any]:
+    return BlobValue.of_text(text).model_dump()
+
+
+def end_run(channel: Channel, body: dict[str, Any]) -> dict[str, Any]:
+    """run.finish: the run ends here, no node being active; the runner exits whatever the reply."""
+    channel.request("run.finish", body)
+    return {}
+
+
 def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
     """Execute the run from its last durable boundary; returns the exiting message."""
-    compiled = load_checked(launch)
+    try:
+        compiled = load_checked(launch)
+    except Exception as exc:  # the module raised here (or compiles no longer): the run cannot go on
+        error = f"the workflow module {_source_name(launch)} failed to load: {_error_text(exc)}"
+        return end_run(channel, {"end_status": "failed", "error_code": "loadFailed", "error": _text(error)})
     if compiled is None:
         return {"parkReason": "workflowSourceChanged"}
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
     visits: dict[str, int] = {}
     retries: dict[tuple[str, int], int] = {}  # an interrupted visit continues with its next attempt number
-    path: str | None = compiled.start_at
+    route, last_output = routing.Route(next_node=compiled.start_at), None
     for step in launch.steps:
         if step["interrupted"]:
             retries[(step["nodePath"], step["visit"])] = step["attempt"]
@@ -227,7 +282,13 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         results[step["nodePath"]] = {"outcome": step["outcome"], "output": step["output"]}
         if step["outcome"] == "ok":
             outputs[step["nodePath"]] = step["output"]
-        path = routing.route(compiled, step["nodePath"], step["outcome"], step["output"]).next_node
+        route, last_output = routing.route(compiled, step["nodePath"], step["outcome"], step["output"]), step["output"]
+    if route.routing_error is not None:  # the answer of the last step (a checkpoint) matches no route
+        return end_run(channel, {"end_status": "failed", "error_code": "routingError",
+                                 "error": _text(route.routing_error)})  # fmt: skip
+    if route.next_node is None:  # the answered checkpoint ends the workflow: its answer is the output
+        return end_run(channel, {"end_status": "completed", "output": BlobValue.of_json(last_output).model_dump()})
+    path: str | None = route.next_node
     executed = len(launch.steps)  # interrupted attempts count: each took a step
     max_steps = compiled.workflow.max_steps
     started_attempt: str | None = None  # the next node's attempt, started by the previous finish
@@ -245,51 +306,53 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         visits[path] = visit
         executed += 1
         finish: dict[str, Any] = {"attempt_id": attempt_id}
-        ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
+        try:
+            ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
+        except WorkflowCodeFailed as failure:  # not the node's own code: no outcome edge to follow
+            channel.request("node.finish", {**finish, "outcome": "failed", "error": _text(failure.text),
+                                            "error_code": failure.code, "end_status": "failed",
+                                            "run_error": _text(f"node '{path}': {failure.text}")})  # fmt: skip
+            return {}
         if isinstance(node, CheckpointNode):
-            request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
-            if node.run is not None:
-                request["details"] = node.run(ctx)
-            channel.request("node.wait", {**finish, "request": BlobValue.of_json(request).model_dump()})
-            return {}  # the run waits with no runner; the answer completes the node and requeues the run
-        if isinstance(node, ActionNode):
+            ended = ask(channel, node, ctx, attempt_id)
+        elif isinstance(node, ActionNode):
             ended = perform_effect(channel, node, ctx, attempt_id)
-            if ended is None:
-                return {}
-            if ended == EFFECT_AMBIGUOUS:
-                return {"parkReason": EFFECT_AMBIGUOUS}
-            node_outcome, output, error, error_code = ended
         else:
+            ended = execute(node, ctx)
+        if ended is None:
+            return {}  # waiting, fenced, cancelled, or the writer restarts: the next runner continues
+        if ended == EFFECT_AMBIGUOUS:
+            return {"parkReason": EFFECT_AMBIGUOUS}
+        node_outcome, output, error, error_code = ended
+        if node_outcome == "ok" or output is not None:  # a failed shell node keeps its command's output
             try:
-                node_outcome, output, error, error_code = "ok", execute(node, ctx), None, None
-            except Exception as exc:
-                node_outcome, output, error, error_code = "failed", None, _error_text(exc), None
-        if node_outcome == "ok":
-            try:
-                finish.update(outcome="ok", output=BlobValue.of_json(output).model_dump())
+                finish["output"] = BlobValue.of_json(output).model_dump()
             except Exception as exc:  # not JSON
                 node_outcome, error = "failed", _error_text(exc)
         if node_outcome == "ok":
+            finish["outcome"] = "ok"
             outputs[path] = results[path] = output
             route = routing.route(compiled, path, "ok", output)
         else:
-            finish.pop("output", None)
-            finish.update(outcome=node_outcome, error=BlobValue.of_text(error or node_outcome).model_dump(),
-                          **({"error_code": error_code} if error_code else {}))  # fmt: skip
+            error = error or node_outcome.replace("_", " ")
+            finish.update(outcome=node_outcome, error=_text(error))
+            if error_code:
+                finish["error_code"] = error_code
             results[path] = {"outcome": node_outcome}
             route = routing.route(compiled, path, node_outcome)
         if route.routing_error is not None:
-            finish.update(end_status="failed", error_code="routingError",
-                          error=BlobValue.of_text(route.routing_error).model_dump())  # fmt: skip
+            finish.update(end_status="failed", error_code="routingError", run_error=_text(route.routing_error))
         elif route.next_node is not None and executed >= max_steps:
             finish.update(end_status="failed", error_code="maxStepsExceeded",
-                          error=BlobValue.of_text(f"the run reached max_steps={max_steps}").model_dump())  # fmt: skip
+                          run_error=_text(f"the run reached max_steps={max_steps}"))  # fmt: skip
         elif route.next_node is not None:  # the next node's attempt starts in the same commit
             after = route.next_node
             finish.update(next_node=after, start_next=_attempt_fields(compiled.nodes[after], visits.get(after, 0) + 1,
                                                                         retries, after))  # fmt: skip
         else:
             finish["end_status"] = route.end_status
+            if node_outcome != "ok":  # the node's failure ends the run: the run's error names it
+                finish["run_error"] = _text(f"node '{path}': {error}")
         finished = channel.request("node.finish", finish)
         if finished.outcome not in ("accepted", "adopted") or finished.receipt is None:
             return {}

@@ -11,12 +11,15 @@
 
 A bare Python start costs well over 100 ms here, so children answer many
 requests. Every child is in host.json while it lives; an idle child exits by
-itself when the supervisor is gone (its stdin closes).
+itself when the supervisor is gone (its stdin closes). A child's last stderr
+lines are kept (supervisor/stderr.py) and written to server.log when it is
+ended for a timeout or a broken answer (it died, or hung).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import sys
 from typing import Any, Protocol
@@ -25,6 +28,9 @@ from piworkflows.protocol import frames
 from piworkflows.protocol.internal import MAX_FRAME_BYTES, Resolution, ResolveRequest
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.stderr import StderrTail, exit_text
+
+log = logging.getLogger("piworkflows.supervisor")
 
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 1000
@@ -38,8 +44,9 @@ class ChildRecorder(Protocol):
 
 
 class _Child:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, stderr: StderrTail) -> None:
         self.proc = proc
+        self.stderr = stderr
         self.uses = 0
 
 
@@ -53,15 +60,19 @@ class Resolvers:
     async def _spawn(self) -> _Child:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "piworkflows.runner", "resolve",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
+        assert proc.stderr is not None
+        child = _Child(proc, StderrTail(proc.stderr, self.settings.child_stderr_lines,
+                                        self.settings.child_stderr_line_chars))  # fmt: skip
         try:
             self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
         except ChildNotRecorded:
             proc.kill()
             await proc.wait()
+            child.stderr.close()
             raise
-        return _Child(proc)
+        return child
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         async with self._slots:
@@ -70,14 +81,15 @@ class Resolvers:
     async def _resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         child = self._idle.pop() if self._idle else await self._spawn()
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
+        child.stderr.take()  # what it said for earlier requests was theirs
         try:
             async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
                 resolution = await self._exchange(child, request)
         except TimeoutError:
-            await self._end(child)
+            await self._end(child, failed=True)
             return Resolution(ok=False, code="invalidDefinition", message="loading the workflow took too long")
         except (OSError, EOFError, asyncio.IncompleteReadError, frames.FrameError, ValueError):
-            await self._end(child)
+            await self._end(child, failed=True)
             return UNRESOLVED
         child.uses += 1
         if child.uses >= MAX_USES:
@@ -97,11 +109,18 @@ class Resolvers:
         received = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
         return Resolution.model_validate(received[0]["b"])
 
-    async def _end(self, child: _Child) -> None:
+    async def _end(self, child: _Child, failed: bool = False) -> None:
+        """End the child; one that ``failed`` a request leaves its last stderr lines in server.log."""
         if child.proc.returncode is None:
             child.proc.kill()
-            await child.proc.wait()
+        returncode = await child.proc.wait()
         self.recorder.forget_child(child.proc.pid)
+        if failed:
+            await child.stderr.drained(self.settings.child_stderr_drain_ms / 1000)
+            log.warning("resolver %d failed a request: %s", child.proc.pid, exit_text("resolver", returncode))
+            for line in child.stderr.take():
+                log.warning("resolver %d stderr: %s", child.proc.pid, line)
+        child.stderr.close()
 
     async def close(self) -> None:
         """At shutdown: end the idle children."""

@@ -16,6 +16,9 @@
          attempt) ── effect.settle under that claim; a runner that dies applying: effect.abandon
     renewal: claim.renew for every live runner (and its applying effect) every
              claim_renew_ms, even while workflow code blocks (the runner does not take part)
+    stderr:  each runner's last lines are kept (supervisor/stderr.py); a runner that ends
+             before it saved progress has them written to server.log, and its last line
+             (or how it died) goes with runner.exited as the park detail
 
 At startup, and after the writer restarted, runner records that no runner of
 this supervisor serves are closed as orphaned (older epochs; replies lost in a
@@ -38,16 +41,18 @@ import psutil
 from piworkflows import canonical
 from piworkflows.clock import woken
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import Reply, RunnerLaunch, RunSource, new_claim
+from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch, RunSource, new_claim
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.stderr import StderrTail, exit_text, park_detail
 
 log = logging.getLogger("piworkflows.supervisor")
 
 RUNNER_MARKER = "piworkflows.runner"
 RUNS_PER_PROCESS = 1000  # a runner process is recycled after this many runs (a Python start: ~0.4 s CPU)
 SERVER = {"actor_class": "server"}
+RUN_MESSAGES = frozenset({"node.start", "node.finish", "node.wait", "run.finish"})  # forwarded under the claim
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Scheduler:
         # RUNS_PER_PROCESS, and is ended when a run of it was stopped or it failed.
         self._ready: list[asyncio.subprocess.Process] = []
         self._uses: dict[int, int] = {}  # runs served per waiting process
+        self._stderr: dict[int, StderrTail] = {}  # per runner process: its last stderr lines
         self._spare_needed = asyncio.Event()
         self._spares = self.settings.max_runners
 
@@ -160,6 +166,7 @@ class Scheduler:
             if state.outcome != "accepted" or state.receipt is None:
                 return
             handle.proc = proc = await self._take_runner()
+            self._stderr[proc.pid].take()  # what it said before this run is not this run's
             self._spare_needed.set()
             created = int(Identity.of("runner", proc.pid, RUNNER_MARKER).createTime * 1000)
             await self.request("runner.spawned", {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch,
@@ -193,22 +200,42 @@ class Scheduler:
             if proc.returncode is None and psutil.pid_exists(proc.pid):
                 return proc
             self._uses.pop(proc.pid, None)
-            self.supervisor.forget_child(proc.pid)
+            self._forget(proc)
         return await self._spawn_runner()
 
     async def _spawn_runner(self) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "piworkflows.runner", "run",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: stopping the run stops the whole group
         )  # fmt: skip
+        assert proc.stderr is not None
+        self._stderr[proc.pid] = StderrTail(proc.stderr, self.settings.child_stderr_lines,
+                                            self.settings.child_stderr_line_chars)  # fmt: skip
         try:
             self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
         except ChildNotRecorded:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
+            self._stderr.pop(proc.pid).close()
             raise
         return proc
+
+    def _forget(self, proc: asyncio.subprocess.Process) -> None:
+        """A runner process that is gone: out of host.json, its stderr no longer read."""
+        self.supervisor.forget_child(proc.pid)
+        tail = self._stderr.pop(proc.pid, None)
+        if tail is not None:
+            tail.close()
+
+    async def _last_lines(self, proc: asyncio.subprocess.Process) -> list[str]:
+        """What the runner said on stderr during its run (all of it, if it died: a bounded wait)."""
+        tail = self._stderr.get(proc.pid)
+        if tail is None:
+            return []
+        if proc.returncode is not None:
+            await tail.drained(self.settings.child_stderr_drain_ms / 1000)
+        return tail.take()
 
     async def _keep_spares(self) -> None:
         """After a launch took a waiting process, start another (none before the first run)."""
@@ -257,7 +284,7 @@ class Scheduler:
             return reply
         if kind == "effect.await":
             return await self._await_effect(handle, frame["b"]["effect_id"])
-        if kind not in ("node.start", "node.finish", "node.wait"):
+        if kind not in RUN_MESSAGES:
             return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
         return await self._forward_run_message(handle, frame, kind)
 
@@ -339,7 +366,10 @@ class Scheduler:
                 log.warning("an abandoned effect was not recorded: %s", abandoned.outcome)
             handle.effect = None
         proc = handle.proc
+        lines: list[str] = []
+        returncode: int | None = None
         if proc is not None:
+            lines, returncode = await self._last_lines(proc), proc.returncode
             uses = self._uses.pop(proc.pid, 0) + 1
             reusable = handle.done and not handle.stopping and not self._stopping and proc.returncode is None
             if reusable and uses < RUNS_PER_PROCESS and len(self._ready) < 2 * self._spares:
@@ -349,19 +379,27 @@ class Scheduler:
                 if proc.returncode is None:
                     _signal_group(proc.pid, signal.SIGKILL)
                     await proc.wait()
-                self.supervisor.forget_child(proc.pid)
+                self._forget(proc)
         if handle.record_ended:  # the run ended or waits: that commit ended the runner record
             self.active.pop(handle.run_id, None)
             self.wake()
             self.supervisor.retention.request()
             return
-        body = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
-                "stopped_by_server": handle.stopping}  # fmt: skip
+        body: dict[str, Any] = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
+                                "stopped_by_server": handle.stopping}  # fmt: skip
         if handle.park_reason in RUNNER_PARK_REASONS:
             body["park_reason"] = handle.park_reason
+        detail = None if handle.stopping else park_detail(lines, returncode)
+        if detail is not None:
+            body["park_detail"] = BlobValue.of_text(detail).model_dump()
         reply = await self.request("runner.exited", body)
         if reply.outcome not in ("accepted", "rejected"):
             log.warning("the exit of a runner was not recorded: %s", reply.outcome)
+        elif (reply.receipt or {}).get("parkReason") == "runnerNoProgress":
+            ended = exit_text("runner", returncode) if returncode is not None else "the runner stopped"
+            log.warning("%s parked runnerNoProgress: %s before it saved progress", handle.run_id, ended)
+            for line in lines:
+                log.warning("runner of %s stderr: %s", handle.run_id, line)
         self.active.pop(handle.run_id, None)
         self.wake()
         self.supervisor.retention.request()  # a lifecycle trigger: retention looks when all is idle
@@ -429,7 +467,7 @@ class Scheduler:
         for proc in spares:  # waiting for a launch: nothing to park
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
-            self.supervisor.forget_child(proc.pid)
+            self._forget(proc)
 
 
 def _signal_group(pid: int, signum: int) -> None:

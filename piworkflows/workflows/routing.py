@@ -6,7 +6,7 @@
 - A switch on ``$result.outcome`` routes every outcome (failures included).
 - A switch on ``$.field`` / ``$output.field`` reads the accepted output after
   success; a failed node ends the run. A value without a case is a routing
-  error: the run fails.
+  error: the run fails, with an error naming the node (and the cases).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from piworkflows.workflows.compiler import CompiledWorkflow, case_key
 
 FAILURE_STATUS = {"failed": "failed", "timed_out": "timed_out", "cancelled": "cancelled"}
+MAX_CASES_NAMED = 10  # a routing error lists at most this many cases of the switch
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,11 @@ def route(compiled: CompiledWorkflow, node_path: str, outcome: str, output: Any 
         value = output
         for field in edge.on.removeprefix("$output").removeprefix("$").lstrip(".").split("."):
             if not isinstance(value, dict) or field not in value:
-                return Route(routing_error=f"{node_path}: the output has no {edge.on}")
+                return Route(routing_error=f"node '{node_path}': the output has no {edge.on}")
             value = value[field]
     key = case_key(value)
     if key not in edge.cases:
-        return Route(routing_error=f"{node_path}: no case for {edge.on} = {key[:80]}")
+        cases = ", ".join(case[:40] for case in sorted(edge.cases)[:MAX_CASES_NAMED])
+        more = ", ..." if len(edge.cases) > MAX_CASES_NAMED else ""
+        return Route(routing_error=f"node '{node_path}': no case for {edge.on} = {key[:80]} (cases: {cases}{more})")
     return Route(next_node=edge.cases[key])

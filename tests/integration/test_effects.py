@@ -256,12 +256,19 @@ def test_a_non_zero_exit_fails_the_run_and_rejects_the_effect(server, project):
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
     assert done["run"]["errorCode"] == "nonZeroExit"
-    assert "exit code 3" in done["error"] and "broken" in done["error"]
+    assert done["error"] == "node 'fail': the command failed (exit code 3): broken"  # the run's error names it
     assert [(s["nodePath"], s["status"], s["errorCode"]) for s in done["steps"]["items"]] == [
         ("fail", "failed", "nonZeroExit")]  # fmt: skip
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 1, "nonZeroExit")
     assert effect_attempts(server, run_id) == [(1, "rejected")]
+    # The failed node keeps the command's output (the rejected effect's result), its error the node's own text.
+    output, error = query(server, "SELECT o.bytes, e.bytes FROM node_attempts a JOIN blobs o ON o.digest = "
+                                  "a.output_digest JOIN blobs e ON e.digest = a.error_digest WHERE a.run_id = ?",
+                          run_id)[0]  # fmt: skip
+    assert json.loads(output)["stdout"] == "partial\n" and json.loads(output)["exitCode"] == 3
+    assert error.decode() == "the command failed (exit code 3): broken"
+    assert effect_result(server, run_id)["output"]["stderr"] == "broken\n"
 
 
 def test_allow_non_zero_exit_completes_with_the_exit_code_in_the_output(server, project):
@@ -341,7 +348,7 @@ def test_an_exception_in_an_action_body_fails_the_run_and_rejects_the_effect(ser
     run_id = start(server, project, "book", {"what": "a table", "fail": True})
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert done["error"] == "RuntimeError: the outside system said no"
+    assert done["error"] == "node 'book': RuntimeError: the outside system said no"  # the run's error names it
     assert done["run"]["errorCode"] == "actionFailed"
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 1, "actionFailed")

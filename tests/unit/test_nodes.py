@@ -207,3 +207,75 @@ def test_a_finish_with_no_step_left_for_the_next_node_ends_the_run(claimed):
     assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
     assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
     assert state(claimed) == (("failed", "failed", False, False), None)
+
+
+def run_finish(revision, end="failed", code="loadFailed", text="the module failed", output=None, generation=1):
+    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(generation), "expected_revision": revision,
+            "end_status": end}  # fmt: skip
+    if end == "completed":
+        body["output"] = BlobValue.of_json(output).model_dump()
+    else:
+        body.update(error=BlobValue.of_text(text).model_dump(), error_code=code)
+    return submitted("run.finish", body)
+
+
+def test_run_finish_ends_a_run_where_no_node_is_active(claimed):
+    """A module that fails to load in the runner: failed, the claim released, the queue settled."""
+    (ended,) = run_group(claimed, run_finish(2))
+    assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "failed", "errorCode": "loadFailed"}
+    conn = claimed.conn
+    assert conn.execute("SELECT status, error_code, error_digest, output_digest FROM runs").fetchone() == (
+        "failed", "loadFailed", hashlib.sha256(b"the module failed").digest(), None)  # fmt: skip
+    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
+    events = conn.execute("SELECT event_type, actor_class FROM events WHERE resource_id = 'run-1' "
+                          "ORDER BY resource_revision DESC LIMIT 1").fetchall()  # fmt: skip
+    assert events == [("run.finished", "runner")]
+    assert violations(conn, 0) == {}
+
+
+def test_run_finish_completes_an_answered_checkpoint_that_ends_the_workflow(claimed):
+    (started,) = run_group(claimed, start(2, node="ask"))
+    claimed.conn.execute("UPDATE node_attempts SET attempt_status = 'completed', outcome = 'ok', finished_at = 1")
+    (ended,) = run_group(claimed, run_finish(3, end="completed", output={"answer": 1}))
+    assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "completed"}
+    assert claimed.conn.execute("SELECT status, output_digest FROM runs").fetchone() == (
+        "completed", hashlib.sha256(b'{"answer":1}').digest())  # fmt: skip
+    assert state(claimed) == (("completed", "done", False, False), None)
+
+
+def test_run_finish_is_refused_while_a_node_is_active_or_without_the_claim(claimed, clock):
+    (stale,) = run_group(claimed, run_finish(2, generation=7))
+    assert stale.outcome == "claimLost" and stale.receipt["code"] == "staleGeneration"
+    (started,) = run_group(claimed, start(2))
+    (active,) = run_group(claimed, run_finish(3))
+    assert active.outcome == "rejected" and active.receipt["code"] == "invalidTransition"
+    (shapeless,) = run_group(claimed, run_finish(3, code=None))  # a failed run names its error code
+    assert shapeless.outcome == "rejected" and shapeless.receipt["code"] == "validationFailed"
+    assert state(claimed) == (("running", "running", True, True), None)
+
+
+def test_a_failed_node_that_ends_the_run_gives_the_run_an_error_naming_it(claimed):
+    (started,) = run_group(claimed, start(2))
+    body = finish(3, started.receipt["attemptId"], outcome="failed", error="boom", end="failed")
+    body.body["run_error"] = BlobValue.of_text("node 'greet': boom").model_dump()
+    (failed,) = run_group(claimed, body)
+    assert failed.outcome == "accepted" and failed.receipt["runStatus"] == "failed"
+    conn = claimed.conn
+    assert conn.execute("SELECT error_digest FROM runs").fetchone() == (hashlib.sha256(b"node 'greet': boom").digest(),)
+    assert conn.execute("SELECT error_digest FROM node_attempts").fetchone() == (hashlib.sha256(b"boom").digest(),)
+
+
+def test_a_successful_node_carries_no_error_only_its_run_does(claimed):
+    (started,) = run_group(claimed, start(2))
+    attempt = started.receipt["attemptId"]
+    (refused,) = run_group(claimed, finish(3, attempt, output=1, end="failed", error="no route"))
+    assert refused.outcome == "rejected" and refused.receipt["code"] == "validationFailed"
+    routed = finish(3, attempt, output=1, end="failed")
+    routed.body.update(error_code="routingError", run_error=BlobValue.of_text("node 'greet': no route").model_dump())
+    (failed,) = run_group(claimed, routed)
+    assert failed.outcome == "accepted"
+    assert claimed.conn.execute("SELECT error_code, error_digest FROM runs").fetchone() == (
+        "routingError", hashlib.sha256(b"node 'greet': no route").digest())  # fmt: skip
+    assert claimed.conn.execute("SELECT attempt_status, error_digest FROM node_attempts").fetchone() == (
+        "completed", None)  # fmt: skip

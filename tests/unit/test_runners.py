@@ -170,3 +170,39 @@ def test_startup_recovery_finds_runners_of_older_epochs(queued):
     assert reply.receipt["parkReason"] == "shutdown"
     (claimed,) = run_group(queued, claim("tok2", epoch=2, command="resume"))
     assert claimed.outcome == "accepted" and claimed.receipt["leaseGeneration"] == 2
+
+
+def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_the_view(queued):
+    from piworkflows.protocol.internal import BlobValue
+
+    run_group(queued, claim())
+    died = exited(1, outcome="crashed")
+    died.body["park_detail"] = BlobValue.of_text("ValueError: x").model_dump()
+    (reply,) = run_group(queued, died)
+    assert reply.receipt["parkReason"] == "runnerNoProgress"
+    (payload,) = queued.conn.execute("SELECT b.bytes FROM events e JOIN blobs b ON b.digest = e.payload_digest "
+                                     "WHERE e.event_type = 'runner.exited'").fetchone()  # fmt: skip
+    assert payload == b"ValueError: x"
+    (view,) = run_group(queued, submitted("run.get", {"actor": SERVER, "run_id": "run-1"}))
+    assert view.receipt["piworkflows"]["parkDetail"] == "ValueError: x"
+    assert queued.conn.execute("SELECT park_reason FROM runs").fetchone() == ("runnerNoProgress",)  # the closed set
+    (resumed,) = run_group(queued, submitted("run.resume", {"actor": {"actor_class": "client"}, "run_id": "run-1"}))
+    assert resumed.outcome == "accepted"
+    (view,) = run_group(queued, submitted("run.get", {"actor": SERVER, "run_id": "run-1"}))
+    assert view.receipt["piworkflows"]["parkDetail"] is None  # queued again: no park to explain
+
+
+def test_a_park_detail_is_short_text_and_only_kept_with_a_no_progress_park(queued):
+    from piworkflows.protocol.internal import BlobValue
+
+    run_group(queued, claim())
+    long = exited(1, outcome="crashed")
+    long.body["park_detail"] = BlobValue.of_text("x" * 1025).model_dump()
+    (refused,) = run_group(queued, long)
+    assert refused.outcome == "rejected" and refused.receipt["code"] == "validationFailed"
+    queued.conn.execute("UPDATE resources SET revision = revision + 1 WHERE resource_id = 'run-1'")  # planted progress
+    died = exited(1, outcome="crashed")
+    died.body["park_detail"] = BlobValue.of_text("ValueError: x").model_dump()
+    (requeued,) = run_group(queued, died)
+    assert requeued.receipt["placement"] == "requeued"
+    assert queued.conn.execute("SELECT count(*) FROM events WHERE payload_digest IS NOT NULL").fetchone() == (0,)

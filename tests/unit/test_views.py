@@ -136,7 +136,7 @@ def test_steps_carry_their_values_and_durations(executor):
     assert big["output"]["omitted"]["byteLength"] > INLINE_VALUE_BYTES and big["durationMs"] == 5
     assert (failed["output"], failed["error"], failed["request"]) == (None, "ValueError: no", None)
     assert waiting["request"] == {"summary": "go on?"} and waiting["durationMs"] is None
-    assert view["piworkflows"] == {"currentStep": waiting, "ambiguousEffects": []}
+    assert view["piworkflows"] == {"currentStep": waiting, "ambiguousEffects": [], "parkDetail": None}
     assert view["run"]["durationMs"] is None
 
 

@@ -700,6 +700,17 @@ def test_missing_field_or_value_without_case_is_a_routing_error_naming_the_node(
     assert result.routing_error is not None and node in result.routing_error
 
 
+def test_a_routing_error_names_the_node_the_value_and_the_cases() -> None:
+    compiled = _router()
+    assert route(compiled, "deep_sw", "ok", {"a": {"b": "w"}}).routing_error == (
+        "node 'deep_sw': no case for $.a.b = w (cases: 7, v)")  # fmt: skip
+    assert route(compiled, "deep_sw", "ok", {"a": {}}).routing_error == "node 'deep_sw': the output has no $.a.b"
+    many = define_workflow("many", "s", {"s": compute(run=lambda ctx: {}), "t": compute(run=lambda ctx: {})},
+                           [switch("s", on="$.n", cases={str(i): "t" for i in range(12)})]).compile()  # fmt: skip
+    error = route(many, "s", "ok", {"n": 99}).routing_error
+    assert error == "node 's': no case for $.n = 99 (cases: 0, 1, 10, 11, 2, 3, 4, 5, 6, 7, ...)"
+
+
 def test_a_string_and_a_number_with_the_same_text_share_a_case() -> None:
     compiled = _router()
     assert route(compiled, "deep_sw", "ok", {"a": {"b": "7"}}) == Route(next_node="ok_next")
@@ -711,7 +722,7 @@ def test_routing_error_inside_a_mount_names_the_full_node_path() -> None:
     assert route(compiled, "sub/c1", "ok", {"k": "go"}) == Route(next_node="sub/c2")
     result = route(compiled, "sub/c1", "ok", {"k": "stop"})
     assert result.routing_error is not None and "sub/c1" in result.routing_error
-    assert route(compiled, "sub/c1", "ok", {}).routing_error.startswith("sub/c1")
+    assert route(compiled, "sub/c1", "ok", {}).routing_error.startswith("node 'sub/c1': ")
 
 
 def test_routes_into_a_mount_go_to_its_entry_and_mount_exits_route_out() -> None:
@@ -1027,7 +1038,7 @@ def test_builtin_shell_check_resolves_loads_and_compiles(project: Path, user: Pa
     assert _kinds(compiled) == {"check": "shell", "report": "compute", "done": "notify"}
     check = compiled.snapshot["nodes"]["check"]
     assert check["effectType"] == "shell-check.run" and check["recovery"] == "idempotent"
-    assert check["allowNonZeroExit"] is True
+    assert check["allowNonZeroExit"] is False  # a failing command fails the check (and its run)
     assert compiled.snapshot["nodes"]["done"]["notifyKind"] == "final"
     assert compiled.snapshot["startAt"] == "check"
     assert compiled.snapshot["maxSteps"] == 10
@@ -1036,6 +1047,7 @@ def test_builtin_shell_check_resolves_loads_and_compiles(project: Path, user: Pa
     assert compiled.digest == "sha256:" + hashlib.sha256(canonical.dumps_bytes(compiled.snapshot)).hexdigest()
     _assert_plain_json(compiled.snapshot)
     assert route(compiled, "check", "ok") == Route(next_node="report")
+    assert route(compiled, "check", "failed") == Route(end_status="failed")
     assert route(compiled, "done", "ok") == Route(end_status="completed")
 
 

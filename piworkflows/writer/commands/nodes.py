@@ -1,16 +1,18 @@
 """Node transitions a runner proposes; the writer verifies and commits them.
 
-Both are fenced by the run's claim (epoch, token, generation, expiry) and
+All are fenced by the run's claim (epoch, token, generation, expiry) and
 its expected execution revision, and deduplicated through worker_messages
-when the supervisor attaches the message key. A terminal node result ends
-the run, settles its queue row, ends the runner record and releases the
-claim in one transaction (the lifecycle table of WORKFLOWS.md holds after
-every commit; the runner process exits right after).
+when the supervisor attaches the message key. A terminal node result (or a
+``run.finish`` where no node is active) ends the run, settles its queue row,
+ends the runner record and releases the claim in one transaction
+(``ending``; the lifecycle table of WORKFLOWS.md holds after every commit;
+the runner process exits right after).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
@@ -23,6 +25,7 @@ from piworkflows.protocol.internal import (
     NodeFinish,
     NodeStart,
     NodeWait,
+    RunFinish,
     attempt_id_of,
 )
 from piworkflows.writer import local_effects, records
@@ -34,7 +37,7 @@ ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out
 QUEUE_AFTER = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
 
 
-RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait, NodeEffectReserve)
+RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait, NodeEffectReserve, RunFinish)
 
 
 class RunnerTransition(ResourceHandler[RunnerCommand]):
@@ -113,6 +116,22 @@ def end_run(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes
     records.cancel_pending_effects(conn, run_id, tx.actor, now)
 
 
+def ending(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes | None, code: str | None,
+           blobs: list[BlobValue], receipt: dict[str, object],
+           before: Callable[[Stamp], None] = lambda stamp: None) -> Change:  # fmt: skip
+    """The change that ends a run under the runner's claim (``before`` writes the node rows first):
+    run.finished, the claim released, the queue settled by its local effect."""
+
+    def apply(stamp: Stamp) -> None:
+        before(stamp)
+        end_run(tx, run_id, status, output, error, code)
+        records.advance_presentation(tx.conn, run_id, tx.now)
+
+    return Change(event_type="run.finished", apply=apply, blobs=blobs, release_claim=True,
+                  effects=[local_effects.settle_queue(run_id, QUEUE_AFTER[status])],
+                  receipt={**receipt, "runStatus": status})  # fmt: skip
+
+
 class StartNode(RunnerTransition[NodeStart]):
     kind = NodeStart.kind
     model = NodeStart
@@ -122,14 +141,8 @@ class StartNode(RunnerTransition[NodeStart]):
         planned = plan_attempt(conn, cmd.run_id, cmd.node_path, cmd.node_kind, cmd.visit_number, cmd.attempt_number)
         if not planned.steps_left:
             error = max_steps_error(conn, cmd.run_id, cmd.node_path)
-
-            def exceeded(stamp: Stamp) -> None:
-                end_run(tx, cmd.run_id, "failed", None, error.digest, "maxStepsExceeded")
-                records.advance_presentation(conn, cmd.run_id, now)
-
-            return Change(event_type="run.finished", apply=exceeded, blobs=[error], release_claim=True,
-                          effects=[local_effects.settle_queue(cmd.run_id, "failed")],
-                          receipt={"runStatus": "failed", "errorCode": "maxStepsExceeded"})  # fmt: skip
+            return ending(tx, cmd.run_id, "failed", None, error.digest, "maxStepsExceeded", [error],
+                          {"errorCode": "maxStepsExceeded"})  # fmt: skip
 
         def apply(stamp: Stamp) -> None:
             planned.insert(conn, stamp.lease_generation, now)
@@ -152,11 +165,11 @@ class FinishNode(RunnerTransition[NodeFinish]):
         if row is None or row[0] != "running":
             raise CommandError("invalidTransition", "the attempt is not running", attemptId=cmd.attempt_id)
         output = cmd.output.digest if cmd.output else None
-        error = cmd.error.digest if cmd.error else None
+        node_error = cmd.error.digest if cmd.error else None
+        error = cmd.run_error.digest if cmd.run_error else node_error  # the run's, if it fails here
         end, code = cmd.end_status, cmd.error_code
-        node_error = error if cmd.outcome != "ok" else None
         node_error_code = cmd.error_code if cmd.outcome != "ok" else None
-        blobs = [b for b in (cmd.output, cmd.error) if b is not None]
+        blobs = [b for b in (cmd.output, cmd.error, cmd.run_error) if b is not None]
         planned = None
         if cmd.start_next is not None:
             assert cmd.next_node is not None
@@ -168,35 +181,53 @@ class FinishNode(RunnerTransition[NodeFinish]):
                 end, code, error, planned = "failed", "maxStepsExceeded", exceeded.digest, None
                 blobs.append(exceeded)
 
-        def apply(stamp: Stamp) -> None:
+        def finish_attempt(stamp: Stamp) -> None:
             conn.execute(
                 "UPDATE node_attempts SET attempt_status = ?, outcome = ?, output_digest = ?, error_digest = ?, "
                 "error_code = ?, finished_at = ? WHERE attempt_id = ?",
                 (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, node_error, node_error_code, now, cmd.attempt_id),
             )
-            if end is not None:
-                end_run(tx, cmd.run_id, end, output if end == "completed" else None, error, code)
-            else:
-                if planned is not None:
-                    planned.insert(conn, stamp.lease_generation, now)
-                conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            records.advance_presentation(conn, cmd.run_id, now)
 
         receipt: dict[str, object] = {"attemptId": cmd.attempt_id}
         if end is not None:
-            receipt.update(runStatus=end, **({"errorCode": code} if code == "maxStepsExceeded" else {}))
-        else:
-            receipt["nextNode"] = cmd.next_node
+            if code == "maxStepsExceeded":
+                receipt["errorCode"] = code
+            return ending(tx, cmd.run_id, end, output if end == "completed" else None, error, code, blobs, receipt,
+                          before=finish_attempt)  # fmt: skip
+
+        def apply(stamp: Stamp) -> None:
+            finish_attempt(stamp)
             if planned is not None:
-                receipt.update(nextAttemptId=planned.attempt_id, stepIndex=planned.step_index)
-        return Change(
-            event_type="run.finished" if end else "node.finished",
-            apply=apply,
-            blobs=blobs,
-            effects=[local_effects.settle_queue(cmd.run_id, QUEUE_AFTER[end])] if end is not None else [],
-            release_claim=end is not None,
-            receipt=receipt,
-        )
+                planned.insert(conn, stamp.lease_generation, now)
+            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
+            records.advance_presentation(conn, cmd.run_id, now)
+
+        receipt["nextNode"] = cmd.next_node
+        if planned is not None:
+            receipt.update(nextAttemptId=planned.attempt_id, stepIndex=planned.step_index)
+        return Change(event_type="node.finished", apply=apply, blobs=blobs, receipt=receipt)
+
+
+class FinishRun(RunnerTransition[RunFinish]):
+    """The run ends where no node is active (after an answered checkpoint, or a module that failed to load)."""
+
+    kind = RunFinish.kind
+    model = RunFinish
+
+    def transition(self, tx: Tx, cmd: RunFinish, resource: records.Resource | None) -> Change:
+        conn = tx.conn
+        status, queue = conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id) "
+                                     "WHERE r.run_id = ?", (cmd.run_id,)).fetchone()  # fmt: skip
+        if status != "running" or queue not in ("starting", "running"):
+            raise CommandError("invalidTransition", f"a {status} run with a {queue} queue is not the runner's to end")
+        if conn.execute("SELECT 1 FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
+                        (cmd.run_id,)).fetchone():  # fmt: skip
+            raise CommandError("invalidTransition", "a node of the run is still active: node.finish ends it")
+        value = cmd.output or cmd.error
+        assert value is not None  # the model requires one of them
+        output, error = (value.digest, None) if cmd.end_status == "completed" else (None, value.digest)
+        receipt = {"errorCode": cmd.error_code} if cmd.error_code else {}
+        return ending(tx, cmd.run_id, cmd.end_status, output, error, cmd.error_code, [value], receipt)
 
 
 class WaitNode(RunnerTransition[NodeWait]):
@@ -272,7 +303,7 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
         if stale:
             status, error_code = records.uncertain_effect_status(conn, effect_id, cancelled=False)
         receipt: dict[str, object] = {"effectId": effect_id, "effectStatus": status}
-        if status == "applied" and result is not None:
+        if status in ("applied", "rejected") and result is not None:  # a rejected one may hold output too
             receipt["result"] = records.read_json(conn, result)
         if status == "rejected":
             receipt["error"] = records.read_text(conn, error) if error is not None else "the effect was rejected"
@@ -345,4 +376,4 @@ def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
                        nodePath=cmd.node_path, **waiting)  # fmt: skip
 
 
-HANDLERS = (StartNode(), FinishNode(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())
+HANDLERS = (StartNode(), FinishNode(), FinishRun(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())

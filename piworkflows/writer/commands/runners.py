@@ -8,7 +8,8 @@
     runner.exited:  stopped by the server (pause, cancel, shutdown, supervisor crash)
                         -> running/parked (shutdown) or paused, never "no progress"
                     exited or died after the run advanced -> queued/queued
-                    exited or died before it advanced     -> running/parked (runnerNoProgress)
+                    exited or died before it advanced     -> running/parked (runnerNoProgress;
+                                   a dead runner's last stderr line is the event's payload)
                     (a terminal run keeps its state)
 
 Every transition releases or takes the lease in the same transaction and
@@ -181,7 +182,10 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
             records.advance_presentation(conn, cmd.run_id, now)
 
         receipt = {"runId": cmd.run_id, "placement": placement, **({"parkReason": park} if park else {})}
-        return Change(event_type="runner.exited", apply=apply, release_generation=generation, receipt=receipt)
+        # Why it parked, for the run view (piworkflows.parkDetail): only with a runnerNoProgress park.
+        detail = cmd.park_detail if park == "runnerNoProgress" else None
+        return Change(event_type="runner.exited", apply=apply, release_generation=generation, receipt=receipt,
+                      blobs=[detail] if detail else [], event_payload=detail.digest if detail else None)  # fmt: skip
 
 
 class ListClaimable(Handler[ClaimableRuns]):

@@ -8,7 +8,7 @@ Each step carries its own values (output, error text, a checkpoint's
 request): each at most ``INLINE_VALUE_BYTES`` and all of one view together
 at most ``STEP_VALUES_BYTES``, newest step first; the rest only by size and
 digest, so one view fits one reply frame. What upstream's view does not have
-stays under ``piworkflows`` (the active step, the run's ambiguous effects).
+stays under ``piworkflows`` (the active step, the run's ambiguous effects, a park detail).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sqlite3
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import MAX_FRAME_BYTES
+from piworkflows.protocol.internal import MAX_FRAME_BYTES, MAX_PARK_DETAIL_BYTES
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
@@ -147,8 +147,19 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "piworkflows": {
             "currentStep": _current_step(conn, run_id),
             "ambiguousEffects": _ambiguous_effects(conn, run_id),
+            "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
         },
     }
+
+
+def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
+    """What the runner that parked the run left (its last stderr line), from the latest runner exit."""
+    row = conn.execute(
+        "SELECT payload_digest FROM events WHERE resource_id = ? AND event_type = 'runner.exited' "
+        "ORDER BY resource_revision DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return _read_text(conn, row[0], limit=MAX_PARK_DETAIL_BYTES) if row and row[0] else None
 
 
 def _duration(started: int | None, finished: int | None) -> int | None:

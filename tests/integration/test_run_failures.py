@@ -1,0 +1,216 @@
+"""A run never gets stuck in silence: workflow failures fail the run, dying runners leave their last words.
+
+Through the CLI on real servers: a failure while a runner continues a run (the
+route of an answered checkpoint, the module's load, an include's input) fails
+the run with the node or file named; a runner that dies before it saved
+progress parks ``runnerNoProgress`` with its last stderr lines in server.log and
+a park detail in the run view; ``builtin:shell-check`` fails when the checked
+command fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.engine_util import CHECKPOINT, start, view, wait_status, write
+from tests.integration.test_effects import query
+from tests.server_util import ServerProcess, check_state, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+
+FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
+
+# The checkpoint is the last node: its answer is the run's output.
+LAST_CHECKPOINT = """
+from piworkflows.workflows import checkpoint, compute, define_workflow, edge
+workflow = define_workflow("last", "prepare", {
+    "prepare": compute(lambda ctx: {"ready": True}),
+    "ask": checkpoint(summary="anything to add?"),
+}, [edge("prepare", "ask")])
+"""
+
+# Loads in the resolver (argv "resolve"), raises when a runner (argv "run") loads it.
+RAISES_IN_RUNNER = """
+import sys
+from piworkflows.workflows import compute, define_workflow
+if sys.argv[-1] == "run":
+    raise RuntimeError("no runner may load me")
+workflow = define_workflow("fragile", "only", {"only": compute(lambda ctx: 1)})
+"""
+
+# The include's input function raises: the child's first node cannot get its input.
+BAD_INCLUDE_INPUT = """
+from piworkflows.workflows import compute, define_workflow, edge, include_workflow
+child = define_workflow("child", "c1", {"c1": compute(lambda ctx: {"got": ctx.input})})
+workflow = define_workflow("parent", "prep", {"prep": compute(lambda ctx: {"n": 1})},
+                           [edge("prep", "sub")],
+                           includes={"sub": include_workflow(child, input=lambda ctx: ctx.outputs["missing"])})
+"""
+
+# The checkpoint's own code (its summary) raises: the node fails, and its outcome edge applies.
+BAD_SUMMARY = """
+from piworkflows.workflows import checkpoint, compute, define_workflow, edge, switch
+workflow = define_workflow("asks", "ask", {
+    "ask": checkpoint(summary=lambda ctx: ctx.input["question"]),
+    "sorry": compute(lambda ctx: {"asked": False}),
+}, [switch("ask", on="$result.outcome", cases={"failed": "sorry"})])
+"""
+
+# Dies (exit 3) in the runner before anything is saved, after a last word on stderr.
+DIES_IN_RUNNER = """
+import os, sys
+from piworkflows.workflows import compute, define_workflow
+if sys.argv[-1] == "run":
+    print("loading the helper table", file=sys.stderr)
+    print("boom: ValueError('x')", file=sys.stderr, flush=True)
+    os._exit(3)
+workflow = define_workflow("dying", "only", {"only": compute(lambda ctx: 1)})
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    proc = ServerProcess(tmp_path / "s", env=FAST).start()
+    yield proc
+    proc.stop()
+
+
+def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, project):
+    write(project, "ask", CHECKPOINT)
+    waits = server.cli("run", "start", "ask", "--project", str(project), "--wait")
+    assert waits.returncode == 1 and " waiting" in waits.stdout, waits.stdout + waits.stderr
+    run_id = waits.stdout.splitlines()[0]
+    answered = server.cli("answer", run_id, "ask", '{"go": "maybe"}')
+    assert answered.returncode == 0, answered.stderr
+    failed = wait_status(server, run_id, "failed", "completed")
+    assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "routingError"
+    assert failed["error"] == "node 'ask': no case for $.go = maybe (cases: false, true)"
+    assert failed["piworkflows"]["parkDetail"] is None
+    status = server.cli("run", "status", run_id)
+    assert status.returncode == 0 and "failed" in status.stdout and "routingError" in status.stdout
+    assert "node 'ask': no case for $.go = maybe" in status.stdout
+    # The answered checkpoint stays answered; nothing else ran.
+    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("prepare", "completed"),
+                                                                              ("ask", "completed")]  # fmt: skip
+    check_state(server.state_dir)
+
+
+def test_an_answer_to_the_last_node_completes_the_run_with_it(server, project):
+    write(project, "last", LAST_CHECKPOINT)
+    run_id = start(server, project, "last")
+    wait_status(server, run_id, "waiting")
+    assert server.cli("answer", run_id, "ask", '{"note": "none"}').returncode == 0
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed" and done["output"] == {"note": "none"}
+    check_state(server.state_dir)
+
+
+def test_a_module_that_fails_to_load_in_the_runner_fails_the_run_naming_the_file(server, project):
+    write(project, "fragile", RAISES_IN_RUNNER)
+    result = server.cli("run", "start", "fragile", "--project", str(project), "--wait")
+    assert result.returncode == 1, result.stdout + result.stderr
+    run_id = result.stdout.splitlines()[0]
+    assert f"{run_id} failed" in result.stdout
+    path = project.resolve() / ".pi" / "workflows" / "fragile.workflow.py"
+    assert "error (loadFailed): the workflow module" in result.stdout and str(path) in result.stdout
+    assert "failed to load: RuntimeError: no runner may load me" in result.stdout
+    failed = view(server, run_id)
+    assert failed["run"]["errorCode"] == "loadFailed" and failed["run"]["parkReason"] is None
+    assert failed["steps"]["items"] == []
+    check_state(server.state_dir)
+
+
+def test_an_include_input_that_raises_fails_the_run_naming_the_node(server, project):
+    write(project, "parent", BAD_INCLUDE_INPUT)
+    result = server.cli("run", "start", "parent", "--project", str(project), "--wait")
+    assert result.returncode == 1, result.stdout + result.stderr
+    failed = view(server, result.stdout.splitlines()[0])
+    assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "inputFailed"
+    assert failed["error"] == "node 'sub/c1': the input function of include 'sub' failed: KeyError: 'missing'"
+    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("prep", "completed"),
+                                                                              ("sub/c1", "failed")]  # fmt: skip
+    check_state(server.state_dir)
+
+
+def test_a_checkpoint_whose_summary_raises_fails_the_node_and_follows_its_outcome_edge(server, project):
+    write(project, "asks", BAD_SUMMARY)
+    result = server.cli("run", "start", "asks", "--project", str(project), "--wait")
+    assert result.returncode == 0 and " completed" in result.stdout, result.stdout + result.stderr
+    done = view(server, result.stdout.splitlines()[0])
+    assert done["output"] == {"asked": False}
+    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("ask", "failed"),
+                                                                            ("sorry", "completed")]  # fmt: skip
+
+
+def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(server, project):
+    write(project, "dying", DIES_IN_RUNNER)
+    result = server.cli("run", "start", "dying", "--project", str(project), "--wait")
+    assert result.returncode == 1 and "parked: the runner exited before it saved progress" in result.stdout, (
+        result.stdout + result.stderr)  # fmt: skip
+    run_id = result.stdout.splitlines()[0]
+    parked = wait_until(lambda: (v := view(server, run_id))["piworkflows"]["parkDetail"] and v, what="park detail")
+    assert parked["run"]["parkReason"] == "runnerNoProgress"
+    assert parked["piworkflows"]["parkDetail"] == "boom: ValueError('x')"
+    status = server.cli("run", "status", run_id)
+    assert "runner: boom: ValueError('x')" in status.stdout, status.stdout  # the detail, under the park reason
+    log = wait_until(lambda: "boom: ValueError" in (text := server.server_log()) and text, what="stderr logged")
+    assert f"runner of {run_id} stderr: loading the helper table" in log
+    assert f"runner of {run_id} stderr: boom: ValueError('x')" in log
+    # Resume works as before: one more runner, the same end, and its own detail.
+    resumed = server.cli("run", "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    wait_until(lambda: server.server_log().count(f"runner of {run_id} stderr: boom") == 2, what="parked again")
+    assert view(server, run_id)["piworkflows"]["parkDetail"] == "boom: ValueError('x')"
+    check_state(server.state_dir)
+
+
+# Dies (exit 4) in the resolver, after a last word on stderr.
+DIES_IN_RESOLVER = """
+import os, sys
+if sys.argv[-1] == "resolve":
+    print("resolver trouble: KeyError('k')", file=sys.stderr, flush=True)
+    os._exit(4)
+"""
+
+
+def test_a_resolver_that_dies_leaves_its_stderr_in_server_log(server, project):
+    write(project, "broken", DIES_IN_RESOLVER)
+    result = server.cli("run", "start", "broken", "--project", str(project))
+    assert result.returncode == 1 and "invalidDefinition" in result.stderr, result.stdout + result.stderr
+    log = wait_until(lambda: "resolver trouble" in (text := server.server_log()) and text, what="stderr logged")
+    line = next(line for line in log.splitlines() if "resolver trouble" in line)
+    assert line.endswith(" stderr: resolver trouble: KeyError('k')") and " resolver " in line
+    assert "the resolver exited with code 4" in log
+
+
+def _shell_check(server: ServerProcess, project: Path, check: dict) -> tuple[int, str, dict]:
+    result = server.cli("run", "start", "builtin:shell-check", "--project", str(project), "--input",
+                        json.dumps(check), "--wait")  # fmt: skip
+    return result.returncode, result.stdout, view(server, result.stdout.splitlines()[0])
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_shell_check_fails_its_run_naming_the_node_and_exit_code(server, project):
+    code, out, failed = _shell_check(server, project, {"command": "false"})
+    assert code == 1 and " failed" in out, out
+    assert "error (nonZeroExit): node 'check': the command failed (exit code 1)" in out
+    assert failed["run"]["errorCode"] == "nonZeroExit"
+    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("check", "failed")]
+    check = {"command": "sh", "args": ["-c", "echo yes; echo no >&2; exit 3"]}
+    code, out, failed = _shell_check(server, project, check)
+    assert code == 1 and "error (nonZeroExit): node 'check': the command failed (exit code 3): no" in out, out
+    (output,) = query(server, "SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.output_digest "
+                              "WHERE a.run_id = ?", failed["runId"])[0]  # fmt: skip
+    assert {k: v for k, v in json.loads(output).items() if k != "durationMs"} == {  # the failed node keeps it
+        "stdout": "yes\n", "stderr": "no\n", "exitCode": 3, "signal": None}  # fmt: skip
+    code, out, failed = _shell_check(server, project, {"command": "/nonexistent/pi-workflows-no-such-binary"})
+    assert code == 1 and "node 'check': the command failed (exit code 127)" in out, out
+    assert "pi-workflows-no-such-binary" in failed["error"]  # the shell's own complaint, from stderr
+    code, out, passed = _shell_check(server, project, {"command": "sh", "args": ["-c", "echo fine"]})
+    assert code == 0 and " completed" in out, out
+    assert passed["output"] == {"kind": "final", "message": "passed"}
+    assert [s["nodePath"] for s in passed["steps"]["items"]] == ["check", "report", "done"]
+    check_state(server.state_dir)
