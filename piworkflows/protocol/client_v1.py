@@ -27,7 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
-from piworkflows.states import SERVER_STATES, UNAVAILABLE_REASONS
+from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -70,6 +70,8 @@ SESSION_ANSWER_OPERATIONS = frozenset(
     {"interaction.submit", "interaction.assistant", "interaction.update", "checkpoint.answer", "decision.answer",
      "run.restart"}
 )  # fmt: skip
+
+RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))
 
 EVENTS = ("runs", "run_snapshot", "run_patch", "run_page", "session_snapshot", "unavailable")
 
@@ -328,9 +330,15 @@ class RunStartReceipt(BaseModel):
 
 
 class RunListPayload(Payload):
-    """run.list: newest first; ``cursor`` is the previous page's cursor."""
+    """run.list: newest first; ``cursor`` is the previous page's cursor. The filters combine: runs
+    of ``projectPath``, whose durable status (not the display status: a paused or ambiguous run
+    is queued, running or waiting underneath) is one of ``status``, of ``workflowName`` (the
+    compiled name, ``demo`` for ``builtin:demo``), created at or after ``since`` (epoch ms)."""
 
     projectPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
+    status: list[Literal[RUN_STATUS_VALUES]] | None = Field(default=None, min_length=1, max_length=7)  # type: ignore[valid-type]
+    workflowName: str | None = Field(default=None, min_length=1, max_length=256)
+    since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)
     cursor: dict[str, Any] | None = None
 

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piworkflows import canonical
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, WRITER_HEALTH_CODES, WRITER_START_FAILURES
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, RUN_STATUSES, WRITER_HEALTH_CODES, WRITER_START_FAILURES
 
 # Frame kinds that are not commands.
 READY = "ready"
@@ -475,10 +475,14 @@ class RunListCursor(Model):
 
 
 class RunList(ReadCommand):
-    """Run metadata, newest first, optionally of one project; never payload bodies."""
+    """Run metadata, newest first, optionally only runs of one project, with one of ``statuses``
+    (durable run statuses), of one workflow name, created at or after ``since``; never payload bodies."""
 
     kind: ClassVar[str] = "run.list"
     project_path: str | None = None
+    statuses: list[Literal[tuple(sorted(RUN_STATUSES))]] | None = Field(default=None, min_length=1)  # type: ignore[valid-type]
+    workflow_name: str | None = None
+    since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)
     before: RunListCursor | None = None
 

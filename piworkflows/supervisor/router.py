@@ -195,7 +195,8 @@ class Router:
         return from_reply(request, reply)
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
-        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit}
+        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit, "statuses": payload.status,
+                                "workflow_name": payload.workflowName, "since": payload.since}  # fmt: skip
         if payload.projectPath is not None:
             body["project_path"] = os.path.realpath(payload.projectPath)
         if payload.cursor is not None:
