@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import textwrap
 import time
 from datetime import datetime
 from typing import Any
@@ -124,3 +125,107 @@ class _RunTable:
 def _cut(text: str, width: int) -> str:
     text = " ".join(text.split())  # one line
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+_PROJECT = click.option("--project", type=click.Path(exists=True, file_okay=False), default=".", show_default=True,
+                        help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
+
+
+@main.command("workflows")
+@_PROJECT
+@click.option("--json", "as_json", is_flag=True, help="Print the workflow.list receipt as one line of JSON.")
+@click.pass_obj
+def workflows(paths: StatePaths, project: str, as_json: bool) -> None:
+    """List every workflow the server would find: the project's, the user dir's and the
+    built-ins, with its source and description. A name found twice is shadowed by the first
+    (run start finds that one; builtin:NAME still reaches a built-in). A module that does not
+    load is listed with its file, line and what went wrong.
+
+    Example: pi-workflows workflows --project ~/src/app
+    """
+    receipt = accepted(request(paths, "workflow.list", {"projectPath": os.path.abspath(project)}))
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+        return
+    click.echo(f"project workflows: {receipt['projectDirectory']}")
+    click.echo(f"user workflows:    {receipt['userDirectory']}")
+    width = max([len(item["name"]) for item in receipt["items"]], default=0)
+    for item in receipt["items"]:
+        shadowed = f", shadowed by {item['shadowedBy']}" if item["shadowedBy"] else ""
+        click.echo(f"{item['name']:<{width}}  {item['origin']:<7}  {_source(item['source'])}{shadowed}")
+        if item["error"] is not None:
+            click.echo("    does not load: " + "\n    ".join(item["error"]["text"].splitlines()))
+        elif item["description"]:
+            click.echo("    " + _cut(item["description"], 76))
+    if receipt["truncated"]:
+        click.echo(f"(only the first {len(receipt['items'])}: list them with --json, or look in the directories)")
+
+
+@main.group("workflow")
+def workflow_group() -> None:
+    """Look at one workflow as the server compiles it.
+
+    Example: pi-workflows workflow show builtin:demo
+    """
+
+
+@workflow_group.command("show")
+@click.argument("workflow", metavar="NAME")
+@_PROJECT
+@click.option("--json", "as_json", is_flag=True, help="Print the workflow.show receipt (with the definition "
+              "snapshot) as one line of JSON.")  # fmt: skip
+@click.pass_obj
+def workflow_show(paths: StatePaths, workflow: str, project: str, as_json: bool) -> None:
+    """Show the workflow NAME (or builtin:NAME) that run start would find: its source,
+    description and graph, one line per node ("node [kind] -> next", a switch as its cases).
+
+    Example: pi-workflows workflow show demo --json
+    """
+    payload = {"projectPath": os.path.abspath(project), "workflowName": workflow}
+    shown = accepted(request(paths, "workflow.show", payload))
+    if as_json:
+        click.echo(canonical.dumps(shown))
+        return
+    snapshot = shown["snapshot"]
+    click.echo(f"{shown['workflowName']} ({shown['origin']}: {_source(shown['source'])})")
+    if shown["description"]:
+        for line in textwrap.wrap(shown["description"], 76):
+            click.echo("  " + line)
+    click.echo(f"  definition {shown['definitionDigest']}")
+    click.echo("  input: not declared (define_workflow takes no input schema; the description says what it expects)")
+    click.echo(f"  starts at {snapshot['startAt']}; at most {snapshot['maxSteps']} steps")
+    routes = {edge["from"]: edge for edge in snapshot["edges"]}
+    for path in _graph_order(snapshot["startAt"], snapshot["nodes"], routes):
+        line = f"  {path} [{snapshot['nodes'][path]['kind']}]"
+        edge = routes.get(path)
+        if edge is None:
+            click.echo(f"{line} (end)")
+        elif "to" in edge:
+            click.echo(f"{line} -> {edge['to']}")
+        else:
+            click.echo(f"{line} switch on {edge['on']}")
+            for value, target in edge["cases"].items():
+                click.echo(f"      {value} -> {target}")
+    for mount, included in snapshot["mounts"].items():
+        click.echo(f"  {mount}/ is the included workflow {included['workflow']}")
+
+
+def _graph_order(start: str, nodes: dict[str, Any], routes: dict[str, dict[str, Any]]) -> list[str]:
+    """Nodes from the start along the edges (breadth first), then any the edges do not reach."""
+    order, queue = [], [start]
+    while queue:
+        path = queue.pop(0)
+        if path in order or path not in nodes:
+            continue
+        order.append(path)
+        edge = routes.get(path, {})
+        queue += [edge["to"]] if "to" in edge else list(edge.get("cases", {}).values())
+    return order + sorted(set(nodes) - set(order))
+
+
+def _source(source: dict[str, str] | None) -> str:
+    if source is None:
+        return "(unreadable)"
+    if source["kind"] == "builtin":
+        return f"{source['id']} revision {source['revision']}"
+    return source["path"]
