@@ -10,10 +10,14 @@ BACKUP``) and, with the server stopped, to check the state ``state reset``
 moves aside.
 
 One module per command group adds its commands to the root group ``main``
-(``cli/base.py``): ``server``, ``runs``, ``find``, ``state``, ``effects``, ``protocol``.
+(``cli/base.py``): ``server``, ``runs``, ``find``, ``state``, ``effects``, ``protocol``,
+``completion`` (which then gives the parameters named run_id, workflow and node of every
+command their completion from the server).
 """
 
-from piworkflows.cli import effects, find, protocol, runs, server, state  # noqa: F401  (they add their commands)
+from piworkflows.cli import completion, effects, find, protocol, runs, server, state  # noqa: F401  (add commands)
 from piworkflows.cli.base import main
+
+completion.attach(main)
 
 __all__ = ["main"]

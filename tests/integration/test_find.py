@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tests.engine_util import write
+from tests.engine_util import CHECKPOINT, start, wait_status, write
 from tests.server_util import ServerProcess
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -229,3 +232,63 @@ def test_a_module_that_fails_to_load_is_reported_with_file_and_line_everywhere(u
     assert all(text in item["error"]["text"] for text in says)
     listed = user_server.cli("workflows", "--project", str(project)).stdout
     assert f"    does not load: {path}, line {line}: " in listed
+
+
+# --- shell completion ---------------------------------------------------------------------------
+
+
+def complete(state_dir: Path, env: dict[str, str], *words: str) -> subprocess.CompletedProcess[str]:
+    """What bash's completion function asks ``pi-workflows`` for: the candidates for the last word."""
+    line = ["pi-workflows", "--state-dir", str(state_dir), *words]
+    env = {**env, "_PI_WORKFLOWS_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(line),
+           "COMP_CWORD": str(len(line) - 1)}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "piworkflows.cli"], capture_output=True, text=True, timeout=60,
+                          env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def candidates(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 0 and result.stderr == "", result
+    return [line.removeprefix("plain,") for line in result.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_the_script_for_each_shell(tmp_path: Path, shell: str):
+    result = ServerProcess(tmp_path / "s").cli("completion", shell)
+    assert result.returncode == 0 and "_PI_WORKFLOWS_COMPLETE" in result.stdout and "pi-workflows" in result.stdout
+    if shell == "bash":
+        assert "complete -o nosort -F _pi_workflows_completion pi-workflows" in result.stdout
+
+
+def test_completion_offers_run_ids_workflow_names_and_checkpoints_from_the_running_server(user_server, project):
+    with user_server.client() as client:
+        run_ids = [client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
+                   .receipt["runId"] for _ in range(2)]  # fmt: skip
+    state, env = user_server.state_dir, user_server.env
+    assert sorted(candidates(complete(state, env, "run", "status", ""))) == sorted(run_ids)
+    assert candidates(complete(state, env, "run", "cancel", run_ids[0][:12])) == [
+        run_id for run_id in reversed(run_ids) if run_id.startswith(run_ids[0][:12])
+    ]
+    assert sorted(candidates(complete(state, env, "effects", "--run", ""))) == sorted(run_ids)
+    workflows = candidates(complete(state, env, "run", "start", "--project", str(project), ""))
+    assert workflows == ["demo", "hello", "imports", "shell-check", "syntax", "builtin:demo"]
+    assert candidates(complete(state, env, "workflow", "show", "--project", str(project), "he")) == ["hello"]
+    assert candidates(complete(state, env, "answer", run_ids[0], "")) == ["ask"]  # not started: its checkpoints
+
+
+def test_completion_offers_the_node_a_run_waits_at(tmp_path: Path, project: Path):
+    write(project, "two", CHECKPOINT.replace('"ask", "prepare"', '"two", "prepare"').replace(
+        '"no": compute', '"again": checkpoint(summary="again?"), "no": compute'))  # fmt: skip
+    server = ServerProcess(tmp_path / "s").start()
+    try:
+        run_id = start(server, project, "two")
+        wait_status(server, run_id, "waiting")
+        assert candidates(complete(server.state_dir, server.env, "answer", run_id, "")) == ["ask"]  # not "again"
+        assert candidates(complete(server.state_dir, server.env, "answer", "run-nope", "")) == []
+    finally:
+        server.stop()
+
+
+def test_completion_without_a_server_completes_nothing_and_says_nothing(tmp_path: Path):
+    for words in (("run", "status", ""), ("run", "start", ""), ("answer", "run-1", "")):
+        assert candidates(complete(tmp_path / "no-server", dict(os.environ), *words)) == []
+    assert not (tmp_path / "no-server" / "host").exists()  # none was started
