@@ -27,7 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
-from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS
+from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -546,7 +546,7 @@ class StatePruneReceipt(BaseModel):
     pageSize: int | None = None
 
 
-WorkflowOrigin = Literal["project", "user", "builtin"]
+WorkflowOrigin = Literal[WORKFLOW_ORIGINS]  # type: ignore[valid-type]
 
 
 class WorkflowListPayload(Payload):

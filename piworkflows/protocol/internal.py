@@ -22,7 +22,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piworkflows import canonical
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, RUN_STATUSES, WRITER_HEALTH_CODES, WRITER_START_FAILURES
+from piworkflows.states import (
+    MEDIA_JSON,
+    MEDIA_TEXT,
+    RUN_STATUSES,
+    WORKFLOW_ORIGINS,
+    WRITER_HEALTH_CODES,
+    WRITER_START_FAILURES,
+)
 
 # Frame kinds that are not commands.
 READY = "ready"
@@ -707,7 +714,7 @@ class Resolution(Model):
     max_steps: int | None = None
 
 
-WorkflowOrigin = Literal["project", "user", "builtin"]
+WorkflowOrigin = Literal[WORKFLOW_ORIGINS]  # type: ignore[valid-type]
 MAX_LISTED_WORKFLOWS = 256
 
 

@@ -40,13 +40,13 @@ from piworkflows.protocol.internal import (
     WorkflowShown,
     WorkflowShowRequest,
 )
+from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows import CompiledWorkflow, WorkflowDefinitionError, discovery, failures
 from piworkflows.workflows.compiler import NAME
 from piworkflows.workflows.context import NodeContext
 
 ANSWER_KINDS = {"resolve": "resolution", "show": "shown", "list": "listing"}
 LISTED_TEXT = 1500  # a listed module's report: a listing of MAX_LISTED_WORKFLOWS still fits one frame
-ORIGINS = ("project", "user", "builtin")
 # What loading workflow code may raise: anything, a sys.exit() in module code too.
 LOAD_FAILURES = (Exception, SystemExit)
 
@@ -110,7 +110,7 @@ def show(request: WorkflowShowRequest) -> WorkflowShown:
     return WorkflowShown(
         ok=True,
         workflow_name=compiled.workflow.name,
-        origin=source.origin,
+        origin=source.origin,  # type: ignore[arg-type]  # validated: one of WORKFLOW_ORIGINS
         source=source.identity.to_json(),
         description=compiled.workflow.description,
         digest=compiled.digest,
@@ -121,7 +121,7 @@ def show(request: WorkflowShowRequest) -> WorkflowShown:
 def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
     """Every source by name, then origin; each but the first of a name is shadowed by the first."""
     project = Path(request.project_path)
-    found = sorted(discovery.every_source(project), key=lambda item: (item[1], ORIGINS.index(item[0])))
+    found = sorted(discovery.every_source(project), key=lambda item: (item[1], WORKFLOW_ORIGINS.index(item[0])))
     first_origin: dict[str, str] = {}
     items = []
     for origin, name, path in found[:MAX_LISTED_WORKFLOWS]:

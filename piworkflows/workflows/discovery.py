@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows.compiler import NAME, CompiledWorkflow, Workflow, WorkflowDefinitionError
 
 USER_DIR_ENV = "PI_WORKFLOWS_USER_DIR"
@@ -53,7 +54,7 @@ class ResolvedSource:
     command: str  # the name that was looked up: the file stem, even through a symlink
     path: Path
     data: bytes
-    origin: str | None = None  # where it was found: project | user | builtin (None: handed over by a launch)
+    origin: str | None = None  # where it was found (states.WORKFLOW_ORIGINS; None: handed over by a launch)
 
 
 def user_dir() -> Path:
@@ -62,7 +63,8 @@ def user_dir() -> Path:
 
 def directories(project_path: Path, user_workflows: Path | None = None) -> dict[str, Path]:
     """Where workflows are found, by origin, in resolve order (the first hit wins)."""
-    return {"project": project_path / ".pi" / "workflows", "user": user_workflows or user_dir(), "builtin": BUILTIN_DIR}
+    places = (project_path / ".pi" / "workflows", user_workflows or user_dir(), BUILTIN_DIR)
+    return dict(zip(WORKFLOW_ORIGINS, places, strict=True))
 
 
 def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -> ResolvedSource:

@@ -72,8 +72,8 @@ def _syntax_error(exc: SyntaxError, default_file: str, max_text: int) -> LoadFai
         indent = len(code) - len(code.lstrip())
         report.append(f"    {code.strip()}")
         if exc.offset:
-            width = exc.end_offset - exc.offset if exc.end_lineno == line and (exc.end_offset or 0) > exc.offset else 1
-            report.append("    " + " " * max(0, exc.offset - 1 - indent) + "^" * width)
+            end = exc.end_offset if exc.end_lineno == line and exc.end_offset else 0
+            report.append("    " + " " * max(0, exc.offset - 1 - indent) + "^" * max(1, end - exc.offset))
     return LoadFailure(file, line, message, _bounded("\n".join(report), max_text))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -292,3 +293,23 @@ def test_completion_without_a_server_completes_nothing_and_says_nothing(tmp_path
     for words in (("run", "status", ""), ("run", "start", ""), ("answer", "run-1", "")):
         assert candidates(complete(tmp_path / "no-server", dict(os.environ), *words)) == []
     assert not (tmp_path / "no-server" / "host").exists()  # none was started
+
+
+def test_the_new_reads_follow_the_protocol_rules(user_server, project):
+    schema = json.loads(user_server.cli("protocol", "schema").stdout)
+    for operation in ("workflow.list", "workflow.show"):
+        assert schema["operations"][operation]["stored"] is False
+    assert "status" in schema["operations"]["run.list"]["payload"]["properties"]
+    with user_server.client() as client:
+        display_only = client.request("run.list", {"status": ["paused"]})
+        relative = client.request("workflow.show", {"projectPath": "proj", "workflowName": "demo"})
+        for refused in (display_only, relative):
+            assert (refused.outcome, refused.receipt["code"]) == ("rejected", "validationFailed"), refused
+        listed = client.request("workflow.list", {"projectPath": str(project)}, idempotency_key="same")
+        again = client.request("workflow.list", {"projectPath": str(project)}, idempotency_key="same")
+        assert (listed.outcome, again.outcome) == ("accepted", "accepted")  # a read: answered anew, never adopted
+    conn = sqlite3.connect(f"file:{user_server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        assert conn.execute("SELECT count(*) FROM host_commands").fetchone() == (0,)
+    finally:
+        conn.close()
