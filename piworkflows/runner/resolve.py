@@ -46,7 +46,8 @@ from piworkflows.workflows.compiler import NAME
 from piworkflows.workflows.context import NodeContext
 
 ANSWER_KINDS = {"resolve": "resolution", "show": "shown", "list": "listing"}
-LISTED_TEXT = 1500  # a listed module's report: a listing of MAX_LISTED_WORKFLOWS still fits one frame
+LISTED_TEXT = 1500  # a listed module's report
+LISTING_BYTES = 640 * 1024  # no item is added past this many bytes of items: the answer fits one message
 # What loading workflow code may raise: anything, a sys.exit() in module code too.
 LOAD_FAILURES = (Exception, SystemExit)
 
@@ -119,17 +120,22 @@ def show(request: WorkflowShowRequest) -> WorkflowShown:
 
 
 def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
-    """Every source by name, then origin; each but the first of a name is shadowed by the first."""
+    """Every source by name, then origin; each but the first of a name is shadowed by the first.
+    At most MAX_LISTED_WORKFLOWS items and about LISTING_BYTES of them (``truncated`` when more)."""
     project = Path(request.project_path)
     found = sorted(discovery.every_source(project), key=lambda item: (item[1], WORKFLOW_ORIGINS.index(item[0])))
     first_origin: dict[str, str] = {}
-    items = []
-    for origin, name, path in found[:MAX_LISTED_WORKFLOWS]:
+    items: list[ListedWorkflow] = []
+    size = 0
+    for origin, name, path in found:
         winner = first_origin.setdefault(name, origin)
+        if len(items) == MAX_LISTED_WORKFLOWS or size > LISTING_BYTES:
+            break
         items.append(_listed(origin, name, path, None if winner == origin else winner))
+        size += len(items[-1].model_dump_json())
     directories = discovery.directories(project)
     return WorkflowListing(project_directory=str(directories["project"]), user_directory=str(directories["user"]),
-                           items=items, truncated=len(found) > MAX_LISTED_WORKFLOWS)  # fmt: skip
+                           items=items, truncated=len(items) < len(found))  # fmt: skip
 
 
 def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> ListedWorkflow:

@@ -136,6 +136,9 @@ def test_a_long_listing_is_truncated_and_says_so(project: Path, user: Path, monk
         write(user, name, GOOD.format(name=name, extra=""))
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
     assert listing.truncated is True and [item.name for item in listing.items] == ["a", "b", "demo"]
+    monkeypatch.setattr(resolver, "LISTING_BYTES", 1)  # the answer must fit one message: bytes bound it too
+    listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
+    assert listing.truncated is True and [item.name for item in listing.items] == ["a"]
 
 
 def test_show_answers_the_workflow_run_start_would_find(project: Path, user: Path) -> None:
