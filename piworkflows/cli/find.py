@@ -89,7 +89,7 @@ def runs(paths: StatePaths, project: str | None, statuses: tuple[str, ...], work
             click.echo(canonical.dumps(page))
         elif page["items"]:
             table = table or _RunTable(page["items"])
-            table.print(page["items"], int(time.time() * 1000))
+            table.echo(page["items"], int(time.time() * 1000))
         if not every_page or page["cursor"] is None:
             break
         payload["cursor"] = page["cursor"]
@@ -109,7 +109,7 @@ class _RunTable:
         self.title_width = max(5, max(80, shutil.get_terminal_size((80, 24)).columns) - fixed)
         click.echo(self._line("ID", "WORKFLOW", "TITLE", "STATUS", "AGE", "RAN"))
 
-    def print(self, items: list[dict[str, Any]], now: int) -> None:
+    def echo(self, items: list[dict[str, Any]], now: int) -> None:
         for item in items:
             started, finished = item["startedAt"], item["finishedAt"]
             ran = span((finished or now) - started) if started is not None else "-"

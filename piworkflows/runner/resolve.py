@@ -69,8 +69,9 @@ def _compiled(workflow_name: str, project_path: str) -> tuple[discovery.Resolved
     try:
         return source, discovery.compiled(source)
     except LOAD_FAILURES as exc:
-        message = "the workflow module failed to load: " + failures.describe(exc, source).text
-        raise _Refused("invalidDefinition", message) from None
+        invalid = isinstance(exc, WorkflowDefinitionError)
+        prefix = "the workflow definition is invalid: " if invalid else "the workflow module failed to load: "
+        raise _Refused("invalidDefinition", prefix + failures.describe(exc, source).text) from None
 
 
 def resolve(request: ResolveRequest) -> Resolution:
