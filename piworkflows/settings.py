@@ -99,6 +99,9 @@ class Settings(BaseModel):
     # hold more than a day of them).
     connection_log_lines: int = Field(default=10, ge=1)
     connection_log_interval_ms: int = Field(default=60_000, ge=10)
+    # Shell completion (pi-workflows completion): how long the CLI waits for the server's answer
+    # before it completes nothing.
+    completion_timeout_ms: int = Field(default=1_500, ge=10)
     # The server log (host/server.log): size per file and rotated files kept.
     log_max_bytes: int = Field(default=5 * 1024 * 1024, ge=4096)
     log_backups: int = Field(default=3, ge=0)

@@ -103,6 +103,8 @@ INTERVAL_END_CAUSES = frozenset({"pause", "disconnect", "settlement", "recovery"
 UPDATE_KINDS = frozenset({"progress", "notification"})
 BINDING_KINDS = frozenset({"settings", "session", "managed_resource"})
 SOURCE_KINDS = frozenset({"file", "builtin"})
+# Where a workflow is found, in resolve order (the first hit of a name wins).
+WORKFLOW_ORIGINS = ("project", "user", "builtin")
 CONTROLLER_LIFECYCLES = frozenset({"active", "deleting"})
 CONTROLLER_QUEUE_STATUSES = frozenset({"queued", "claimed", "idle"})
 CHANNEL_KINDS = frozenset({"telegram"})

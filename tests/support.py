@@ -133,7 +133,7 @@ def demo_snapshot() -> dict[str, Any]:
 
     from piworkflows.workflows import discovery
 
-    return discovery.load(discovery.resolve("builtin:demo", Path("/"))).compile().snapshot
+    return discovery.compiled(discovery.resolve("builtin:demo", Path("/"))).snapshot
 
 
 def run_create(
@@ -143,13 +143,14 @@ def run_create(
     session: str | None = None,
     input_value: Any = None,
     receipt: dict[str, Any] | None = None,
+    workflow_name: str = "demo",
 ) -> Submitted:
-    """A run.create of the built-in demo workflow."""
+    """A run.create of the built-in demo workflow (stored under ``workflow_name``)."""
     body: dict[str, Any] = {
         "actor": {"actor_class": "client", "actor_id": "client-1"},
         "run_id": run_id,
         "project_path": project,
-        "workflow_name": "demo",
+        "workflow_name": workflow_name,
         "definition": BlobValue.of_json(demo_snapshot()).model_dump(),
         "source": {"source_kind": "builtin", "builtin_id": "builtin:demo", "builtin_revision": "2"},
         "input": BlobValue.of_json({"who": "tests"} if input_value is None else input_value).model_dump(),

@@ -1,5 +1,6 @@
 """``python -m piworkflows.cli``: the ``pi-workflows`` command."""
 
 from piworkflows.cli import main
+from piworkflows.cli.completion import COMPLETE_VAR
 
-main()
+main(prog_name="pi-workflows", complete_var=COMPLETE_VAR)

@@ -1,6 +1,6 @@
 """The CLI's shared parts: the root group, exit codes, and sending one checked request.
 
-Every command module (``server``, ``runs``, ``state``, ``effects``, ``protocol``) adds its
+Every command module (``server``, ``runs``, ``find``, ``state``, ``effects``, ``protocol``) adds its
 commands to ``main`` here and answers through ``accepted``/``fail``.
 """
 
@@ -116,3 +116,13 @@ def start_failed(exc: StartFailed) -> NoReturn:
             command=command_line("state", "reset", "--backup", "/abs/new-dir/")
         )
     fail(message)
+
+
+def span(ms: int) -> str:
+    """A short human duration (an age, how long a run ran): 42s, 17m, 5h, 3d."""
+    seconds = max(0, ms) // 1000
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h" if seconds < 172_800 else f"{seconds // 86_400}d"

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import accepted, fail, main, request
+from piworkflows.cli.base import accepted, fail, main, request, span
 from piworkflows.paths import StatePaths
 from piworkflows.states import EFFECT_STATUSES
 
@@ -37,17 +37,10 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
     if not page["items"]:
         click.echo("no effects")
     for item in page["items"]:
-        age = _age(page["now"] - item["createdAt"])
+        age = span(page["now"] - item["createdAt"])
         node = f"{item['nodePath']}#{item['visit']}" if item["nodePath"] else "-"
         click.echo(f"{item['effectId']}  {item['effectType']:<18} {item['status']:<10} {item['runId'] or '-'}  "
                    f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}")  # fmt: skip
-
-
-def _age(ms: int) -> str:
-    seconds = max(0, ms) // 1000
-    if seconds < 120:
-        return f"{seconds}s"
-    return f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
 
 
 @main.group("effect")

@@ -1,11 +1,10 @@
-"""``pi-workflows run ...``, ``answer`` and ``runs``: start, follow, show and control workflow runs."""
+"""``pi-workflows run ...`` and ``answer``: start, follow, show and control workflow runs."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any
 
 import click
 
@@ -170,26 +169,3 @@ def answer(paths: StatePaths, run_id: str, node: str, answer_json: str, as_json:
         raise click.BadParameter(f"not JSON ({exc}); pass e.g. '{{\"continue\": true}}'") from None
     receipt = accepted(request(paths, "checkpoint.answer", {"nodePath": node, "answer": value}, run_id=run_id))
     click.echo(canonical.dumps(receipt) if as_json else f"answered; {run_id} continues")
-
-
-@main.command("runs")
-@click.option("--project", type=click.Path(file_okay=False), help="Only runs of this project directory.")
-@click.option("--limit", type=click.IntRange(1, 256), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the run-list page as one line of JSON.")
-@click.pass_obj
-def runs(paths: StatePaths, project: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first (metadata only).
-
-    Example: pi-workflows runs --project . --json
-    """
-    payload: dict[str, Any] = {"limit": limit}
-    if project is not None:
-        payload["projectPath"] = os.path.abspath(project)
-    page = accepted(request(paths, "run.list", payload))
-    if as_json:
-        click.echo(canonical.dumps(page))
-        return
-    if not page["items"]:
-        click.echo("no runs")
-    for item in page["items"]:
-        click.echo(f"{item['runId']}  {item['workflowName']:<20} {item['display']['status']:<10} {item['title'] or ''}")

@@ -27,7 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
-from piworkflows.states import SERVER_STATES, UNAVAILABLE_REASONS
+from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
 SCHEMA = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -57,19 +57,22 @@ OPERATIONS = (
     # maintenance
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete",
+    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete", "workflow.list",
+    "workflow.show",
 )  # fmt: skip
 
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
-) | {"protocol.schema", "state.verify"}
+) | {"protocol.schema", "state.verify", "workflow.show"}
 
 # Their fingerprint leaves out payload.coordinatorEpoch.
 SESSION_ANSWER_OPERATIONS = frozenset(
     {"interaction.submit", "interaction.assistant", "interaction.update", "checkpoint.answer", "decision.answer",
      "run.restart"}
 )  # fmt: skip
+
+RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))
 
 EVENTS = ("runs", "run_snapshot", "run_patch", "run_page", "session_snapshot", "unavailable")
 
@@ -328,9 +331,15 @@ class RunStartReceipt(BaseModel):
 
 
 class RunListPayload(Payload):
-    """run.list: newest first; ``cursor`` is the previous page's cursor."""
+    """run.list: newest first; ``cursor`` is the previous page's cursor. The filters combine: runs
+    of ``projectPath``, whose durable status (not the display status: a paused or ambiguous run
+    is queued, running or waiting underneath) is one of ``status``, of ``workflowName`` (the
+    compiled name, ``demo`` for ``builtin:demo``), created at or after ``since`` (epoch ms)."""
 
     projectPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
+    status: list[Literal[RUN_STATUS_VALUES]] | None = Field(default=None, min_length=1, max_length=7)  # type: ignore[valid-type]
+    workflowName: str | None = Field(default=None, min_length=1, max_length=256)
+    since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)
     cursor: dict[str, Any] | None = None
 
@@ -553,6 +562,75 @@ class StatePruneReceipt(BaseModel):
     pageSize: int | None = None
 
 
+WorkflowOrigin = Literal[WORKFLOW_ORIGINS]  # type: ignore[valid-type]
+
+
+class WorkflowListPayload(Payload):
+    """workflow.list: every ``*.workflow.py`` the server would find for ``projectPath``: its
+    ``.pi/workflows``, the user workflows dir and the built-ins."""
+
+    projectPath: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+
+
+class LoadError(BaseModel):
+    """A workflow module that fails to load or compile: ``file`` and ``line`` (null when not
+    known), ``message`` (one line), ``text`` (the report: the file and line, then the offending
+    line and caret, the missing module, or the workflow file's last frames)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str
+    line: int | None
+    message: str
+    text: str
+
+
+class WorkflowListItem(BaseModel):
+    """``source`` as the run view shows it (kind, path and sha256, or id and revision; null when
+    the file cannot be read); ``shadowedBy`` the origin whose file of this name run.start finds
+    first (``builtin:NAME`` still reaches a shadowed built-in); ``error`` when it does not load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    origin: WorkflowOrigin
+    source: dict[str, str] | None
+    description: str | None
+    shadowedBy: WorkflowOrigin | None
+    error: LoadError | None
+
+
+class WorkflowListReceipt(BaseModel):
+    """By name, then origin in resolve order (project, user, builtin); at most 256 items
+    (``truncated`` when there are more). Read, never stored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    projectDirectory: str
+    userDirectory: str
+    items: list[WorkflowListItem]
+    truncated: bool
+
+
+class WorkflowShowPayload(Payload):
+    """workflow.show: the workflow run.start would find for ``workflowName`` (or ``builtin:NAME``)."""
+
+    projectPath: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    workflowName: str = Field(min_length=1, max_length=256)
+
+
+class WorkflowShowReceipt(BaseModel):
+    """The compiled workflow: its source (as the run view shows it), description, the definition
+    digest and snapshot (pi-workflows.definition-snapshot.v1: startAt, maxSteps, nodes with their
+    kinds, edges and switches, mounts). ``define_workflow`` declares no input schema: what input
+    a workflow expects is in its description. Read, never stored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    workflowName: str
+    origin: WorkflowOrigin
+    source: dict[str, str]
+    description: str | None
+    definitionDigest: str
+    snapshot: dict[str, Any]
+
+
 OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # run control: the run in the envelope's runId (run.restart: with expectedRevision = runRevision)
     "run.pause": (EmptyPayload, RunPauseReceipt),
@@ -576,6 +654,9 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "effect.list": (EffectListPayload, EffectListReceipt),
     "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),
     "effect.retry": (EffectRetryPayload, EffectRecoveryReceipt),
+    # finding workflows (reads, answered by a resolver child)
+    "workflow.list": (WorkflowListPayload, WorkflowListReceipt),
+    "workflow.show": (WorkflowShowPayload, WorkflowShowReceipt),
 }
 
 

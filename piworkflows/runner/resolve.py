@@ -1,48 +1,91 @@
-"""The resolver child: find, load and compile one workflow, outside the server.
+"""The resolver child: find, load and compile workflows, outside the server.
 
 ::
 
-    supervisor ── ResolveRequest (a frame on stdin) ──> resolver child
-               <── Resolution (a frame on stdout) ─────  discovery.resolve, load,
-                                                          compile, title(ctx)
+    supervisor ── "resolve" ResolveRequest ─────> resolver child   discovery.resolve, load,
+               <── "resolution" Resolution ─────                   compile, title(ctx)
+               ── "show" WorkflowShowRequest ──>                   the same, no title
+               <── "shown" WorkflowShown ───────
+               ── "list" WorkflowListRequest ──>                   discovery.every_source,
+               <── "listing" WorkflowListing ───                   each loaded and compiled
 
 Workflow code (the module, its title function) runs only here, never in the
 CLI, the supervisor or the writer. A module runs in a fresh namespace from
 the bytes that were hashed, once per child and source (``discovery.compiled``);
 the child answers requests until stdin closes, and the supervisor recycles it
-after a bounded number of them.
+after a bounded number of them. A module that fails to load is reported with
+its file and line (``workflows/failures.py``); in a listing it is one item
+with its error, never the end of the list.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import Resolution, ResolveRequest, RunSource
-from piworkflows.workflows import WorkflowDefinitionError, discovery
+from piworkflows.protocol.internal import (
+    MAX_LISTED_WORKFLOWS,
+    RESOLVER_FRAMES,
+    ListedWorkflow,
+    LoadError,
+    Resolution,
+    ResolveRequest,
+    RunSource,
+    WorkflowListing,
+    WorkflowListRequest,
+    WorkflowShown,
+    WorkflowShowRequest,
+)
+from piworkflows.states import WORKFLOW_ORIGINS
+from piworkflows.workflows import CompiledWorkflow, WorkflowDefinitionError, discovery, failures
+from piworkflows.workflows.compiler import NAME
 from piworkflows.workflows.context import NodeContext
 
-RESOLUTION = "resolution"
+ANSWER_KINDS = {"resolve": "resolution", "show": "shown", "list": "listing"}
+LISTED_TEXT = 1500  # a listed module's report
+LISTING_BYTES = 640 * 1024  # no item is added past this many bytes of items: the answer fits one message
+# What loading workflow code may raise: anything, a sys.exit() in module code too.
+LOAD_FAILURES = (Exception, SystemExit)
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _compiled(workflow_name: str, project_path: str) -> tuple[discovery.ResolvedSource, CompiledWorkflow]:
+    """The source ``workflow_name`` finds and its compiled workflow, or _Refused saying why not."""
+    try:
+        source = discovery.resolve(workflow_name, Path(project_path))
+    except discovery.WorkflowNotFound as exc:
+        raise _Refused("workflowNotFound", str(exc)) from None
+    except (OSError, WorkflowDefinitionError) as exc:  # unreadable, or a built-in without REVISION
+        raise _Refused("invalidDefinition", str(exc)) from None
+    try:
+        return source, discovery.compiled(source)
+    except LOAD_FAILURES as exc:
+        invalid = isinstance(exc, WorkflowDefinitionError)
+        prefix = "the workflow definition is invalid: " if invalid else "the workflow module failed to load: "
+        raise _Refused("invalidDefinition", prefix + failures.describe(exc, source).text) from None
 
 
 def resolve(request: ResolveRequest) -> Resolution:
     try:
-        source = discovery.resolve(request.workflow_name, Path(request.project_path))
-        compiled = discovery.compiled(source)
-    except discovery.WorkflowNotFound as exc:
-        return Resolution(ok=False, code="workflowNotFound", message=str(exc))
-    except WorkflowDefinitionError as exc:
-        return Resolution(ok=False, code="invalidDefinition", message=str(exc))
-    except Exception as exc:  # the module itself failed to load (syntax error, import error)
-        message = f"the workflow module failed to load: {type(exc).__name__}"
-        return Resolution(ok=False, code="invalidDefinition", message=message)
+        source, compiled = _compiled(request.workflow_name, request.project_path)
+    except _Refused as refused:
+        return Resolution(ok=False, code=refused.code, message=str(refused))
     title = None
     if compiled.workflow.title is not None:
         try:
             title = str(compiled.workflow.title(NodeContext(input=request.input)))[:1000]
-        except Exception as exc:
-            return Resolution(ok=False, code="titleFailed", message=f"the title function failed: {type(exc).__name__}")
+        except LOAD_FAILURES as exc:
+            message = "the title function failed: " + failures.describe(exc, source).text
+            return Resolution(ok=False, code="titleFailed", message=message)
     identity = source.identity
     return Resolution(
         ok=True,
@@ -61,14 +104,81 @@ def resolve(request: ResolveRequest) -> Resolution:
     )
 
 
+def show(request: WorkflowShowRequest) -> WorkflowShown:
+    try:
+        source, compiled = _compiled(request.workflow_name, request.project_path)
+    except _Refused as refused:
+        return WorkflowShown(ok=False, code=refused.code, message=str(refused))
+    return WorkflowShown(
+        ok=True,
+        workflow_name=compiled.workflow.name,
+        origin=source.origin,  # type: ignore[arg-type]  # validated: one of WORKFLOW_ORIGINS
+        source=source.identity.to_json(),
+        description=compiled.workflow.description,
+        digest=compiled.digest,
+        snapshot=compiled.snapshot,
+    )
+
+
+def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
+    """Every source by name, then origin; each but the first of a name is shadowed by the first.
+    At most MAX_LISTED_WORKFLOWS items and about LISTING_BYTES of them (``truncated`` when more)."""
+    project = Path(request.project_path)
+    found = sorted(discovery.every_source(project), key=lambda item: (item[1], WORKFLOW_ORIGINS.index(item[0])))
+    first_origin: dict[str, str] = {}
+    items: list[ListedWorkflow] = []
+    size = 0
+    for origin, name, path in found:
+        winner = first_origin.setdefault(name, origin)
+        if len(items) == MAX_LISTED_WORKFLOWS or size > LISTING_BYTES:
+            break
+        items.append(_listed(origin, name, path, None if winner == origin else winner))
+        size += len(items[-1].model_dump_json())
+    directories = discovery.directories(project)
+    return WorkflowListing(project_directory=str(directories["project"]), user_directory=str(directories["user"]),
+                           items=items, truncated=len(items) < len(found))  # fmt: skip
+
+
+def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> ListedWorkflow:
+    listed: dict[str, Any] = {"name": name, "origin": origin, "shadowed_by": shadowed_by, "source": None}
+    if not NAME.match(name):
+        message = f"{name!r} is not a workflow name ([A-Za-z_][A-Za-z0-9_-]*); rename the file"
+        return ListedWorkflow(**listed, error=LoadError(file=str(path), line=None, message=message,
+                                                        text=f"{path}: {message}"))  # fmt: skip
+    try:
+        source = discovery.read(origin, name, path)
+    except (OSError, WorkflowDefinitionError) as exc:
+        message = str(exc)
+        return ListedWorkflow(**listed, error=LoadError(file=str(path), line=None, message=message,
+                                                        text=f"{path}: {message}"))  # fmt: skip
+    listed["source"] = source.identity.to_json()
+    try:
+        compiled = discovery.compiled(source)
+    except LOAD_FAILURES as exc:
+        failure = failures.describe(exc, source, max_text=LISTED_TEXT)
+        return ListedWorkflow(**listed, error=LoadError(file=failure.file, line=failure.line, message=failure.message,
+                                                        text=failure.text))  # fmt: skip
+    return ListedWorkflow(**listed, description=compiled.workflow.description)
+
+
+HANDLERS = {"resolve": resolve, "show": show, "list": list_workflows}
+
+
+def answer(kind: str, body: Any) -> BaseModel:
+    """The answer to one request frame."""
+    request = RESOLVER_FRAMES[kind][0].model_validate(body)
+    result: BaseModel = HANDLERS[kind](request)  # type: ignore[operator]
+    return result
+
+
 def main() -> int:
-    """Answer ResolveRequests on stdin, one Resolution each, until stdin closes."""
+    """Answer request frames on stdin, one answer frame each, until stdin closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frames
     decoder = frames.FrameDecoder()
     while data := stdin.read1(1 << 16):
         for frame in decoder.feed(data):
-            resolution = resolve(ResolveRequest.model_validate(frame["b"]))
-            stdout.write(frames.encode(RESOLUTION, frame["id"], resolution.model_dump()))
+            result = answer(frame["k"], frame["b"])
+            stdout.write(frames.encode(ANSWER_KINDS[frame["k"]], frame["id"], result.model_dump()))
             stdout.flush()
     return 0

@@ -1,10 +1,11 @@
-"""Resolver children for run.start: workflow code never runs in the supervisor.
+"""Resolver children for run.start, workflow.show and workflow.list: workflow code never runs in
+the supervisor.
 
 ::
 
-    Resolvers.resolve(project, workflow, input)
+    Resolvers.resolve(project, workflow, input), .show(project, workflow), .list_workflows(project)
         an idle child (`python -m piworkflows.runner resolve`, package imported)
-        or a new one ── ResolveRequest frame on stdin ──> <── Resolution frame
+        or a new one ── request frame on stdin ──> <── answer frame (internal.RESOLVER_FRAMES)
         ── back to the idle set; killed instead on a timeout or a broken answer,
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
            children exist, further requests wait for one
@@ -24,8 +25,19 @@ import struct
 import sys
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import MAX_FRAME_BYTES, Resolution, ResolveRequest
+from piworkflows.protocol.internal import (
+    MAX_FRAME_BYTES,
+    RESOLVER_FRAMES,
+    Resolution,
+    ResolveRequest,
+    WorkflowListing,
+    WorkflowListRequest,
+    WorkflowShown,
+    WorkflowShowRequest,
+)
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.stderr import StderrTail, exit_text
@@ -34,7 +46,11 @@ log = logging.getLogger("piworkflows.supervisor")
 
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 1000
-UNRESOLVED = Resolution(ok=False, code="invalidDefinition", message="the workflow could not be resolved")
+UNRESOLVED = "the workflow code could not be loaded (its resolver child broke)"
+
+
+class Unanswered(Exception):
+    """The child took too long or broke (it was ended); the message says which."""
 
 
 class ChildRecorder(Protocol):
@@ -75,42 +91,71 @@ class Resolvers:
         return child
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
-        async with self._slots:
-            return await self._resolve(project_path, workflow_name, input_value)
-
-    async def _resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
-        child = self._idle.pop() if self._idle else await self._spawn()
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
-        child.stderr.take()  # what it said for earlier requests was theirs
         try:
-            async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
-                resolution = await self._exchange(child, request)
-        except TimeoutError:
-            await self._end(child, failed=True)
-            return Resolution(ok=False, code="invalidDefinition", message="loading the workflow took too long")
-        except (OSError, EOFError, asyncio.IncompleteReadError, frames.FrameError, ValueError):
-            await self._end(child, failed=True)
-            return UNRESOLVED
-        child.uses += 1
-        if child.uses >= MAX_USES:
-            await self._end(child)
-        else:
-            self._idle.append(child)
-        return resolution
+            answer = await self._ask("resolve", request)
+        except Unanswered as exc:
+            return Resolution(ok=False, code="invalidDefinition", message=str(exc))
+        assert isinstance(answer, Resolution)
+        return answer
 
-    async def _exchange(self, child: _Child, request: ResolveRequest) -> Resolution:
+    async def show(self, project_path: str, workflow_name: str) -> WorkflowShown:
+        request = WorkflowShowRequest(project_path=project_path, workflow_name=workflow_name)
+        try:
+            answer = await self._ask("show", request)
+        except Unanswered as exc:
+            return WorkflowShown(ok=False, code="invalidDefinition", message=str(exc))
+        assert isinstance(answer, WorkflowShown)
+        return answer
+
+    async def list_workflows(self, project_path: str) -> WorkflowListing:
+        """Every workflow of the project, the user dir and the built-ins; Unanswered if the child
+        took too long (a module that hangs) or broke."""
+        answer = await self._ask("list", WorkflowListRequest(project_path=project_path))
+        assert isinstance(answer, WorkflowListing)
+        return answer
+
+    async def _ask(self, kind: str, request: BaseModel) -> BaseModel:
+        async with self._slots:
+            child = self._idle.pop() if self._idle else await self._spawn()
+            child.stderr.take()  # what it said for earlier requests was theirs
+            try:
+                async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
+                    answer = await self._exchange(child, kind, request)
+            except TimeoutError:
+                await self._end(child, failed=True)
+                limit = self.settings.resolve_timeout_ms
+                raise Unanswered(f"loading the workflow code took too long (more than {limit} ms)") from None
+            except (OSError, EOFError, asyncio.IncompleteReadError, frames.FrameError, ValueError):
+                await self._end(child, failed=True)
+                raise Unanswered(UNRESOLVED) from None
+            child.uses += 1
+            if child.uses >= MAX_USES:
+                await self._end(child)
+            else:
+                self._idle.append(child)
+            return answer
+
+    async def _exchange(self, child: _Child, kind: str, request: BaseModel) -> BaseModel:
         assert child.proc.stdin is not None and child.proc.stdout is not None
-        child.proc.stdin.write(frames.encode("resolve", child.uses + 1, request.model_dump()))
+        child.proc.stdin.write(frames.encode(kind, child.uses + 1, request.model_dump()))
         await child.proc.stdin.drain()
         (length,) = struct.unpack(">I", await child.proc.stdout.readexactly(4))
         if length > MAX_FRAME_BYTES:
-            raise frames.FrameError("oversized resolution")
+            raise frames.FrameError("oversized answer")
         payload = await child.proc.stdout.readexactly(length)
         received = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
-        return Resolution.model_validate(received[0]["b"])
+        return RESOLVER_FRAMES[kind][1].model_validate(received[0]["b"])
 
     async def _end(self, child: _Child, failed: bool = False) -> None:
-        """End the child; one that ``failed`` a request leaves its last stderr lines in server.log."""
+        """End the child; one that ``failed`` a request leaves its last stderr lines in server.log
+        (a child that broke gets the drain time to finish exiting, so its exit status is its own)."""
+        if failed and child.proc.returncode is None:
+            try:
+                async with asyncio.timeout(self.settings.child_stderr_drain_ms / 1000):
+                    await child.proc.wait()
+            except TimeoutError:
+                pass
         if child.proc.returncode is None:
             child.proc.kill()
         returncode = await child.proc.wait()

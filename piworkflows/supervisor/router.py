@@ -30,6 +30,7 @@ from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal import Actor, BlobValue, ClientReceiptKey, Reply, Resolution, RunCreate
 from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor.registry import ChildNotRecorded
+from piworkflows.supervisor.resolver import Unanswered
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -59,6 +60,8 @@ class Router:
             "effect.list": self.effect_list,
             "effect.confirm": self.effect_recovery,
             "effect.retry": self.effect_recovery,
+            "workflow.list": self.workflow_list,
+            "workflow.show": self.workflow_show,
         }
         assert set(self.routes) == set(client_v1.OPERATION_SHAPES)
 
@@ -150,13 +153,7 @@ class Router:
         try:
             resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
         except ChildNotRecorded:
-            return refuse(
-                request,
-                CommandError(
-                    "unavailable",
-                    "the server cannot start a resolver now (host.json cannot be written); retry with the same key",
-                ),
-            )
+            return refuse(request, _no_resolver())
         refusal = None
         if not resolution.ok:
             code = "workflowNotFound" if resolution.code == "workflowNotFound" else "invalidDefinition"
@@ -187,6 +184,46 @@ class Router:
             self.supervisor.scheduler.wake()
         return from_reply(request, reply)
 
+    async def workflow_list(
+        self, request: client_v1.Request, payload: client_v1.WorkflowListPayload
+    ) -> client_v1.Response:
+        """Discovered, loaded and compiled in a resolver child; a module that fails to load is an
+        item with its error."""
+        try:
+            listing = await self.supervisor.resolvers.list_workflows(os.path.realpath(payload.projectPath))
+        except ChildNotRecorded:
+            return refuse(request, _no_resolver())
+        except Unanswered as exc:
+            return refuse(request, CommandError("invalidDefinition", str(exc)))
+        items = [
+            client_v1.WorkflowListItem(
+                name=item.name, origin=item.origin, source=item.source, description=item.description,
+                shadowedBy=item.shadowed_by, error=item.error.model_dump() if item.error else None,
+            )
+            for item in listing.items
+        ]  # fmt: skip
+        receipt = client_v1.WorkflowListReceipt(projectDirectory=listing.project_directory,
+                                                userDirectory=listing.user_directory, items=items,
+                                                truncated=listing.truncated)  # fmt: skip
+        return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
+
+    async def workflow_show(
+        self, request: client_v1.Request, payload: client_v1.WorkflowShowPayload
+    ) -> client_v1.Response:
+        """Resolved and compiled like run.start's workflow, in a resolver child; nothing is stored."""
+        try:
+            shown = await self.supervisor.resolvers.show(os.path.realpath(payload.projectPath), payload.workflowName)
+        except ChildNotRecorded:
+            return refuse(request, _no_resolver())
+        if not shown.ok:
+            code = "workflowNotFound" if shown.code == "workflowNotFound" else "invalidDefinition"
+            return refuse(request, CommandError(code, shown.message or "the workflow cannot be used"))
+        assert shown.workflow_name and shown.origin and shown.source and shown.digest and shown.snapshot is not None
+        receipt = client_v1.WorkflowShowReceipt(workflowName=shown.workflow_name, origin=shown.origin,
+                                                source=shown.source, description=shown.description,
+                                                definitionDigest=shown.digest, snapshot=shown.snapshot)  # fmt: skip
+        return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
+
     async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         if request.runId is None:
             return refuse(request, CommandError("validationFailed", "run.status names the run in runId"))
@@ -196,7 +233,8 @@ class Router:
         return from_reply(request, reply)
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
-        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit}
+        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit, "statuses": payload.status,
+                                "workflow_name": payload.workflowName, "since": payload.since}  # fmt: skip
         if payload.projectPath is not None:
             body["project_path"] = os.path.realpath(payload.projectPath)
         if payload.cursor is not None:
@@ -366,6 +404,12 @@ def _source_mismatch(payload: client_v1.RunStartPayload, resolution: Resolution)
     ):
         return "workflowSource differs from the source the server resolved"
     return None
+
+
+def _no_resolver() -> CommandError:
+    return CommandError(
+        "unavailable", "the server cannot start a resolver now (host.json cannot be written); retry with the same key"
+    )
 
 
 def _code(reply: Reply) -> str | None:

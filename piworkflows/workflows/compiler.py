@@ -2,7 +2,7 @@
 
 ::
 
-    define_workflow(name, start_at, nodes, edges, includes, exits, max_steps)
+    define_workflow(name, start_at, nodes, edges, includes, exits, max_steps, title, description)
         │  every rule checked here, before any run exists; the error names the
         │  node, edge or mount at fault (WorkflowDefinitionError)
         ▼
@@ -11,6 +11,9 @@
         routes  {full node path: Edge}   at most one outgoing edge per node
         snapshot  pi-workflows.definition-snapshot.v1 (static fields only)
         digest    "sha256:<hex>" of the canonical snapshot
+
+The description is for people finding workflows (``pi-workflows workflows``):
+kept beside the snapshot, so changing it changes no definition digest.
 
 Persisted node identities are the full compiled paths, so an effect key
 (run id + effect type + full path + visit) of an included node never
@@ -34,6 +37,7 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 RESERVED_WORKFLOW_NAMES = frozenset({"answer", "cancel", "list", "pause", "resume", "status"})
 SWITCH_PATH = re.compile(r"\$(?:output)?(?:\.[A-Za-z_][A-Za-z0-9_-]*)+\Z|\$result\.outcome\Z")
 DEFAULT_MAX_STEPS = 100
+MAX_DESCRIPTION = 1000
 
 
 class WorkflowDefinitionError(ValueError):
@@ -52,6 +56,7 @@ class Workflow:
     exits: Mapping[str, str] = field(default_factory=dict)  # exit name -> node name
     max_steps: int = DEFAULT_MAX_STEPS
     title: Callable[[Any], str] | None = None
+    description: str | None = None
 
     def compile(self) -> CompiledWorkflow:
         nodes: dict[str, Node] = {}
@@ -96,8 +101,10 @@ def define_workflow(
     exits: Mapping[str, Mapping[str, str]] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     title: Callable[[Any], str] | None = None,
+    description: str | None = None,
 ) -> Workflow:
-    """Declare a workflow; every compile-time rule is checked now."""
+    """Declare a workflow; every compile-time rule is checked now. ``description``: what it does
+    and the input it expects, in a sentence or two (listed by ``pi-workflows workflows``)."""
     _check_name(name, "workflow")
     if name in RESERVED_WORKFLOW_NAMES:
         raise WorkflowDefinitionError(
@@ -105,6 +112,9 @@ def define_workflow(
         )
     if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
         raise WorkflowDefinitionError(f"workflow {name!r}: max_steps must be a positive integer")
+    if description is not None and (not isinstance(description, str) or len(description) > MAX_DESCRIPTION):
+        raise WorkflowDefinitionError(f"workflow {name!r}: description must be text of at most {MAX_DESCRIPTION} "
+                                      "characters")  # fmt: skip
     includes = dict(includes or {})
     for node_name, node in nodes.items():
         _check_name(node_name, "node")
@@ -127,7 +137,7 @@ def define_workflow(
         if source not in nodes:
             raise WorkflowDefinitionError(f"exit {exit_name!r}: 'from' must name a node of {name!r}")
         exit_nodes[exit_name] = source
-    workflow = Workflow(name, start_at, dict(nodes), tuple(edges), includes, exit_nodes, max_steps, title)
+    workflow = Workflow(name, start_at, dict(nodes), tuple(edges), includes, exit_nodes, max_steps, title, description)
     workflow.compile()  # flattening checks every edge, mount and exit
     return workflow
 

@@ -3,7 +3,8 @@
 Discovery order, first hit wins: ``<project>/.pi/workflows/<name>.workflow.py``,
 then the user workflows dir (``~/.pi/agent/workflows``, or
 ``PI_WORKFLOWS_USER_DIR``), then the built-ins shipped in this package
-(``builtin:<name>``, each with an explicit ``REVISION``). Loading executes
+(``builtin:<name>``, each with an explicit ``REVISION``). ``every_source``
+lists every file of the three in that order (a later one of a name is shadowed). Loading executes
 workflow code: only a supervised resolver or runner child calls ``load``.
 The module is executed from exactly the bytes that were hashed.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows.compiler import NAME, CompiledWorkflow, Workflow, WorkflowDefinitionError
 
 USER_DIR_ENV = "PI_WORKFLOWS_USER_DIR"
@@ -52,10 +54,17 @@ class ResolvedSource:
     command: str  # the name that was looked up: the file stem, even through a symlink
     path: Path
     data: bytes
+    origin: str | None = None  # where it was found (states.WORKFLOW_ORIGINS; None: handed over by a launch)
 
 
 def user_dir() -> Path:
     return Path(os.environ.get(USER_DIR_ENV) or Path.home() / ".pi" / "agent" / "workflows")
+
+
+def directories(project_path: Path, user_workflows: Path | None = None) -> dict[str, Path]:
+    """Where workflows are found, by origin, in resolve order (the first hit wins)."""
+    places = (project_path / ".pi" / "workflows", user_workflows or user_dir(), BUILTIN_DIR)
+    return dict(zip(WORKFLOW_ORIGINS, places, strict=True))
 
 
 def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -> ResolvedSource:
@@ -65,24 +74,38 @@ def resolve(name: str, project_path: Path, user_workflows: Path | None = None) -
     if not NAME.match(stem):
         raise WorkflowNotFound(f"{name!r} is not a workflow name")
     searched = []
-    if not builtin_only:
-        for directory in (project_path / ".pi" / "workflows", user_workflows or user_dir()):
-            candidate = directory / (stem + SUFFIX)
-            searched.append(str(directory))
-            if candidate.is_file():
-                data = candidate.read_bytes()
-                identity = SourceIdentity("file", str(candidate.resolve()), hashlib.sha256(data).digest())
-                return ResolvedSource(identity, stem, candidate.resolve(), data)
-    candidate = BUILTIN_DIR / (stem + SUFFIX)
-    searched.append("built-ins")
-    if candidate.is_file():
-        data = candidate.read_bytes()
-        revision = _declared_revision(data)
-        if revision is None:
-            raise WorkflowDefinitionError(f'built-in {stem!r} declares no REVISION = "..."')
-        identity = SourceIdentity("builtin", builtin_id=f"builtin:{stem}", builtin_revision=revision)
-        return ResolvedSource(identity, stem, candidate, data)
+    for origin, directory in directories(project_path, user_workflows).items():
+        if builtin_only and origin != "builtin":
+            continue
+        searched.append("built-ins" if origin == "builtin" else str(directory))
+        candidate = directory / (stem + SUFFIX)
+        if candidate.is_file():
+            return read(origin, stem, candidate)
     raise WorkflowNotFound(f"no workflow {name!r} (looked in {', '.join(searched)})")
+
+
+def every_source(project_path: Path, user_workflows: Path | None = None) -> list[tuple[str, str, Path]]:
+    """``(origin, name, path)`` of every ``*.workflow.py`` file, in resolve order (origin, then name)."""
+    found = []
+    for origin, directory in directories(project_path, user_workflows).items():
+        if directory.is_dir():
+            files = sorted(path for path in directory.glob("*" + SUFFIX) if path.is_file())
+            found += [(origin, path.name.removesuffix(SUFFIX), path) for path in files]
+    return found
+
+
+def read(origin: str, stem: str, path: Path) -> ResolvedSource:
+    """One source file of ``origin`` with its identity: a file's resolved path and SHA-256, or a
+    built-in's id and declared revision."""
+    data = path.read_bytes()
+    if origin != "builtin":
+        identity = SourceIdentity("file", str(path.resolve()), hashlib.sha256(data).digest())
+        return ResolvedSource(identity, stem, path.resolve(), data, origin)
+    revision = _declared_revision(data)
+    if revision is None:
+        raise WorkflowDefinitionError(f'built-in {stem!r} declares no REVISION = "..."')
+    identity = SourceIdentity("builtin", builtin_id=f"builtin:{stem}", builtin_revision=revision)
+    return ResolvedSource(identity, stem, path, data, origin)
 
 
 # Compiled workflows of this process, by path and the SHA-256 of the exact bytes executed.

@@ -233,6 +233,11 @@ CREATE INDEX runs_by_parent_attempt ON runs (parent_attempt_id) WHERE parent_att
 CREATE INDEX runs_finished_roots ON runs (finished_at, run_id) WHERE run_id = root_run_id AND finished_at IS NOT NULL;
 CREATE UNIQUE INDEX runs_one_unfinished_interactive_per_session ON runs (origin_session_id) WHERE execution_mode = 'interactive' AND status IN ('queued', 'running', 'waiting');
 CREATE UNIQUE INDEX runs_one_run_per_recovery_message ON runs (recovery_source_message_id) WHERE recovery_source_message_id IS NOT NULL;
+-- run.list walks one of these newest first (created_at, run_id): without a filter, by status, by workflow, by project.
+CREATE INDEX runs_by_created ON runs (created_at, run_id);
+CREATE INDEX runs_by_status_created ON runs (status, created_at, run_id);
+CREATE INDEX runs_by_workflow_created ON runs (workflow_name, created_at, run_id);
+CREATE INDEX runs_by_project_created ON runs (project_id, created_at, run_id);
 
 CREATE TABLE run_sources (
   run_id TEXT PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE,

@@ -100,8 +100,8 @@ def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
     only_a = read(executor, "run.list", {"project_path": "/p/a"}).receipt
     assert [i["runId"] for i in only_a["items"]] == ["run-3", "run-1"]
     item = page["items"][0]
-    assert set(item) == {"runId", "workflowName", "title", "executionMode", "createdAt", "updatedAt", "finishedAt",
-                         "revision", "runRevision", "claim", "display"}  # fmt: skip
+    assert set(item) == {"runId", "workflowName", "title", "executionMode", "createdAt", "updatedAt", "startedAt",
+                         "finishedAt", "revision", "runRevision", "claim", "display"}  # fmt: skip
     assert "input" not in item  # metadata only, never payload bodies
 
 
@@ -159,3 +159,89 @@ def test_step_values_stay_within_one_frame_newest_first_and_the_active_step_past
     current = view["piworkflows"]["currentStep"]
     assert (current["stepIndex"], current["status"], current["request"]) == (PAGE_ROWS, "waiting",
                                                                             {"summary": "go on?"})  # fmt: skip
+
+
+def _plant(executor, clock, count: int, start: int = 0) -> list[str]:
+    """``count`` runs, run n created n + 1 ms after the clock's start: workflow a or b (every
+    third is b), statuses cycling failed, queued, completed (finished as the engine leaves
+    them), two projects."""
+    run_ids = [f"run-{n:05d}" for n in range(start, start + count)]
+    for first in range(0, count, 200):
+        chunk = range(start + first, start + min(first + 200, count))
+        creates = [run_create(f"run-{n:05d}", project=f"/p/{n % 2}", workflow_name="ab"[n % 3 == 0]) for n in chunk]
+        run_group(executor, *creates)
+    for n, run_id in enumerate(run_ids, start):
+        executor.conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (clock.now_ms() + n + 1, run_id))
+        status = ("failed", "queued", "completed")[n % 3]
+        if status != "queued":
+            executor.conn.execute("UPDATE runs SET status = ?, started_at = created_at, finished_at = created_at + 7 "
+                                  "WHERE run_id = ?", (status, run_id))  # fmt: skip
+    return run_ids
+
+
+def _all_pages(executor, body: dict, limit: int) -> list[dict]:
+    items, before = [], None
+    while True:
+        page = read(executor, "run.list", {**body, "limit": limit, **({"before": before} if before else {})}).receipt
+        items += page["items"]
+        if page["cursor"] is None:
+            return items
+        before = {"created_at": page["cursor"]["createdAt"], "run_id": page["cursor"]["runId"]}
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({}, lambda n: True),
+        ({"statuses": ["queued"]}, lambda n: n % 3 == 1),
+        ({"statuses": ["failed", "completed"]}, lambda n: n % 3 != 1),
+        ({"workflow_name": "b"}, lambda n: n % 3 == 0),
+        ({"since": 40}, lambda n: n >= 39),
+        (
+            {"project_path": "/p/1", "statuses": ["queued", "failed"], "workflow_name": "a", "since": 11},
+            lambda n: n % 2 == 1 and n % 3 == 1 and n >= 10,
+        ),
+    ],
+)
+def test_run_list_filters_combine_with_the_keyset_cursor(executor, clock, body, expected):
+    if "since" in body:  # milliseconds after the clock's start: run n is created at start + n + 1
+        body = {**body, "since": clock.now_ms() + body["since"]}
+    run_ids = _plant(executor, clock, 60)
+    listed = _all_pages(executor, body, limit=7)
+    assert [item["runId"] for item in listed] == [r for n, r in reversed(list(enumerate(run_ids))) if expected(n)]
+    assert all(item["finishedAt"] - item["startedAt"] == 7 for item in listed if item["finishedAt"] is not None)
+
+
+def test_run_list_items_carry_when_the_run_started(executor):
+    run_group(executor, run_create("run-1"))
+    (item,) = read(executor, "run.list", {}).receipt["items"]
+    assert item["startedAt"] is None and item["finishedAt"] is None
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{}, {"statuses": ["queued"]}, {"statuses": ["queued", "completed", "failed"]}, {"workflow_name": "b"},
+     {"since": 0}, {"project_path": "/p/1"}],
+)  # fmt: skip
+def test_a_run_list_page_reads_a_bounded_number_of_rows_whatever_the_table_holds(executor, clock, filters):
+    """Counted in SQLite VM steps (deterministic): ten times the runs, about the same work per page."""
+    from piworkflows.writer.views.runs import list_runs
+
+    def steps() -> int:
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        executor.conn.set_progress_handler(count, 10)
+        try:
+            list_runs(executor.conn, clock.now_ms(), limit=10, before=None, **filters)
+        finally:
+            executor.conn.set_progress_handler(None, 0)
+        return counted[0]
+
+    _plant(executor, clock, 200)
+    few = steps()
+    _plant(executor, clock, 1800, start=200)
+    assert steps() < 2 * few

@@ -1114,3 +1114,42 @@ def test_compiled_workflows_are_kept_per_exact_bytes(tmp_path):
     for _ in range(2):
         with pytest.raises(WorkflowDefinitionError):
             discovery.compiled(discovery.resolve("kept", project))
+
+
+# ---------------------------------------------------------------- 8. descriptions and every source
+
+
+def test_a_description_is_kept_beside_the_snapshot_and_changes_no_digest() -> None:
+    described = define_workflow(**_base(description="Does a, then b. Input: {}."))
+    assert described.description == "Does a, then b. Input: {}."
+    plain = define_workflow(**_base())
+    assert plain.description is None
+    assert described.compile().digest == plain.compile().digest and "description" not in described.compile().snapshot
+
+
+@pytest.mark.parametrize("bad", [5, b"bytes", "x" * 1001])
+def test_a_description_is_text_of_bounded_length(bad: Any) -> None:
+    _rejects("'wf'", "description", description=bad)
+
+
+def test_every_builtin_describes_itself(project: Path, user: Path) -> None:
+    for stem in ("demo", "shell-check"):
+        assert "Input:" in (
+            discovery.compiled(discovery.resolve(f"builtin:{stem}", project)).workflow.description or ""
+        )
+
+
+def test_every_source_lists_each_file_in_resolve_order(project: Path, user: Path) -> None:
+    in_project = _write(project / ".pi" / "workflows", "demo", _source("demo"))
+    in_user = _write(user, "demo", _source("demo"))
+    other = _write(user, "another", _source("another"))
+    (user / "notes.txt").write_text("not a workflow")
+    (user / "dir.workflow.py").mkdir()
+    found = discovery.every_source(project, user_workflows=user)
+    builtins = sorted(discovery.BUILTIN_DIR.glob("*" + discovery.SUFFIX))
+    assert found == [("project", "demo", in_project), ("user", "another", other), ("user", "demo", in_user)] + [
+        ("builtin", path.name.removesuffix(discovery.SUFFIX), path) for path in builtins
+    ]
+    assert discovery.every_source(project / "missing", user_workflows=user / "missing") == found[3:]
+    assert discovery.read("user", "demo", in_user).origin == "user"
+    assert discovery.resolve("demo", project, user_workflows=user).origin == "project"

@@ -51,6 +51,8 @@ summarise = define_workflow(
 
 workflow = define_workflow(
     name="demo",
+    description="Every node kind the runner executes, end to end, with a checkpoint to answer. "
+    'Input: {"who": "NAME", "noteFile": "/abs/file" (optional), "hookUrl": "URL" (optional)}.',
     title=lambda ctx: f"demo for {ctx.input.get('who', 'you')}",
     start_at="greet",
     nodes={

@@ -22,6 +22,8 @@ def _report(ctx):
 
 workflow = define_workflow(
     name="shell-check",
+    description='Run one command and report how it went. Input: {"command": "pytest", "args": ["-q"], '
+    '"cwd": "/path" (optional)}.',
     start_at="check",
     nodes={
         "check": shell(

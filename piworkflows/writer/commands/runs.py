@@ -109,7 +109,9 @@ class ListRuns(Handler[RunList]):
 
     def execute(self, tx: Tx, cmd: RunList) -> Result:
         before = (cmd.before.created_at, cmd.before.run_id) if cmd.before else None
-        return Result(receipt=views.list_runs(tx.conn, tx.now, cmd.project_path, cmd.limit, before))
+        page = views.list_runs(tx.conn, tx.now, cmd.limit, before, project_path=cmd.project_path,
+                               statuses=cmd.statuses, workflow_name=cmd.workflow_name, since=cmd.since)  # fmt: skip
+        return Result(receipt=page)
 
 
 class GetRun(Handler[RunGet]):

@@ -47,22 +47,55 @@ def _facts(row: tuple[Any, ...]) -> RunFacts:
 
 
 def list_runs(
-    conn: sqlite3.Connection, now: int, project_path: str | None, limit: int, before: tuple[int, str] | None
+    conn: sqlite3.Connection,
+    now: int,
+    limit: int,
+    before: tuple[int, str] | None,
+    project_path: str | None = None,
+    statuses: list[str] | None = None,
+    workflow_name: str | None = None,
+    since: int | None = None,
 ) -> dict[str, Any]:
+    """One page, newest first, of the runs every given filter admits (a run's durable status,
+    its workflow name, created at or after ``since``, its project), after the keyset cursor.
+
+    Each filter walks its own index in (created_at, run_id) order (schema.sql ``runs_by_*``),
+    several statuses one index range each, merged: a page reads at most ``limit + 1`` keys per
+    range, however many runs the table holds.
+    """
+    where = ["1"]
+    params: dict[str, Any] = {"now": now, "rows": limit + 1, "project": project_path, "workflow": workflow_name,
+                              "since": since, "before_at": before[0] if before else None,
+                              "before_id": before[1] if before else None}  # fmt: skip
+    if project_path is not None:
+        where.append("r.project_id = (SELECT project_id FROM projects WHERE canonical_path = :project)")
+    if workflow_name is not None:
+        where.append("r.workflow_name = :workflow")
+    if since is not None:
+        where.append("r.created_at >= :since")
+    if before is not None:
+        where.append("(r.created_at, r.run_id) < (:before_at, :before_id)")
+    ranges = []
+    for n, status in enumerate(statuses or [None]):
+        condition = where if status is None else [*where, f"r.status = :status{n}"]
+        params[f"status{n}"] = status
+        ranges.append(f"SELECT * FROM (SELECT r.created_at, r.run_id FROM runs r WHERE {' AND '.join(condition)} "
+                      "ORDER BY r.created_at DESC, r.run_id DESC LIMIT :rows)")  # fmt: skip
     rows = conn.execute(
-        f"""SELECT r.run_id, r.workflow_name, r.title, r.execution_mode, r.created_at, r.updated_at, r.finished_at,
-                   v.presentation_revision, res.revision, l.owner_id IS NOT NULL, l.expires_at, {_FACTS}
-            FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
-            JOIN projects p ON p.project_id = r.project_id LEFT JOIN leases l ON l.resource_id = r.run_id
-            WHERE (:project IS NULL OR p.canonical_path = :project)
-              AND (:before_at IS NULL OR (r.created_at, r.run_id) < (:before_at, :before_id))
-            ORDER BY r.created_at DESC, r.run_id DESC LIMIT :limit""",
-        {"now": now, "project": project_path, "before_at": before[0] if before else None,
-         "before_id": before[1] if before else None, "limit": limit + 1},
-    ).fetchall()  # fmt: skip
+        f"""WITH page (created_at, run_id) AS (
+                SELECT created_at, run_id FROM ({" UNION ALL ".join(ranges)})
+                ORDER BY created_at DESC, run_id DESC LIMIT :rows)
+            SELECT r.run_id, r.workflow_name, r.title, r.execution_mode, r.created_at, r.updated_at, r.started_at,
+                   r.finished_at, v.presentation_revision, res.revision, l.owner_id IS NOT NULL, l.expires_at, {_FACTS}
+            FROM page JOIN runs r ON r.run_id = page.run_id JOIN viewer_runs v ON v.run_id = r.run_id
+            JOIN resources res ON res.resource_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
+            ORDER BY page.created_at DESC, page.run_id DESC""",
+        params,
+    ).fetchall()
     items = []
     for row in rows[:limit]:
-        run_id, name, title, mode, created, updated, finished, revision, run_revision, claimed, expires = row[:11]
+        (run_id, name, title, mode, created, updated, started, finished, revision, run_revision, claimed,
+         expires) = row[:12]  # fmt: skip
         items.append(
             {
                 "runId": run_id,
@@ -71,11 +104,12 @@ def list_runs(
                 "executionMode": mode,
                 "createdAt": created,
                 "updatedAt": updated,
+                "startedAt": started,
                 "finishedAt": finished,
                 "revision": revision,
                 "runRevision": run_revision,
                 "claim": {"held": bool(claimed), "expired": bool(claimed) and expires <= now},
-                "display": display(_facts(row[11:])),
+                "display": display(_facts(row[12:])),
             }
         )
     cursor = {"createdAt": items[-1]["createdAt"], "runId": items[-1]["runId"]} if len(rows) > limit else None
