@@ -10,10 +10,10 @@ BACKUP``) and, with the server stopped, to check the state ``state reset``
 moves aside.
 
 One module per command group adds its commands to the root group ``main``
-(``cli/base.py``): ``server``, ``runs``, ``state``, ``effects``, ``protocol``.
+(``cli/base.py``): ``server``, ``runs``, ``logs``, ``state``, ``effects``, ``protocol``.
 """
 
-from piworkflows.cli import effects, protocol, runs, server, state  # noqa: F401  (they add their commands)
+from piworkflows.cli import effects, logs, protocol, runs, server, state  # noqa: F401  (they add their commands)
 from piworkflows.cli.base import main
 
 __all__ = ["main"]

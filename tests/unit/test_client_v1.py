@@ -56,7 +56,7 @@ PROTOCOL_OPERATIONS = [
     # Maintenance
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema",
+    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.logs",
 ]  # fmt: skip
 
 PROTOCOL_SESSION_ANSWER_OPERATIONS = {
@@ -615,18 +615,18 @@ def test_fingerprint_treats_equal_numbers_alike() -> None:
 
 def test_operations_match_the_protocol_exactly() -> None:
     assert len(OPERATIONS) == len(set(OPERATIONS))
-    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 45
+    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 46
     assert list(OPERATIONS) == PROTOCOL_OPERATIONS
 
 
 def test_read_only_operations() -> None:
     expected = {
         op for op in PROTOCOL_OPERATIONS if op.split(".")[-1] in ("status", "list", "get") or op.startswith("view.")
-    } | {"protocol.schema", "state.verify"}  # verification reads and repairs nothing
+    } | {"protocol.schema", "state.verify", "run.logs"}  # verification reads and repairs nothing
     assert set(READ_ONLY_OPERATIONS) == expected
     for op in ("server.status", "run.status", "run.list", "channel.status", "resourceManager.list",
                "resourceManager.get", "view.run.get", "view.runs.page", "view.content", "state.status", "state.verify",
-               "effect.list", "protocol.schema"):  # fmt: skip
+               "effect.list", "protocol.schema", "run.logs"):  # fmt: skip
         assert op in READ_ONLY_OPERATIONS
     for op in ("server.stop", "run.start", "run.cancel", "checkpoint.answer", "state.backup", "effect.confirm"):
         assert op not in READ_ONLY_OPERATIONS
