@@ -28,6 +28,7 @@ from piworkflows.paths import StatePaths
 
 STREAMS = ("stdout", "stderr")
 Ask = Callable[[str, dict[str, Any]], Any]
+Emit = Callable[[dict[str, Any]], None]  # prints one step
 
 
 @run_group.command("logs")
@@ -48,10 +49,10 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
     if only is not None and as_json:
         raise click.UsageError("--json prints both streams; leave out --stdout/--stderr")
     check("run.logs", {"nodePath": node} if node else {}, run_id)
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     with WorkflowClient(paths.state_dir, retry_for=0) as client:
         ask = _asker(client, paths, run_id)
-        emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
+        emit: Emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
         after, delay = None, 0.02
         while True:
             view = ask("run.status", {}) if follow else None
@@ -91,7 +92,7 @@ def _settled(view: dict[str, Any]) -> bool:
     return display["status"] in SETTLED or (display["activity"] == "parked" and display["reason"] != "shutdown")
 
 
-def _print_steps(ask: Ask, node: str | None, after: int | None, emit: Callable[[dict[str, Any]], None],
+def _print_steps(ask: Ask, node: str | None, after: int | None, emit: Emit,
                  finished_only: bool) -> tuple[int | None, bool]:  # fmt: skip
     """Emit the steps after ``after`` in order (stopping at the first unfinished one if
     ``finished_only``); the new cursor and whether anything was emitted."""
@@ -139,7 +140,7 @@ def _line(out: IO[bytes], text: str) -> None:
     out.write(text.encode("utf-8") + b"\n")
 
 
-def _raw(out: IO[bytes], ask: Ask, only: str) -> Callable[[dict[str, Any]], None]:
+def _raw(out: IO[bytes], ask: Ask, only: str) -> Emit:
     def emit(step: dict[str, Any]) -> None:
         stream = _streams(ask, step).get(only)
         if stream is not None:
@@ -149,7 +150,7 @@ def _raw(out: IO[bytes], ask: Ask, only: str) -> Callable[[dict[str, Any]], None
     return emit
 
 
-def _json(out: IO[bytes], ask: Ask) -> Callable[[dict[str, Any]], None]:
+def _json(out: IO[bytes], ask: Ask) -> Emit:
     def emit(step: dict[str, Any]) -> None:
         texts = {name: data.decode("utf-8") for name, (_, data) in _streams(ask, step).items()}
         _line(out, canonical.dumps({**step, **{name: texts.get(name) for name in STREAMS}}))
@@ -158,7 +159,7 @@ def _json(out: IO[bytes], ask: Ask) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
-def _human(out: IO[bytes], ask: Ask) -> Callable[[dict[str, Any]], None]:
+def _human(out: IO[bytes], ask: Ask) -> Emit:
     def emit(step: dict[str, Any]) -> None:
         _line(out, _header(step))
         for name, (reference, data) in _streams(ask, step).items():

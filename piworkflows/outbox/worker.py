@@ -86,7 +86,7 @@ class Worker:
         refs: dict[str, Any] = {}
         stored: list[str] = []
         for name, stream in streams.items():
-            text = stream.kept.decode("utf-8", errors="replace").encode("utf-8")
+            text = _as_utf8(stream.kept)
             digest = self._store(text) if text else None
             if digest is not None:
                 stored.append(digest)
@@ -100,17 +100,16 @@ class Worker:
         """Upload one value in parts through the supervisor; its digest (hex) once stored, None if
         refused. Unavailable (the writer's uploads are full, or it restarted and forgot the parts)
         or incomplete after the last part: every part is sent again after a growing delay."""
-        parts = BlobPart.parts_of(data, MEDIA_TEXT)
         delay_ms = self.settings.writer_restart_min_ms
         while True:
-            for part in parts:
+            for part in BlobPart.parts_of(data, MEDIA_TEXT):
                 self.send(UPLOAD, part.model_dump())
                 frame = self.inbox.get()
                 reply = Reply.model_validate(frame["b"]) if frame is not None else None
                 if reply is None or reply.outcome not in STORED:
                     break
                 if (reply.receipt or {}).get("complete"):
-                    return parts[0].digest.hex()
+                    return part.digest.hex()
             if reply is not None and reply.outcome not in (*STORED, "unavailable"):
                 return None  # refused: the settlement names the stream without a digest
             time.sleep(delay_ms / 1000)
@@ -133,13 +132,22 @@ class Worker:
                     outcome = Outcome("ambiguous", error=f"the performer failed: {type(exc).__name__}",
                                       error_code="performerFailed")  # fmt: skip
             self.group = None
-            result, stored = outcome.result, []
+            result, stored = outcome.result, list[str]()
             if outcome.streams:  # the command ran: its streams are stored before the result names them
                 refs, stored = self.store_streams(outcome.streams)
                 result = {**(result or {}), "streams": refs}
             self.send(SETTLE, {"effectId": task["effectId"], "settlement": outcome.settlement, "result": result,
                                "error": outcome.error, "errorCode": outcome.error_code,
                                "externalRef": outcome.external_ref, "viewContent": stored})  # fmt: skip
+
+
+def _as_utf8(data: bytes) -> bytes:
+    """The stream as UTF-8 text: as it is when it is UTF-8, else with each invalid byte replaced."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").encode("utf-8")
+    return data
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -113,12 +114,13 @@ class BlobPart(Model):
         return self
 
     @classmethod
-    def parts_of(cls, data: bytes, media_type: str) -> list[BlobPart]:
-        """A value its producer vouches for (canonical JSON or UTF-8 text), in parts that fit a frame."""
+    def parts_of(cls, data: bytes, media_type: str) -> Iterator[BlobPart]:
+        """A value its producer vouches for (canonical JSON or UTF-8 text), in parts that fit a frame
+        (made one at a time: a large value is not copied whole)."""
         digest = hashlib.sha256(data).digest()
-        return [cls.model_construct(digest=digest, media_type=media_type, byte_length=len(data), offset=offset,
-                                    data=data[offset : offset + MAX_INLINE_BLOB_BYTES])
-                for offset in range(0, len(data), MAX_INLINE_BLOB_BYTES)]  # fmt: skip
+        for offset in range(0, len(data), MAX_INLINE_BLOB_BYTES):
+            yield cls.model_construct(digest=digest, media_type=media_type, byte_length=len(data), offset=offset,
+                                      data=data[offset : offset + MAX_INLINE_BLOB_BYTES])  # fmt: skip
 
     def whole(self) -> BlobValue | None:
         """The value itself when this part is all of it (it is stored with a plain blob.put)."""

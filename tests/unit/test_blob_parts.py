@@ -29,6 +29,10 @@ TEXT = ("line \u00e9 \u2713 \U0001f600 " * 70_000).encode()  # about 1.2 MB: two
 BIG = ("x" * 100 + "\n").encode() * 25_000  # about 2.5 MB: three parts
 
 
+def parts_of(data: bytes, media_type: str) -> list[BlobPart]:
+    return list(BlobPart.parts_of(data, media_type))
+
+
 def put(part: BlobPart) -> Any:
     return submitted("blob.put_part", {"actor": OUTBOX, "part": part.model_dump()})
 
@@ -53,7 +57,7 @@ def small_executor(paths: StatePaths, clock: FakeClock) -> Iterator[GroupExecuto
 
 
 def test_parts_out_of_order_and_repeated_store_the_value_once_complete(executor):
-    parts = BlobPart.parts_of(BIG, MEDIA_TEXT)
+    parts = parts_of(BIG, MEDIA_TEXT)
     assert len(parts) == 3 and all(len(part.data) <= MAX_INLINE_BLOB_BYTES for part in parts)
     last, first, middle = parts[2], parts[0], parts[1]
     replies = upload(executor, [last, first, first, middle])
@@ -71,7 +75,7 @@ def test_parts_out_of_order_and_repeated_store_the_value_once_complete(executor)
 
 
 def test_parts_in_one_group_complete_the_value(executor):
-    parts = BlobPart.parts_of(TEXT, MEDIA_TEXT)
+    parts = parts_of(TEXT, MEDIA_TEXT)
     replies = run_group(executor, *[put(part) for part in reversed(parts)])
     assert [(r.outcome, r.receipt["complete"]) for r in replies] == [("accepted", False), ("accepted", True)]
     assert replies[1].receipt["created"]
@@ -79,7 +83,7 @@ def test_parts_in_one_group_complete_the_value(executor):
 
 
 def test_a_value_stored_already_is_adopted_at_its_first_part(executor):
-    parts = BlobPart.parts_of(BIG, MEDIA_TEXT)
+    parts = parts_of(BIG, MEDIA_TEXT)
     upload(executor, parts)
     (adopted,) = upload(executor, [parts[1]])  # another uploader of the same stream
     assert adopted.receipt == {"digest": parts[1].digest.hex(), "byteLength": len(BIG), "complete": True,
@@ -98,7 +102,7 @@ def test_a_value_stored_already_is_adopted_at_its_first_part(executor):
 def test_a_whole_that_does_not_verify_is_refused_at_its_last_part_and_nothing_is_stored(
     executor, case: str, media_type: str, data: bytes, claimed: bytes | None
 ):
-    parts = BlobPart.parts_of(data, media_type)
+    parts = parts_of(data, media_type)
     if claimed is not None:
         parts = [part.model_copy(update={"digest": claimed}) for part in parts]
     *first, last = upload(executor, parts)
@@ -110,13 +114,13 @@ def test_a_whole_that_does_not_verify_is_refused_at_its_last_part_and_nothing_is
 
 def test_a_stored_value_of_another_media_type_is_a_mismatch(executor):
     value = json.dumps(["x" * 1_000_000]).encode()
-    upload(executor, BlobPart.parts_of(value, MEDIA_JSON))
-    (refused,) = upload(executor, BlobPart.parts_of(value, MEDIA_TEXT)[:1])
+    upload(executor, parts_of(value, MEDIA_JSON))
+    (refused,) = upload(executor, parts_of(value, MEDIA_TEXT)[:1])
     assert (refused.outcome, refused.receipt["code"]) == ("rejected", "blobMismatch")
 
 
 def test_the_memory_bound_answers_unavailable_and_the_upload_goes_through_later(small_executor):
-    held, waiting = BlobPart.parts_of(BIG, MEDIA_TEXT), BlobPart.parts_of(TEXT, MEDIA_TEXT)
+    held, waiting = parts_of(BIG, MEDIA_TEXT), parts_of(TEXT, MEDIA_TEXT)
     upload(small_executor, held[:1])  # 2.5 MB of the 3 MB bound held
     (full,) = upload(small_executor, waiting[:1])
     assert (full.outcome, full.receipt["code"]) == ("unavailable", "uploadsFull")
@@ -127,12 +131,12 @@ def test_the_memory_bound_answers_unavailable_and_the_upload_goes_through_later(
 
 def test_a_value_larger_than_the_bound_is_refused_for_good(small_executor):
     huge = b"y" * 3_000_001
-    (refused,) = upload(small_executor, BlobPart.parts_of(huge, MEDIA_TEXT)[:1])
+    (refused,) = upload(small_executor, parts_of(huge, MEDIA_TEXT)[:1])
     assert (refused.outcome, refused.receipt["code"]) == ("rejected", "uploadTooLarge")
 
 
 def test_an_upload_the_writer_forgot_is_started_again(paths, small_executor, clock):
-    parts = BlobPart.parts_of(BIG, MEDIA_TEXT)
+    parts = parts_of(BIG, MEDIA_TEXT)
     upload(small_executor, parts[:2])
     restarted = GroupExecutor(small_executor.conn, small_executor.settings, clock)  # a new writer: memory lost
     (last,) = upload(restarted, parts[2:])
@@ -140,7 +144,7 @@ def test_an_upload_the_writer_forgot_is_started_again(paths, small_executor, clo
     assert upload(restarted, parts)[-1].receipt["complete"]  # the uploader sends every part again
     assert stored(restarted, parts[0].digest) == (MEDIA_TEXT, BIG)
 
-    other = BlobPart.parts_of(TEXT, MEDIA_TEXT)
+    other = parts_of(TEXT, MEDIA_TEXT)
     upload(restarted, other[:1])
     clock.advance(1000)  # no part for blob_upload_idle_ms: forgotten
     (late,) = upload(restarted, other[1:])
@@ -153,7 +157,7 @@ def test_a_part_must_lie_within_its_value():
 
 
 def test_a_part_that_is_the_whole_value_converts_to_a_plain_value():
-    (only,) = BlobPart.parts_of(b"small", MEDIA_TEXT)
+    (only,) = parts_of(b"small", MEDIA_TEXT)
     whole = only.whole()
     assert whole is not None and (whole.data, whole.digest) == (b"small", hashlib.sha256(b"small").digest())
-    assert BlobPart.parts_of(BIG, MEDIA_TEXT)[0].whole() is None
+    assert parts_of(BIG, MEDIA_TEXT)[0].whole() is None
