@@ -63,10 +63,9 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
                     _line(out, "no steps" + (f" of {node}" if node else "") + " yet")
                 return
             if settled:
-                status = view["display"]["status"]
+                status, reason = view["display"]["status"], view["display"]["reason"]
                 if only is None and not as_json:
-                    _line(out, f"== {run_id} {status}" + (f" ({view['display']['reason']})" if view["display"]["reason"]
-                                                          else ""))  # fmt: skip
+                    _line(out, f"== {run_id} {status}" + (f" ({reason})" if reason else ""))
                 sys.exit(0 if status == "completed" else EXIT_RUNTIME)
             delay = 0.02 if printed else min(delay * 2, 0.5)
             time.sleep(delay)

@@ -12,10 +12,10 @@ Output: ``{stdout, stderr, exitCode, signal, durationMs}``, each stream
 bounded to ``maxOutputChars``. Each stream is also kept whole up to
 ``stream_max_bytes`` (the rest is read and dropped, and counted) and returned
 as the outcome's ``streams``: the outbox worker stores them for ``run logs``.
-A non-zero exit
-is ``rejected`` unless the node allows it. A timeout: idempotent effects settle
-``applied`` with the signal recorded and the node outcome ``timed_out``;
-manual ones become ``ambiguous`` (the command may have acted).
+A non-zero exit is ``rejected`` unless the node allows it. A timeout:
+idempotent effects settle ``applied`` with the signal recorded and the node
+outcome ``timed_out``; manual ones become ``ambiguous`` (the command may have
+acted).
 """
 
 from __future__ import annotations

@@ -355,9 +355,9 @@ class RunLogsPayload(Payload):
 
 
 class StreamReference(BaseModel):
-    """A shell step's stream as stored: ``digest`` null when nothing was stored (an empty stream);
-    ``keptBytes`` of the ``seenBytes`` the command wrote were kept (the cap), ``byteLength`` is the
-    stored text's (UTF-8; an invalid byte replaced)."""
+    """A shell step's stream as stored: ``digest`` null when nothing was stored (an empty stream,
+    or one the writer refused); ``keptBytes`` of the ``seenBytes`` the command wrote were kept (the
+    cap), ``byteLength`` is the stored text's (UTF-8; an invalid byte replaced)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     digest: str | None

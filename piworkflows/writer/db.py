@@ -4,7 +4,7 @@
 
     commands already waiting (bounded by count and by time)
         │ decode + validate (pydantic; blob digests verified here, outside the transaction;
-    │   a blob.put_part joins its upload, writer/uploads.py, and the last part is hashed here)
+        │   a blob.put_part joins its upload, writer/uploads.py: the last part hashes the whole)
         ▼
     BEGIN IMMEDIATE ── schema cookie unchanged? ──┐
         │  per command: SAVEPOINT                 │ any error that ends the whole
