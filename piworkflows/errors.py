@@ -31,6 +31,7 @@ CODES: dict[str, str] = {
     "resourceNotFound": "notFound",
     "effectNotFound": "notFound",
     "blobNotFound": "notFound",
+    "contentNotFound": "notFound",  # no run_view_content link of this run, digest and media type
     "runNotFound": "notFound",
     "nothingDue": "notFound",
     "workflowNotFound": "notFound",
@@ -46,6 +47,7 @@ CODES: dict[str, str] = {
     "notAvailable": "rejected",
     "actorNotAllowed": "rejected",
     "blobMismatch": "rejected",
+    "uploadTooLarge": "rejected",  # a value larger than the writer ever holds in memory for an upload
     "constraintViolation": "rejected",
     "unknownCommand": "rejected",
     "resourceExists": "rejected",
@@ -62,6 +64,7 @@ CODES: dict[str, str] = {
     "shuttingDown": "unavailable",
     "diskFull": "unavailable",
     "ioError": "unavailable",
+    "uploadsFull": "unavailable",  # the uploads in progress fill the writer's bound: the uploader tries again
 }
 
 

@@ -64,6 +64,16 @@ class Settings(BaseModel):
     effect_retry_max_ms: int = Field(default=60_000, ge=1)
     # How long a runner waiting on an effect the pool applies waits before it looks again.
     effect_await_ms: int = Field(default=30_000, ge=10)
+    # Shell commands: each stream is kept whole up to this many bytes (beyond, it is read and dropped
+    # and the cut recorded) and stored as a blob that `run logs` prints; maxOutputChars bounds only
+    # the node's output value.
+    shell_stream_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # Values larger than one frame are uploaded in parts (blob.put_part): the writer holds the
+    # uploads in progress in memory, together at most blob_upload_max_bytes (beyond: unavailable, the
+    # uploader tries again later; one larger than that alone is refused), and forgets an upload no part
+    # reached for blob_upload_idle_ms.
+    blob_upload_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    blob_upload_idle_ms: int = Field(default=60_000, ge=10)
     # Automatic retention (spec, Automatic retention): terminal root-run trees older than
     # retention_age_ms go; at most one completed sweep per retention_interval_ms; a sweep that found
     # work active (or failed) is tried again after retention_idle_retry_ms.

@@ -90,10 +90,13 @@ class ServerProcess:
     def client(self, **kwargs: Any) -> WorkflowClient:
         return WorkflowClient(self.state_dir, **kwargs)
 
-    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """``pi-workflows --state-dir STATE ARGS`` in this server's environment."""
-        command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(self.state_dir), *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=self.env,
+    def cli_command(self, *args: str) -> list[str]:
+        """The command line of ``pi-workflows --state-dir STATE ARGS`` (run it with ``env=self.env``)."""
+        return [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(self.state_dir), *args]
+
+    def cli(self, *args: str, timeout: float = 60, text: bool = True) -> subprocess.CompletedProcess[Any]:
+        """``pi-workflows --state-dir STATE ARGS`` in this server's environment (``text=False``: bytes)."""
+        return subprocess.run(self.cli_command(*args), capture_output=True, text=text, timeout=timeout, env=self.env,
                               stdin=subprocess.DEVNULL)  # fmt: skip
 
     def server_log(self) -> str:

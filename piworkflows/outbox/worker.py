@@ -4,7 +4,10 @@
 
     supervisor ── perform {effectId, performer, idempotencyKey, recoveryPolicy, payload} ──> worker
     worker ── spawned {pid} ──> supervisor (the command group into host.json) ── reply {accepted}
-    worker ── settle {settlement, result?, error?, errorCode?} ──> supervisor ── effect.settle (writer)
+    worker ── upload BlobPart ──> supervisor ── blob.put / blob.put_part (writer) ── reply
+             (each of a command's streams, stored before the settlement names it)
+    worker ── settle {settlement, result?, error?, errorCode?, viewContent?} ──> supervisor
+             ── effect.settle (writer: the streams linked to the run in the same transaction)
 
 The claim, its numbered attempt and the settlement are the supervisor's: the
 worker holds no token and never opens SQLite. One effect at a time. A reader
@@ -20,23 +23,30 @@ import queue
 import signal
 import sys
 import threading
+import time
 from typing import Any, BinaryIO
 
 from piworkflows import faults
-from piworkflows.performers import Outcome, Performer
+from piworkflows.performers import Outcome, Performer, Stream
 from piworkflows.performers.http import PERFORMER as HTTP
 from piworkflows.performers.http import HttpPerformer
 from piworkflows.performers.shell import PERFORMER as SHELL
 from piworkflows.performers.shell import ShellPerformer
 from piworkflows.protocol import frames
+from piworkflows.protocol.internal import BlobPart, Reply
+from piworkflows.settings import Settings
+from piworkflows.states import MEDIA_TEXT
 
-PERFORM, SPAWNED, SETTLE = "perform", "spawned", "settle"
-PERFORMERS: dict[str, Performer] = {SHELL: ShellPerformer(), HTTP: HttpPerformer()}
+PERFORM, SPAWNED, UPLOAD, SETTLE = "perform", "spawned", "upload", "settle"
+STORED = ("accepted", "adopted")
 
 
 class Worker:
-    def __init__(self, stdin: BinaryIO, stdout: BinaryIO) -> None:
+    def __init__(self, stdin: BinaryIO, stdout: BinaryIO, settings: Settings) -> None:
         self.stdout = stdout
+        self.settings = settings
+        self.performers: dict[str, Performer] = {SHELL: ShellPerformer(settings.shell_stream_max_bytes),
+                                                 HTTP: HttpPerformer()}  # fmt: skip
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.group: int | None = None  # the command group this worker started and has not seen end
         self.ids = 0
@@ -70,13 +80,48 @@ class Worker:
         frame = self.inbox.get()
         return bool(frame and frame["b"].get("accepted"))
 
+    def store_streams(self, streams: dict[str, Stream]) -> tuple[dict[str, Any], list[str]]:
+        """Each non-empty stream as one text blob (decoded as UTF-8, an invalid byte replaced: UTF-8
+        output is stored exactly): the references the result names, and the digests stored."""
+        refs: dict[str, Any] = {}
+        stored: list[str] = []
+        for name, stream in streams.items():
+            text = _as_utf8(stream.kept)
+            digest = self._store(text) if text else None
+            if digest is not None:
+                stored.append(digest)
+            refs[name] = {
+                "digest": None if digest is None else "sha256:" + digest, "mediaType": MEDIA_TEXT,
+                "byteLength": len(text), "keptBytes": len(stream.kept), "seenBytes": stream.seen_bytes,
+            }  # fmt: skip
+        return refs, stored
+
+    def _store(self, data: bytes) -> str | None:
+        """Upload one value in parts through the supervisor; its digest (hex) once stored, None if
+        refused. Unavailable (the writer's uploads are full, or it restarted and forgot the parts)
+        or incomplete after the last part: every part is sent again after a growing delay."""
+        delay_ms = self.settings.writer_restart_min_ms
+        while True:
+            for part in BlobPart.parts_of(data, MEDIA_TEXT):
+                self.send(UPLOAD, part.model_dump())
+                frame = self.inbox.get()
+                reply = Reply.model_validate(frame["b"]) if frame is not None else None
+                if reply is None or reply.outcome not in STORED:
+                    break
+                if (reply.receipt or {}).get("complete"):
+                    return part.digest.hex()
+            if reply is not None and reply.outcome not in (*STORED, "unavailable"):
+                return None  # refused: the settlement names the stream without a digest
+            time.sleep(delay_ms / 1000)
+            delay_ms = min(delay_ms * 2, self.settings.writer_restart_max_ms)
+
     def serve(self) -> None:
         while (frame := self.inbox.get()) is not None:
             if frame["k"] != PERFORM:
                 continue
             task = frame["b"]
             faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
-            performer = PERFORMERS.get(task["performer"])
+            performer = self.performers.get(task["performer"])
             if performer is None:
                 outcome = Outcome("rejected", error=f"no performer {task['performer']!r}", error_code="noPerformer")
             else:
@@ -87,13 +132,26 @@ class Worker:
                     outcome = Outcome("ambiguous", error=f"the performer failed: {type(exc).__name__}",
                                       error_code="performerFailed")  # fmt: skip
             self.group = None
-            self.send(SETTLE, {"effectId": task["effectId"], "settlement": outcome.settlement,
-                               "result": outcome.result, "error": outcome.error, "errorCode": outcome.error_code,
-                               "externalRef": outcome.external_ref})  # fmt: skip
+            result, stored = outcome.result, list[str]()
+            if outcome.streams:  # the command ran: its streams are stored before the result names them
+                refs, stored = self.store_streams(outcome.streams)
+                result = {**(result or {}), "streams": refs}
+            self.send(SETTLE, {"effectId": task["effectId"], "settlement": outcome.settlement, "result": result,
+                               "error": outcome.error, "errorCode": outcome.error_code,
+                               "externalRef": outcome.external_ref, "viewContent": stored})  # fmt: skip
+
+
+def _as_utf8(data: bytes) -> bytes:
+    """The stream as UTF-8 text: as it is when it is UTF-8, else with each invalid byte replaced."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").encode("utf-8")
+    return data
 
 
 def main() -> int:
-    worker = Worker(sys.stdin.buffer, sys.stdout.buffer)
+    worker = Worker(sys.stdin.buffer, sys.stdout.buffer, Settings.from_env())
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
     worker.serve()
     return 0

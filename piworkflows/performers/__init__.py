@@ -16,7 +16,7 @@ refuse (then the group is killed and nothing ran).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 # applied / rejected / ambiguous: as WORKFLOWS.md's effect table says. retry: the attempt
@@ -27,16 +27,27 @@ NodeOutcome = Literal["ok", "failed", "timed_out"]
 
 
 @dataclass(frozen=True)
+class Stream:
+    """An output stream of a command: the bytes kept (at most the cap) and how many it wrote."""
+
+    kept: bytes
+    seen_bytes: int
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How one attempt ended. ``result`` (JSON) is stored on an applied effect:
     ``{"output": node output, "nodeOutcome": "ok" | "timed_out"}``, and on a rejected one
-    whose attempt still produced output (a shell command's non-zero exit): the failed node keeps it."""
+    whose attempt still produced output (a shell command's non-zero exit): the failed node keeps it.
+    ``streams``: a command's complete output streams by name, which the outbox worker stores
+    before it settles."""
 
     settlement: Settlement
     result: Any = None
     error: str | None = None
     error_code: str | None = None
     external_ref: str | None = None
+    streams: dict[str, Stream] = field(default_factory=dict)
 
 
 class Performer(Protocol):

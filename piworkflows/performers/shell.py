@@ -2,18 +2,20 @@
 
 ::
 
-    /bin/sh -c 'read _ <&3 && exec "$@"' ...   spawned in a new session (its own group)
+    /bin/sh -c 'read _ && exec "$@" </dev/null' ...   spawned in a new session (its own group)
       └─ spawned(pid): the caller records the group leader's identity (host.json)
-      └─ "go" on fd 3: the shell execs the command (same pid, same group)
+      └─ "go" on its stdin (a pipe): the shell execs the command with stdin /dev/null (same pid, same group)
     wait up to timeoutMs ── then SIGKILL to the whole group
     after the command exits, what it left running in its group is killed too
 
 Output: ``{stdout, stderr, exitCode, signal, durationMs}``, each stream
-bounded to ``maxOutputChars`` (the rest is read and dropped). A non-zero exit
-is ``rejected`` unless the node allows it (the result still holds the output:
-the failed node keeps it). A timeout: idempotent effects settle
-``applied`` with the signal recorded and the node outcome ``timed_out``;
-manual ones become ``ambiguous`` (the command may have acted).
+bounded to ``maxOutputChars``. Each stream is also kept whole up to
+``stream_max_bytes`` (the rest is read and dropped, and counted) and returned
+as the outcome's ``streams``: the outbox worker stores them for ``run logs``.
+A non-zero exit is ``rejected`` unless the node allows it (the result still
+holds the output: the failed node keeps it). A timeout: idempotent effects
+settle ``applied`` with the signal recorded and the node outcome
+``timed_out``; manual ones become ``ambiguous`` (the command may have acted).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from piworkflows.performers import Outcome
+from piworkflows.performers import Outcome, Stream
 
 PERFORMER = "shell.exec"
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
-_WAIT_FOR_GO = 'read _ <&3 && exec "$@"'
+# The pipe is the shell's stdin: sh (dash) names only descriptors 0-9, and a passed pipe keeps its number.
+_WAIT_FOR_GO = 'read _ && exec "$@" </dev/null'
 
 
 def payload(spec: dict[str, Any], max_output_chars: int, allow_non_zero_exit: bool) -> dict[str, Any]:
@@ -60,21 +63,26 @@ def payload(spec: dict[str, Any], max_output_chars: int, allow_non_zero_exit: bo
 
 
 class _Capture(threading.Thread):
-    """Reads a stream to its end, keeping at most ``limit`` bytes."""
+    """Reads a stream to its end, keeping at most ``limit`` bytes and counting all of them."""
 
     def __init__(self, stream: IO[bytes], limit: int) -> None:
         super().__init__(daemon=True)
-        self.stream, self.limit, self.kept = stream, limit, bytearray()
+        self.stream, self.limit, self.kept, self.seen = stream, limit, bytearray(), 0
         self.start()
 
     def run(self) -> None:
         while chunk := self.stream.read(1 << 16):
+            self.seen += len(chunk)
             room = self.limit - len(self.kept)
             if room > 0:
                 self.kept += chunk[:room]
 
     def text(self, max_chars: int) -> str:
-        return self.kept.decode("utf-8", errors="replace")[:max_chars]
+        """The start of the stream as the node's output shows it (a character is at most 4 bytes)."""
+        return self.kept[: max_chars * 4].decode("utf-8", errors="replace")[:max_chars]
+
+    def stream_kept(self) -> Stream:
+        return Stream(bytes(self.kept), self.seen)
 
 
 def _kill_group(pgid: int) -> None:
@@ -85,6 +93,9 @@ def _kill_group(pgid: int) -> None:
 
 
 class ShellPerformer:
+    def __init__(self, stream_max_bytes: int) -> None:
+        self.stream_max_bytes = stream_max_bytes  # settings.shell_stream_max_bytes
+
     def perform(self, payload: dict[str, Any], key: str, policy: str, spawned: Callable[[int], bool]) -> Outcome:
         max_chars = payload["maxOutputChars"]
         env = {**os.environ, **payload.get("env", {})}
@@ -92,8 +103,8 @@ class ShellPerformer:
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _WAIT_FOR_GO, "pi-workflows-shell", payload["command"], *payload["args"]],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=payload.get("cwd"), env=env, pass_fds=(go_read,), start_new_session=True,
+                stdin=go_read, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=payload.get("cwd"), env=env, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:  # nothing ran: a definite failure
             os.close(go_write)
@@ -101,7 +112,7 @@ class ShellPerformer:
         finally:
             os.close(go_read)
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = _Capture(proc.stdout, max_chars * 4), _Capture(proc.stderr, max_chars * 4)
+        out, err = _Capture(proc.stdout, self.stream_max_bytes), _Capture(proc.stderr, self.stream_max_bytes)
         if not spawned(proc.pid):  # not recorded: it must not run
             os.close(go_write)
             _kill_group(proc.pid)
@@ -124,6 +135,7 @@ class ShellPerformer:
         out.join()
         err.join()
         code = proc.returncode
+        streams = {"stdout": out.stream_kept(), "stderr": err.stream_kept()}
         output = {
             "stdout": out.text(max_chars),
             "stderr": err.text(max_chars),
@@ -134,11 +146,12 @@ class ShellPerformer:
         if timed_out:
             if policy == "manual":
                 return Outcome("ambiguous", error=f"the command timed out after {payload['timeoutMs']} ms",
-                               error_code="timedOut")  # fmt: skip
-            return Outcome("applied", result={"output": output, "nodeOutcome": "timed_out"})
+                               error_code="timedOut", streams=streams)  # fmt: skip
+            return Outcome("applied", result={"output": output, "nodeOutcome": "timed_out"}, streams=streams)
         if code != 0 and not payload["allowNonZeroExit"]:
             reason = f"exit code {code}" if code > 0 else f"signal {output['signal']}"
             tail = output["stderr"][-2000:].strip()
             return Outcome("rejected", result={"output": output, "nodeOutcome": "failed"}, error_code="nonZeroExit",
-                           error=f"the command failed ({reason})" + (f": {tail}" if tail else ""))  # fmt: skip
-        return Outcome("applied", result={"output": output, "nodeOutcome": "ok"})
+                           error=f"the command failed ({reason})" + (f": {tail}" if tail else ""),
+                           streams=streams)  # fmt: skip
+        return Outcome("applied", result={"output": output, "nodeOutcome": "ok"}, streams=streams)

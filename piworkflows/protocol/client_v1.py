@@ -23,7 +23,7 @@ from datetime import datetime
 from itertools import accumulate
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
@@ -58,13 +58,13 @@ OPERATIONS = (
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
     "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete", "workflow.list",
-    "workflow.show",
+    "workflow.show", "run.logs",
 )  # fmt: skip
 
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
-) | {"protocol.schema", "state.verify", "workflow.show"}
+    ) | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}
 
 # Their fingerprint leaves out payload.coordinatorEpoch.
 SESSION_ANSWER_OPERATIONS = frozenset(
@@ -342,6 +342,84 @@ class RunListPayload(Payload):
     since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)
     cursor: dict[str, Any] | None = None
+
+
+class RunLogsContent(Payload):
+    """A part of a value linked to the run (a shell step's stream), named as the step names it."""
+
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    mediaType: Literal["application/json", "text/plain;charset=utf-8"]
+    offset: int = Field(default=0, ge=0)
+
+
+class RunLogsPayload(Payload):
+    """run.logs, the run in the envelope's runId: its steps in order after step ``after`` (the
+    previous page's cursor), of one node with ``nodePath``; with ``content``, instead, a part of at
+    most 256 KiB of a value linked to the run."""
+
+    nodePath: str | None = Field(default=None, min_length=1, max_length=1024)
+    after: int | None = Field(default=None, ge=0)
+    limit: int = Field(default=64, ge=1, le=256)
+    content: RunLogsContent | None = None
+
+
+class StreamReference(BaseModel):
+    """A shell step's stream as stored: ``digest`` null when nothing was stored (an empty stream,
+    or one the writer refused); ``keptBytes`` of the ``seenBytes`` the command wrote were kept (the
+    cap), ``byteLength`` is the stored text's (UTF-8; an invalid byte replaced)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    digest: str | None
+    mediaType: str
+    byteLength: int
+    keptBytes: int
+    seenBytes: int
+
+
+class LogStep(BaseModel):
+    """One step: ``output`` JSON inline up to 64 KiB (else ``{"omitted": {byteLength, digest}}``),
+    ``error`` text up to 64 KiB, ``streams`` (stdout, stderr) for a shell step once it settled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stepIndex: int
+    attemptId: str
+    nodePath: str
+    nodeKind: str
+    visit: int
+    attempt: int
+    status: str
+    outcome: str | None
+    startedAt: int
+    finishedAt: int | None
+    errorCode: str | None
+    output: Any
+    error: str | None
+    streams: dict[str, StreamReference] | None
+
+
+class RunLogsPage(BaseModel):
+    """At most ``limit`` steps (and about 512 KiB); ``cursor``: the next page's ``after``, null at the end."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    steps: list[LogStep]
+    cursor: int | None
+
+
+class ContentPart(BaseModel):
+    """``data``: base64 of the bytes from ``offset`` (empty at the end); the reader verifies the
+    SHA-256 of the whole against ``digest``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    digest: str
+    mediaType: str
+    byteLength: int
+    offset: int
+    data: str
+
+
+class RunLogsReceipt(RootModel[RunLogsPage | ContentPart]):
+    """run.logs: a page of steps, or with ``content`` a part of the value."""
 
 
 class CheckpointAnswerPayload(Payload):
@@ -657,6 +735,8 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     # finding workflows (reads, answered by a resolver child)
     "workflow.list": (WorkflowListPayload, WorkflowListReceipt),
     "workflow.show": (WorkflowShowPayload, WorkflowShowReceipt),
+    # a run's steps with outputs, errors and complete shell streams (a read: never stored)
+    "run.logs": (RunLogsPayload, RunLogsReceipt),
 }
 
 

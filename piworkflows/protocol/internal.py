@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from piworkflows import canonical
 from piworkflows.states import (
@@ -57,6 +58,16 @@ class Actor(Model):
     actor_id: str | None = None
 
 
+def verify_value(digest: bytes, media_type: str, data: bytes) -> None:
+    """Raises ValueError unless ``data`` has this SHA-256 digest and is what the media type says
+    (UTF-8; JSON parses). Canonical form is the producer's duty (``BlobValue.of_json``)."""
+    if hashlib.sha256(data).digest() != digest:
+        raise ValueError("blob digest does not match its bytes")
+    text = data.decode("utf-8")
+    if media_type == MEDIA_JSON:
+        json.loads(text)
+
+
 class BlobValue(Model):
     """Canonical JSON or UTF-8 text, with the digest its submitter computed.
 
@@ -71,11 +82,7 @@ class BlobValue(Model):
 
     @model_validator(mode="after")
     def _verify(self) -> BlobValue:
-        if hashlib.sha256(self.data).digest() != self.digest:
-            raise ValueError("blob digest does not match its bytes")
-        text = self.data.decode("utf-8")
-        if self.media_type == MEDIA_JSON:
-            json.loads(text)  # well-formed; canonical form is the producer's duty (of_json)
+        verify_value(self.digest, self.media_type, self.data)
         return self
 
     @classmethod
@@ -94,6 +101,40 @@ class BlobValue(Model):
         if len(data) > MAX_INLINE_BLOB_BYTES:
             raise ValueError(f"the value is {len(data)} bytes; at most {MAX_INLINE_BLOB_BYTES} fit inline")
         return cls.model_construct(digest=hashlib.sha256(data).digest(), media_type=media_type, data=data)
+
+
+class BlobPart(Model):
+    """One part of a value larger than one frame: ``data`` at ``offset`` of the whole value's
+    ``byte_length`` bytes, with the whole value's digest (computed once by the uploader). Nothing
+    of the whole is checked here; the writer verifies it when its last byte arrives
+    (``writer/uploads.py``). An outbox worker sends its parts in ``upload`` frames."""
+
+    digest: Digest
+    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    byte_length: int = Field(ge=1)
+    offset: int = Field(ge=0)
+    data: bytes = Field(min_length=1, max_length=MAX_INLINE_BLOB_BYTES)
+
+    @model_validator(mode="after")
+    def _within(self) -> BlobPart:
+        if self.offset + len(self.data) > self.byte_length:
+            raise ValueError("a part ends beyond its value")
+        return self
+
+    @classmethod
+    def parts_of(cls, data: bytes, media_type: str) -> Iterator[BlobPart]:
+        """A value its producer vouches for (canonical JSON or UTF-8 text), in parts that fit a frame
+        (made one at a time: a large value is not copied whole)."""
+        digest = hashlib.sha256(data).digest()
+        for offset in range(0, len(data), MAX_INLINE_BLOB_BYTES):
+            yield cls.model_construct(digest=digest, media_type=media_type, byte_length=len(data), offset=offset,
+                                      data=data[offset : offset + MAX_INLINE_BLOB_BYTES])  # fmt: skip
+
+    def whole(self) -> BlobValue | None:
+        """The value itself when this part is all of it (it is stored with a plain blob.put)."""
+        if self.offset or len(self.data) != self.byte_length:
+            return None
+        return BlobValue.model_construct(digest=self.digest, media_type=self.media_type, data=self.data)
 
 
 class ClientReceiptKey(Model):
@@ -172,6 +213,17 @@ class ProjectEnsure(Command):
 class BlobPut(Command):
     kind: ClassVar[str] = "blob.put"
     blob: BlobValue
+
+
+class BlobPutPart(Command):
+    """One part of an upload. The writer holds the parts in memory and, when the last byte arrives,
+    verifies the whole (digest, length, media type) while it decodes the command, outside the
+    transaction, then stores it as blob.put does (``writer/uploads.py``)."""
+
+    kind: ClassVar[str] = "blob.put_part"
+    part: BlobPart
+    # What the writer's decoding made of the part (writer/uploads.Received); never on the wire.
+    _received: Any = PrivateAttr(default=None)
 
 
 class BlobRead(ReadCommand):
@@ -406,6 +458,9 @@ class EffectSettle(Command):
     error_code: str | None = Field(default=None, max_length=64)
     external_ref: str | None = Field(default=None, max_length=1024)
     retry_at: int | None = Field(default=None, ge=0)
+    # Stored values the result names (a shell command's streams): linked to the effect's run
+    # (run_view_content) in the same transaction, so they live as long as the run.
+    view_content: list[Digest] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")
     def _shape(self) -> EffectSettle:
@@ -507,6 +562,29 @@ class RunGet(ReadCommand):
 
     kind: ClassVar[str] = "run.get"
     run_id: Id
+
+
+class RunLogs(ReadCommand):
+    """A run's steps in order (of one node, if named) after step ``after``: outcome, times, the
+    output and error (bounded inline) and a shell step's stream references (run.logs)."""
+
+    kind: ClassVar[str] = "run.logs"
+    run_id: Id
+    node_path: str | None = Field(default=None, min_length=1, max_length=1024)
+    after: int | None = Field(default=None, ge=0)
+    limit: int = Field(default=64, ge=1, le=256)
+
+
+class RunContentRead(ReadCommand):
+    """A bounded part of a value linked to the run in ``run_view_content``: the run id, the digest
+    and the media type must all match the link. The reader verifies the whole digest."""
+
+    kind: ClassVar[str] = "run.content"
+    run_id: Id
+    digest: Digest
+    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=MAX_BLOB_READ_BYTES, ge=1, le=MAX_BLOB_READ_BYTES)
 
 
 class RunClaim(Command):
@@ -846,6 +924,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
     for model in (
         ProjectEnsure,
         BlobPut,
+        BlobPutPart,
         BlobRead,
         ServerTakeEpoch,
         ServerRenewEpoch,
@@ -855,6 +934,8 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunCreate,
         RunList,
         RunGet,
+        RunLogs,
+        RunContentRead,
         RunClaim,
         RunnerSpawned,
         RunnerExited,

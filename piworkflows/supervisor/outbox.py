@@ -7,8 +7,10 @@
              host.json) ── wait for a notice (wake) or the next retry time
           ── effect.claim (token here, hash in leases; the numbered attempt is recorded)
           ── perform ──> worker ── spawned {pid}: the command group into host.json first
-          ── settle ──> effect.settle under the claim (retry: pending at a backoff time),
-             deduped in worker_messages ── waiters (runners awaiting the effect) told
+          ── upload (a command's stream, in parts) ──> blob.put / blob.put_part ── reply
+          ── settle ──> effect.settle under the claim (retry: pending at a backoff time; the
+             streams it names linked to the run), deduped in worker_messages ── waiters
+             (runners awaiting the effect) told
     worker gone ── its command groups killed ── effect.abandon (a backoff time for an
              idempotent retry; manual: ambiguous) ── respawn after a growing delay
     renewal: claim.renew for every applying effect every claim_renew_ms
@@ -35,9 +37,9 @@ import psutil
 from piworkflows import canonical, faults
 from piworkflows.clock import woken
 from piworkflows.outbox.retry import next_attempt_at
-from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED
+from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobValue, Reply, new_claim
+from piworkflows.protocol.internal import BlobPart, BlobPut, BlobPutPart, BlobValue, Reply, new_claim
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 
@@ -160,8 +162,11 @@ class OutboxPool:
             await asyncio.sleep(delay / 1000)
 
     async def _spawn(self, slot: Slot) -> None:
-        # A restarted worker runs without fault rules: a crash point fires once per slot.
-        env = None if slot.spawns == 0 else {k: v for k, v in os.environ.items() if k != faults.ENV}
+        # The worker reads this server's settings from its environment, as the writer does. A
+        # restarted worker runs without fault rules: a crash point fires once per slot.
+        env = {**os.environ, **self.settings.to_env()}
+        if slot.spawns:
+            env.pop(faults.ENV, None)
         slot.spawns += 1
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MARKER,
@@ -220,6 +225,10 @@ class OutboxPool:
                     accepted = self._record_command(slot, frame["b"]["pid"])
                     proc.stdin.write(frames.encode("reply", frame["id"], {"accepted": accepted}))
                     await proc.stdin.drain()
+                elif frame["k"] == UPLOAD:
+                    reply = await self._upload(slot, BlobPart.model_validate(frame["b"]))
+                    proc.stdin.write(frames.encode("reply", frame["id"], reply.model_dump()))
+                    await proc.stdin.drain()
                 elif frame["k"] == SETTLE:
                     await self._settle(slot, frame["b"])
                     break
@@ -274,6 +283,20 @@ class OutboxPool:
             self.supervisor.forget_child(identity.pid)
         slot.commands.clear()
 
+    async def _upload(self, slot: Slot, part: BlobPart) -> Reply:
+        """A part of a value the worker stores (a command's stream) to the writer: one that is the
+        whole value goes as blob.put; the answer says ``complete`` once the value is stored."""
+        whole = part.whole()
+        if whole is None:
+            reply = await self.request(BlobPutPart.kind, {"part": part.model_dump()}, slot.actor)
+        else:
+            reply = await self.request(BlobPut.kind, {"blob": whole.model_dump()}, slot.actor)
+            if reply.outcome in ("accepted", "adopted"):
+                reply = reply.model_copy(update={"receipt": {**(reply.receipt or {}), "complete": True}})
+        if reply.outcome not in ("accepted", "adopted", "unavailable"):
+            log.warning("a command's output was not stored: %s", (reply.receipt or {}).get("code", reply.outcome))
+        return reply
+
     async def _settle(self, slot: Slot, report: dict[str, Any]) -> None:
         effect = slot.effect
         if effect is None or report.get("effectId") != effect.effect_id:
@@ -288,6 +311,7 @@ class OutboxPool:
         for name, key in (("error_code", "errorCode"), ("external_ref", "externalRef")):
             if report.get(key) is not None:
                 body[name] = report[key]
+        body["view_content"] = [bytes.fromhex(digest) for digest in report.get("viewContent") or []]
         if report["settlement"] == "retry":
             body["retry_at"] = next_attempt_at(int(time.time() * 1000), effect.attempt,
                                                self.settings.effect_retry_base_ms,

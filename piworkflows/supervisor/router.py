@@ -15,6 +15,7 @@ code ``notAvailable`` and store nothing.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import logging
 import os
@@ -27,7 +28,16 @@ from pydantic import ValidationError
 from piworkflows import canonical
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal import Actor, BlobValue, ClientReceiptKey, Reply, Resolution, RunCreate
+from piworkflows.protocol.internal import (
+    Actor,
+    BlobValue,
+    ClientReceiptKey,
+    Reply,
+    Resolution,
+    RunContentRead,
+    RunCreate,
+    RunLogs,
+)
 from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
@@ -62,6 +72,7 @@ class Router:
             "effect.retry": self.effect_recovery,
             "workflow.list": self.workflow_list,
             "workflow.show": self.workflow_show,
+            "run.logs": self.run_logs,
         }
         assert set(self.routes) == set(client_v1.OPERATION_SHAPES)
 
@@ -240,6 +251,24 @@ class Router:
         if payload.cursor is not None:
             body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
         return from_reply(request, await self.supervisor.writer.request("run.list", body))
+
+    async def run_logs(self, request: client_v1.Request, payload: client_v1.RunLogsPayload) -> client_v1.Response:
+        """A page of the run's steps, or (``content``) a part of a value linked to the run, its bytes
+        in base64."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "run.logs names the run in runId"))
+        body: dict[str, Any] = {"actor": client_actor(request), "run_id": request.runId}
+        content = payload.content
+        if content is None:
+            body.update(node_path=payload.nodePath, after=payload.after, limit=payload.limit)
+            return from_reply(request, await self.supervisor.writer.request(RunLogs.kind, body))
+        body.update(digest=bytes.fromhex(content.digest.removeprefix("sha256:")), media_type=content.mediaType,
+                    offset=content.offset)  # fmt: skip
+        reply = await self.supervisor.writer.request(RunContentRead.kind, body)
+        if reply.outcome == "accepted" and reply.receipt is not None:
+            data = base64.b64encode(reply.receipt["data"]).decode("ascii")
+            reply = reply.model_copy(update={"receipt": {**reply.receipt, "data": data}})
+        return from_reply(request, reply)
 
     async def checkpoint_answer(
         self, request: client_v1.Request, payload: client_v1.CheckpointAnswerPayload

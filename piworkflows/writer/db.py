@@ -3,7 +3,8 @@
 ::
 
     commands already waiting (bounded by count and by time)
-        │ decode + validate (pydantic; blob digests verified here, outside the transaction)
+        │ decode + validate (pydantic; blob digests verified here, outside the transaction;
+        │   a blob.put_part joins its upload, writer/uploads.py: the last part hashes the whole)
         ▼
     BEGIN IMMEDIATE ── schema cookie unchanged? ──┐
         │  per command: SAVEPOINT                 │ any error that ends the whole
@@ -35,12 +36,13 @@ from piworkflows import faults
 from piworkflows.clock import Clock
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import COMMAND_MODELS, Reply
+from piworkflows.protocol.internal import COMMAND_MODELS, BlobPutPart, Reply
 from piworkflows.settings import Settings
 from piworkflows.writer import local_effects, prune, records, schema
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.contract import Handler, Tx
 from piworkflows.writer.health import condition_of
+from piworkflows.writer.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ class GroupExecutor:
         self.schema_cookie = self._schema_cookie()
         self.groups_committed = 0
         self.damage: str | None = None  # what a read found damaged (Result.damage), once
+        self.uploads = Uploads(settings.blob_upload_max_bytes, settings.blob_upload_idle_ms)  # blob.put_part
 
     def _schema_cookie(self) -> int:
         cookie: int = self.conn.execute("PRAGMA schema_version").fetchone()[0]
@@ -137,10 +140,14 @@ class GroupExecutor:
                 replies.append((item.corr_id, _refusal(CommandError("unknownCommand", f"no command {item.kind!r}"))))
                 continue
             try:
-                decoded.append((item, handler, COMMAND_MODELS[item.kind].model_validate(item.body)))
+                cmd = COMMAND_MODELS[item.kind].model_validate(item.body)
             except ValidationError as exc:
                 refusal = CommandError("validationFailed", "command has " + describe_invalid_fields(exc.errors()))
                 replies.append((item.corr_id, _refusal(refusal)))
+                continue
+            if isinstance(cmd, BlobPutPart):  # joins its upload here: the part that completes it is hashed
+                cmd._received = self.uploads.receive(cmd.part, self.clock.monotonic_ms())  # outside the transaction
+            decoded.append((item, handler, cmd))
         leftover = list(batch[self.settings.group_max_commands :])
         if not decoded:
             return replies, leftover

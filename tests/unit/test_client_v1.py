@@ -57,7 +57,7 @@ PROTOCOL_OPERATIONS = [
     "state.status", "state.verify", "state.backup", "state.prune",
     # piworkflows additions
     "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete", "workflow.list",
-    "workflow.show",
+    "workflow.show", "run.logs",
 ]  # fmt: skip
 
 PROTOCOL_SESSION_ANSWER_OPERATIONS = {
@@ -616,18 +616,18 @@ def test_fingerprint_treats_equal_numbers_alike() -> None:
 
 def test_operations_match_the_protocol_exactly() -> None:
     assert len(OPERATIONS) == len(set(OPERATIONS))
-    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 48
+    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 49
     assert list(OPERATIONS) == PROTOCOL_OPERATIONS
 
 
 def test_read_only_operations() -> None:
     expected = {
         op for op in PROTOCOL_OPERATIONS if op.split(".")[-1] in ("status", "list", "get") or op.startswith("view.")
-    } | {"protocol.schema", "state.verify", "workflow.show"}  # verification reads and repairs nothing
+    } | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}  # verification reads and repairs nothing
     assert set(READ_ONLY_OPERATIONS) == expected
     for op in ("server.status", "run.status", "run.list", "channel.status", "resourceManager.list",
                "resourceManager.get", "view.run.get", "view.runs.page", "view.content", "state.status", "state.verify",
-               "effect.list", "protocol.schema", "workflow.list", "workflow.show"):  # fmt: skip
+               "effect.list", "protocol.schema", "workflow.list", "workflow.show", "run.logs"):  # fmt: skip
         assert op in READ_ONLY_OPERATIONS
     for op in ("server.stop", "run.start", "run.cancel", "checkpoint.answer", "state.backup", "effect.confirm"):
         assert op not in READ_ONLY_OPERATIONS

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from piworkflows.writer.commands import content, control, effects, nodes, runners, runs, server, state
+from piworkflows.writer.commands import content, control, effects, logs, nodes, runners, runs, server, state
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler, ...] = (
@@ -18,6 +18,7 @@ HANDLERS: tuple[Handler, ...] = (
     *nodes.HANDLERS,
     *effects.HANDLERS,
     *state.HANDLERS,
+    *logs.HANDLERS,
 )
 
 REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}

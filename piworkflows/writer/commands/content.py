@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import BlobPut, BlobRead, ProjectEnsure, ReceiptFind
+from piworkflows.protocol.internal import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.writer import records
 from piworkflows.writer.contract import Handler, Result, Tx
+from piworkflows.writer.uploads import Received
 
 ANY_SERVER_ROLE = frozenset({"server", "client", "runner", "outbox", "channel", "operator", "maintenance"})
 
@@ -32,6 +33,36 @@ class PutBlob(Handler[BlobPut]):
     def execute(self, tx: Tx, cmd: BlobPut) -> Result:
         created = records.put_blob(tx.conn, cmd.blob, tx.now)
         return Result(receipt={"digest": cmd.blob.digest.hex(), "byteLength": len(cmd.blob.data), "created": created})
+
+
+class PutBlobPart(Handler[BlobPutPart]):
+    """One part of an upload (writer/uploads.py): a value stored already is adopted at once; the
+    value that this part completed, verified while it was decoded, is stored like blob.put stores it."""
+
+    kind = BlobPutPart.kind
+    model = BlobPutPart
+    actors = ANY_SERVER_ROLE
+
+    def execute(self, tx: Tx, cmd: BlobPutPart) -> Result:
+        received: Received = cmd._received
+        part = cmd.part
+        done = {"digest": part.digest.hex(), "byteLength": part.byte_length, "complete": True}
+        stored = tx.conn.execute(
+            "SELECT media_type, byte_length FROM blobs WHERE digest = ?", (part.digest,)
+        ).fetchone()
+        if stored is not None:
+            if stored != (part.media_type, part.byte_length):
+                raise CommandError("blobMismatch", "stored content under this digest differs", digest=part.digest.hex())
+            received.forget()
+            return Result(receipt={**done, "created": False})
+        if received.refusal is not None:
+            raise received.refusal
+        if received.value is None:
+            return Result(receipt={"digest": part.digest.hex(), "byteLength": part.byte_length, "complete": False,
+                                   "receivedBytes": received.received_bytes})  # fmt: skip
+        created = records.put_blob(tx.conn, received.value, tx.now)
+        received.forget()
+        return Result(receipt={**done, "created": created})
 
 
 class ReadBlob(Handler[BlobRead]):
@@ -72,4 +103,4 @@ class FindReceipt(Handler[ReceiptFind]):
         return Result(receipt={"found": True, "answer": answer})
 
 
-HANDLERS = (EnsureProject(), PutBlob(), ReadBlob(), FindReceipt())
+HANDLERS = (EnsureProject(), PutBlob(), PutBlobPart(), ReadBlob(), FindReceipt())

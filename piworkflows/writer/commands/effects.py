@@ -136,7 +136,9 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
 
 
 class SettleEffect(ResourceHandler[EffectSettle]):
-    """End the applying attempt: applied, rejected, retry later, or ambiguous."""
+    """End the applying attempt: applied, rejected, retry later, or ambiguous. The stored values its
+    result names (``view_content``: a shell command's streams) are linked to the run in the same
+    transaction (``run_view_content``), so they live as long as the run and go with it."""
 
     kind = EffectSettle.kind
     model = EffectSettle
@@ -148,8 +150,9 @@ class SettleEffect(ResourceHandler[EffectSettle]):
 
     def transition(self, tx: Tx, cmd: EffectSettle, resource: records.Resource | None) -> Change:
         effect_id = cmd.effect_id
-        status, policy, attempts, max_attempts = tx.conn.execute(
-            "SELECT effect_status, recovery_policy, attempt_count, max_attempts FROM effects WHERE effect_id = ?",
+        status, policy, attempts, max_attempts, run_id = tx.conn.execute(
+            "SELECT effect_status, recovery_policy, attempt_count, max_attempts, run_id FROM effects "
+            "WHERE effect_id = ?",
             (effect_id,),
         ).fetchone()
         error_code = cmd.error_code
@@ -170,8 +173,14 @@ class SettleEffect(ResourceHandler[EffectSettle]):
         error_digest = cmd.error.digest if cmd.error else None
         settled_at = tx.now if new_status in TERMINAL_EFFECT_STATUSES else None
         available_at = cmd.retry_at if new_status == "pending" else None
+        links = _view_content(tx, run_id, cmd.view_content)
 
         def apply(stamp: Stamp) -> None:
+            tx.conn.executemany(
+                "INSERT INTO run_view_content (run_id, digest, media_type, byte_length, created_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [(run_id, digest, media_type, length, tx.now) for digest, media_type, length in links],
+            )
             tx.conn.execute(
                 "UPDATE effects SET effect_status = ?, available_at = coalesce(?, available_at), result_digest = ?, "
                 "error_digest = ?, error_code = ?, external_ref = coalesce(?, external_ref), settled_at = ?, "
@@ -217,6 +226,20 @@ class SettleEffect(ResourceHandler[EffectSettle]):
                 **({"errorCode": error_code} if error_code else {}),
             },
         )
+
+
+def _view_content(tx: Tx, run_id: str | None, digests: list[bytes]) -> list[tuple[bytes, str, int]]:
+    """The stored values a settlement's result names (a shell command's streams), to link to the
+    effect's run: (digest, media type, byte length) of each."""
+    if digests and run_id is None:
+        raise CommandError("validationFailed", "only a run's effect links content to its run")
+    links = []
+    for digest in digests:
+        row = tx.conn.execute("SELECT media_type, byte_length FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            raise CommandError("blobNotFound", "a value the result names is not stored", digest=digest.hex())
+        links.append((digest, row[0], row[1]))
+    return links
 
 
 class AbandonEffect(ResourceHandler[EffectAbandon]):

@@ -1,0 +1,190 @@
+"""``pi-workflows run logs``: a run's steps with their complete output, step by step.
+
+::
+
+    run.logs {after: cursor, nodePath?} ── pages of steps, in order
+    each stream a shell step names ── run.logs {content: digest, mediaType, offset}, 256 KiB at
+        a time ── the SHA-256 of the whole checked against the digest ── printed
+    --follow: run.status (is the run settled, as run start --wait says), then the steps that
+        finished since; again after 20 ms, growing to 500 ms while nothing new came
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import click
+
+from piworkflows import canonical
+from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, fail
+from piworkflows.cli.runs import run_group
+from piworkflows.cli.watch import settled
+from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
+from piworkflows.paths import StatePaths
+from piworkflows.settings import Settings
+
+STREAMS = ("stdout", "stderr")
+Ask = Callable[[str, dict[str, Any]], Any]
+Emit = Callable[[dict[str, Any]], None]  # prints one step
+
+
+@run_group.command("logs")
+@click.argument("run_id")
+@click.argument("node", required=False)
+@click.option("--follow", is_flag=True, help="Then print each step as it finishes until the run ends or waits; "
+              "exit 0 only if it completed.")  # fmt: skip
+@click.option("--stdout", "only", flag_value="stdout", help="Print only the shell steps' stdout, raw (for piping).")
+@click.option("--stderr", "only", flag_value="stderr", help="Print only the shell steps' stderr, raw.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per step per line, stream texts included.")
+@click.pass_obj
+def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, only: str | None, as_json: bool) -> None:
+    """Print a run's steps (of NODE only, if given): node, kind, visit, attempt, how it ended and
+    how long it took, a shell step's complete stdout and stderr, the output and the error.
+
+    Example: pi-workflows run logs run-0123abcd build --stdout > build.log
+    """
+    if only is not None and as_json:
+        raise click.UsageError("--json prints both streams; leave out --stdout/--stderr")
+    check("run.logs", {"nodePath": node} if node else {}, run_id)
+    out = sys.stdout.buffer
+    with WorkflowClient(paths.state_dir, retry_for=0) as client:
+        ask = _asker(client, paths, run_id)
+        emit: Emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
+        settings = Settings.from_env()
+        after, delay = None, settings.watch_poll_min_ms / 1000
+        while True:
+            view = ask("run.status", {}) if follow else None
+            done = view is None or settled(view)
+            after, printed = _print_steps(ask, node, after, emit, finished_only=not done)
+            if view is None:
+                if after is None and only is None and not as_json:
+                    _line(out, "no steps" + (f" of {node}" if node else "") + " yet")
+                return
+            if done:
+                status, reason = view["display"]["status"], view["display"]["reason"]
+                if only is None and not as_json:
+                    _line(out, f"== {run_id} {status}" + (f" ({reason})" if reason else ""))
+                sys.exit(0 if status == "completed" else EXIT_RUNTIME)
+            delay = settings.watch_poll_min_ms / 1000 if printed else min(delay * 2, settings.watch_poll_max_ms / 1000)
+            time.sleep(delay)
+
+
+def _asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:
+    """One checked request on the run over the open connection; what is not accepted ends the command."""
+
+    def ask(operation: str, payload: dict[str, Any]) -> Any:
+        try:
+            return accepted(client.request(operation, payload, run_id=run_id))
+        except ServerRefused as exc:
+            fail(str(exc))
+        except (ServerNotRunning, OSError, ConnectionError):
+            fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
+
+    return ask
+
+
+def _print_steps(ask: Ask, node: str | None, after: int | None, emit: Emit,
+                 finished_only: bool) -> tuple[int | None, bool]:  # fmt: skip
+    """Emit the steps after ``after`` in order (stopping at the first unfinished one if
+    ``finished_only``); the new cursor and whether anything was emitted."""
+    printed = False
+    while True:
+        payload: dict[str, Any] = {} if node is None else {"nodePath": node}
+        if after is not None:
+            payload["after"] = after
+        page = ask("run.logs", payload)
+        for step in page["steps"]:
+            if finished_only and step["finishedAt"] is None:
+                return after, printed
+            emit(step)
+            after, printed = step["stepIndex"], True
+        if page["cursor"] is None:
+            return after, printed
+
+
+def _content(ask: Ask, reference: dict[str, Any]) -> bytes:
+    """A stored stream, read in parts and verified whole against its digest."""
+    data = bytearray()
+    while True:
+        content = {"digest": reference["digest"], "mediaType": reference["mediaType"], "offset": len(data)}
+        part = ask("run.logs", {"content": content})
+        chunk = base64.b64decode(part["data"])
+        data += chunk
+        if not chunk or len(data) >= part["byteLength"]:
+            break
+    if "sha256:" + hashlib.sha256(data).hexdigest() != reference["digest"]:
+        fail(f"the stored stream {reference['digest']} did not verify against its digest")
+    return bytes(data)
+
+
+def _streams(ask: Ask, step: dict[str, Any]) -> dict[str, tuple[dict[str, Any], bytes]]:
+    """A shell step's streams with their bytes (empty when nothing was stored)."""
+    found = {}
+    for name in STREAMS:
+        reference = (step["streams"] or {}).get(name)
+        if reference is not None:
+            found[name] = (reference, _content(ask, reference) if reference["digest"] else b"")
+    return found
+
+
+def _line(out: IO[bytes], text: str) -> None:
+    out.write(text.encode("utf-8") + b"\n")
+
+
+def _raw(out: IO[bytes], ask: Ask, only: str) -> Emit:
+    def emit(step: dict[str, Any]) -> None:
+        stream = _streams(ask, step).get(only)
+        if stream is not None:
+            out.write(stream[1])
+            out.flush()
+
+    return emit
+
+
+def _json(out: IO[bytes], ask: Ask) -> Emit:
+    def emit(step: dict[str, Any]) -> None:
+        texts = {name: data.decode("utf-8") for name, (_, data) in _streams(ask, step).items()}
+        _line(out, canonical.dumps({**step, **{name: texts.get(name) for name in STREAMS}}))
+        out.flush()
+
+    return emit
+
+
+def _human(out: IO[bytes], ask: Ask) -> Emit:
+    def emit(step: dict[str, Any]) -> None:
+        _line(out, _header(step))
+        for name, (reference, data) in _streams(ask, step).items():
+            seen, kept = reference["seenBytes"], reference["keptBytes"]
+            if not seen:
+                continue
+            if reference["digest"] is None:
+                _line(out, f"-- {name}: {seen:,} bytes, not stored --")
+                continue
+            _line(out, f"-- {name}: {seen:,} bytes --")
+            out.write(data if data.endswith(b"\n") else data + b"\n")
+            if kept < seen:
+                _line(out, f"-- {name} cut: {seen - kept:,} bytes not kept (the cap is {kept:,} bytes) --")
+        if step["output"] is not None:
+            _line(out, "-- output --")
+            _line(out, canonical.dumps(step["output"]))
+        if step["error"] is not None:
+            _line(out, "-- error --")
+            _line(out, step["error"].removesuffix("\n"))
+        out.flush()
+
+    return emit
+
+
+def _header(step: dict[str, Any]) -> str:
+    """``== step 3: build (shell) visit 1 attempt 1: failed (nonZeroExit) in 1.2 s``"""
+    ended = step["status"] + (f" ({step['errorCode']})" if step["errorCode"] else "")
+    if step["finishedAt"] is not None:
+        took = step["finishedAt"] - step["startedAt"]
+        ended += f" in {took} ms" if took < 1000 else f" in {took / 1000:.1f} s"
+    return (f"== step {step['stepIndex']}: {step['nodePath']} ({step['nodeKind']}) visit {step['visit']} "
+            f"attempt {step['attempt']}: {ended}")  # fmt: skip

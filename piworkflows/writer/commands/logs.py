@@ -1,0 +1,39 @@
+"""Run logs (``run.logs``): a run's steps page by page, and the values linked to the run, in parts."""
+
+from __future__ import annotations
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal import RunContentRead, RunLogs
+from piworkflows.writer.contract import Handler, Result, Tx
+from piworkflows.writer.views import logs as views
+
+READERS = frozenset({"server", "client", "operator"})
+
+
+class ReadRunLogs(Handler[RunLogs]):
+    kind = RunLogs.kind
+    model = RunLogs
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: RunLogs) -> Result:
+        page = views.run_logs(tx.conn, cmd.run_id, cmd.node_path, cmd.after, cmd.limit)
+        if page is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Result(receipt=page)
+
+
+class ReadRunContent(Handler[RunContentRead]):
+    """A part of a value linked to the run (run id, digest and media type all match the link)."""
+
+    kind = RunContentRead.kind
+    model = RunContentRead
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: RunContentRead) -> Result:
+        return Result(receipt=views.read_content(tx.conn, cmd.run_id, cmd.digest, cmd.media_type, cmd.offset,
+                                                 cmd.limit))  # fmt: skip
+
+
+HANDLERS = (ReadRunLogs(), ReadRunContent())

@@ -1,0 +1,115 @@
+"""The outbox worker child stores a command's complete streams through its supervisor, then settles.
+
+A real ``python -m piworkflows.outbox`` with this test as its supervisor (frames on the child's
+stdin and stdout): a stream larger than one frame goes in parts; an ``unavailable`` answer (the
+writer's uploads are full, or it restarted and forgot the parts) makes it send every part again;
+the settlement names the streams it stored, and the node's output stays bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
+from piworkflows.performers import shell
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal import MAX_INLINE_BLOB_BYTES, BlobPart, Reply
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]
+
+SCRIPT = "import sys; sys.stdout.write('0123456789abcdef' * 131072); sys.stderr.write('a warning\\n')"
+STDOUT = b"0123456789abcdef" * 131072  # 2 MiB: three parts
+
+
+class Supervisor:
+    """This test, speaking the supervisor's side of the worker's frames."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PI_WORKFLOWS_WRITER_RESTART_MIN_MS": "10"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "piworkflows.outbox"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+        self.decoder = frames.FrameDecoder()
+        self.waiting: list[dict[str, Any]] = []
+
+    def send(self, kind: str, corr_id: int, body: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(frames.encode(kind, corr_id, body))
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float = 30.0) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while not self.waiting:
+            left = deadline - time.monotonic()
+            assert left > 0, "no frame from the worker in time"
+            if select.select([self.proc.stdout], [], [], left)[0]:
+                data = os.read(self.proc.stdout.fileno(), 1 << 20)
+                assert data, "the worker exited"
+                self.waiting.extend(self.decoder.feed(data))
+        return self.waiting.pop(0)
+
+    def reply(self, frame: dict[str, Any], reply: Reply) -> None:
+        self.send("reply", frame["id"], reply.model_dump())
+
+
+@pytest.fixture
+def supervisor() -> Iterator[Supervisor]:
+    peer = Supervisor()
+    try:
+        yield peer
+    finally:
+        assert peer.proc.stdin is not None
+        peer.proc.stdin.close()  # end of file: the worker exits
+        peer.proc.wait(timeout=30)
+
+
+def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_settlement(supervisor):
+    payload = shell.payload({"command": sys.executable, "args": ["-c", SCRIPT]}, max_output_chars=10,
+                            allow_non_zero_exit=False)  # fmt: skip
+    supervisor.send(PERFORM, 0, {"effectId": "effect-1", "performer": shell.PERFORMER, "idempotencyKey": "key-1",
+                                 "recoveryPolicy": "idempotent", "payload": payload})  # fmt: skip
+    spawned = supervisor.receive()
+    assert spawned["k"] == SPAWNED
+    supervisor.send("reply", spawned["id"], {"accepted": True})  # its group recorded
+
+    first = supervisor.receive()
+    assert first["k"] == UPLOAD and BlobPart.model_validate(first["b"]).offset == 0
+    supervisor.reply(first, Reply(outcome="unavailable", receipt={"code": "uploadsFull"}, error="full"))
+    received: dict[int, bytes] = {}
+    digests = set()
+    while True:  # sent again from the start: every part, in order, until the value is complete
+        frame = supervisor.receive()
+        part = BlobPart.model_validate(frame["b"])
+        if part.byte_length != len(STDOUT):
+            break  # the next stream
+        assert part.offset == sum(map(len, received.values())) and len(part.data) <= MAX_INLINE_BLOB_BYTES
+        received[part.offset] = part.data
+        digests.add(part.digest)
+        complete = part.offset + len(part.data) == part.byte_length
+        supervisor.reply(frame, Reply(outcome="accepted", receipt={"complete": complete}))
+    assert b"".join(received.values()) == STDOUT and len(received) == 3
+    assert digests == {hashlib.sha256(STDOUT).digest()}  # each part names the whole value
+
+    assert (part.offset, part.data, part.byte_length) == (0, b"a warning\n", 10)  # stderr: one part
+    supervisor.reply(frame, Reply(outcome="accepted", receipt={"complete": True}))
+    settle = supervisor.receive()
+    assert settle["k"] == SETTLE
+    report = settle["b"]
+    assert report["settlement"] == "applied" and report["result"]["output"]["stdout"] == "0123456789"
+    stdout_digest, stderr_digest = hashlib.sha256(STDOUT).hexdigest(), hashlib.sha256(b"a warning\n").hexdigest()
+    assert report["result"]["streams"] == {
+        "stdout": {"digest": "sha256:" + stdout_digest, "mediaType": "text/plain;charset=utf-8",
+                   "byteLength": len(STDOUT), "keptBytes": len(STDOUT), "seenBytes": len(STDOUT)},
+        "stderr": {"digest": "sha256:" + stderr_digest, "mediaType": "text/plain;charset=utf-8",
+                   "byteLength": 10, "keptBytes": 10, "seenBytes": 10},
+    }  # fmt: skip
+    assert report["viewContent"] == [stdout_digest, stderr_digest]
