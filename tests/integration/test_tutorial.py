@@ -43,7 +43,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, private_home: Path):
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / "pi-workflows").exists(), "the package's console script (pip install -e .)"
     env = {**os.environ, **FAST_ENV, "HOME": str(home), "PI_WORKFLOWS_STATE_DIR": str(tmp_path / "s"),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PI_WORKFLOWS_USER_DIR": str(home / "none")}  # fmt: skip
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     # The file the tutorial says to save, written once its first block made the project directory.
     first, rest = bash[0], bash[1:]
     save = f"mkdir -p .pi/workflows && cat > .pi/workflows/first.workflow.py <<'PYTHON'\n{python[0]}PYTHON\n"
