@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 import pytest
@@ -26,3 +27,21 @@ def test_every_help_has_an_example(path):
     assert result.exit_code == 0, result.output
     assert re.search(r"Example: .*pi-workflows ", result.output), result.output
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def leaves(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+    for name, command in group.commands.items():
+        found += leaves(command, (*path, name)) if isinstance(command, click.Group) else [(*path, name)]
+    return found
+
+
+@pytest.mark.parametrize("path", leaves(main), ids=lambda path: " ".join(path))
+def test_every_command_has_a_line_in_the_readme(path):
+    """One line each, as `pi-workflows GROUP NAME` (a line may list siblings: `run pause|resume`)."""
+    *group, name = path
+    prefix = "pi-workflows " + "".join(f"{part} " for part in group)
+    assert re.search(re.escape(prefix) + r"(?:[\w-]+\|)*" + re.escape(name) + r"\b", README), " ".join(path)
