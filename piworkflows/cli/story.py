@@ -84,8 +84,8 @@ def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> li
         lead = pad + "  " if lines else f"{pad}{label}: "
         lines += textwrap.wrap(paragraph.expandtabs(), WIDTH, initial_indent=lead, subsequent_indent=pad + "  ",
                                break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]  # fmt: skip
-    if len(lines) > max_lines:
-        lines = lines[: max_lines - 1] + [lines[max_lines - 1][: WIDTH - 4] + " ..."]
+    if len(lines) > max_lines:  # whole lines only (a cut line could cut a path): the rest is "..."
+        lines = lines[: max_lines - 1] + [pad + "  ..."]
     return lines
 
 

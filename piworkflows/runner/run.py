@@ -33,7 +33,7 @@ from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
 from piworkflows.states import EFFECT_WORK_STATUSES
-from piworkflows.workflows import CompiledWorkflow, discovery, routing
+from piworkflows.workflows import CompiledWorkflow, discovery, failures, routing
 from piworkflows.workflows.context import NodeContext
 from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
 
@@ -66,8 +66,8 @@ class Channel:
         return Reply.model_validate(self.receive()["b"])
 
 
-def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
-    """The run's workflow, or None if its code changed since the run started."""
+def source_of(launch: RunnerLaunch) -> discovery.ResolvedSource | None:
+    """The run's source as its bytes are now, or None if it changed since the run started."""
     source = launch.source
     if source.source_kind == "file":
         assert source.source_path is not None
@@ -75,18 +75,22 @@ def load_checked(launch: RunnerLaunch) -> CompiledWorkflow | None:
         data = path.read_bytes() if path.is_file() else b""
         if hashlib.sha256(data).digest() != source.source_sha256:
             return None
-        resolved = discovery.ResolvedSource(
+        return discovery.ResolvedSource(
             discovery.SourceIdentity("file", source.source_path, source.source_sha256),
             path.name.removesuffix(discovery.SUFFIX), path, data,
         )  # fmt: skip
-    else:
-        assert source.builtin_id is not None
-        try:
-            resolved = discovery.resolve(source.builtin_id, Path(launch.project_path))
-        except discovery.WorkflowNotFound:
-            return None
-        if resolved.identity.builtin_revision != source.builtin_revision:
-            return None
+    assert source.builtin_id is not None
+    try:
+        resolved = discovery.resolve(source.builtin_id, Path(launch.project_path))
+    except discovery.WorkflowNotFound:
+        return None
+    return resolved if resolved.identity.builtin_revision == source.builtin_revision else None
+
+
+def load_checked(launch: RunnerLaunch, resolved: discovery.ResolvedSource | None) -> CompiledWorkflow | None:
+    """The run's workflow, or None if its code changed since the run started."""
+    if resolved is None:
+        return None
     compiled = discovery.compiled(resolved)
     return compiled if compiled.digest == launch.definition_digest else None
 
@@ -262,10 +266,13 @@ def end_run(channel: Channel, body: dict[str, Any]) -> dict[str, Any]:
 
 def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
     """Execute the run from its last durable boundary; returns the exiting message."""
+    resolved = None
     try:
-        compiled = load_checked(launch)
+        resolved = source_of(launch)
+        compiled = load_checked(launch, resolved)
     except Exception as exc:  # the module raised here (or compiles no longer): the run cannot go on
-        error = f"the workflow module {_source_name(launch)} failed to load: {_error_text(exc)}"
+        said = failures.describe(exc, resolved).text if resolved else f"{_source_name(launch)}: {_error_text(exc)}"
+        error = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
         return end_run(channel, {"end_status": "failed", "error_code": "loadFailed", "error": _text(error)})
     if compiled is None:
         return {"parkReason": "workflowSourceChanged"}

@@ -115,10 +115,11 @@ def test_a_module_that_fails_to_load_in_the_runner_fails_the_run_naming_the_file
     run_id = result.stdout.splitlines()[0]
     assert f"{run_id} failed" in result.stdout
     path = project.resolve() / ".pi" / "workflows" / "fragile.workflow.py"
-    assert "error (loadFailed): the workflow module" in result.stdout and str(path) in result.stdout
-    assert "failed to load: RuntimeError: no runner may load me" in result.stdout
+    assert "error (loadFailed): the workflow module failed to load:" in result.stdout
+    assert str(path) in result.stdout and ": RuntimeError: no runner may load me" in result.stdout
     failed = view(server, run_id)
     assert failed["run"]["errorCode"] == "loadFailed" and failed["run"]["parkReason"] is None
+    assert f"{path}, line " in failed["error"]  # the file and the line, as run start reports a load error
     assert failed["steps"]["items"] == []
     check_state(server.state_dir)
 
