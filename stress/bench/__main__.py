@@ -7,10 +7,10 @@ import argparse
 import json
 import sys
 
-from stress.bench import effects, retention, runs, server, startup, writer
+from stress.bench import effects, logs, retention, runs, server, startup, writer
 
 BENCHMARKS = {"writer": writer, "server": server, "runs": runs, "effects": effects, "retention": retention,
-              "startup": startup}  # fmt: skip
+              "startup": startup, "logs": logs}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
