@@ -180,14 +180,21 @@ def start_server(paths: StatePaths, timeout: float = 60.0) -> None:
     read_fd, write_fd = os.pipe()
     try:
         server = subprocess.Popen(
-            [sys.executable, "-m", "piworkflows.supervisor", "--state-dir", str(paths.state_dir),
-             "--ready-fd", str(write_fd)],
+            [
+                sys.executable,
+                "-m",
+                "piworkflows.supervisor",
+                "--state-dir",
+                str(paths.state_dir),
+                "--ready-fd",
+                str(write_fd),
+            ],
             pass_fds=[write_fd],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     finally:
         os.close(write_fd)
     # Reap it if it exits while this process still lives (no zombie); it outlives us otherwise.

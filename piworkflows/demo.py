@@ -38,8 +38,9 @@ class _Hook(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (the http.server name)
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        data = canonical.dumps_bytes({"received": canonical.loads(body) if body else None,
-                                      "idempotencyKey": self.headers.get("Idempotency-Key")})  # fmt: skip
+        data = canonical.dumps_bytes(
+            {"received": canonical.loads(body) if body else None, "idempotencyKey": self.headers.get("Idempotency-Key")}
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -62,16 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         start_server(paths)
         try:
             with WorkflowClient(paths.state_dir) as client:
-                demo_input = {"who": args.who, "noteFile": str(Path(tmp) / "note.txt"),
-                              "hookUrl": f"http://127.0.0.1:{hook.server_address[1]}/demo"}  # fmt: skip
-                started = client.request("run.start", {"projectPath": tmp, "workflowName": "builtin:demo",
-                                                       "input": demo_input})  # fmt: skip
+                demo_input = {
+                    "who": args.who,
+                    "noteFile": str(Path(tmp) / "note.txt"),
+                    "hookUrl": f"http://127.0.0.1:{hook.server_address[1]}/demo",
+                }
+                started = client.request(
+                    "run.start", {"projectPath": tmp, "workflowName": "builtin:demo", "input": demo_input}
+                )
                 run_id = started.receipt["runId"]
                 print(f"run.start -> {started.outcome}: {run_id}")
                 waiting = wait_for(client, run_id, {"waiting", "failed"})
                 print(f"{run_id} is {waiting['display']['status']}; controls {waiting['display']['controls']}")
-                answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"continue": True}},
-                                          run_id=run_id)  # fmt: skip
+                answered = client.request(
+                    "checkpoint.answer", {"nodePath": "ask", "answer": {"continue": True}}, run_id=run_id
+                )
                 print(f"checkpoint.answer -> {answered.outcome}")
                 done = wait_for(client, run_id, {"completed", "failed", "cancelled", "timed_out"})
                 print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")

@@ -164,15 +164,22 @@ def check_private_file(path: Path) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISLNK(info.st_mode):
-        raise StatePathRefused(f"{path} is a symbolic link; the server does not follow links in its state "
-                               "directory: replace it with the file itself")  # fmt: skip
+        raise StatePathRefused(
+            f"{path} is a symbolic link; the server does not follow links in its state "
+            "directory: replace it with the file itself"
+        )
     _check_file(path, info)
     if not os.access(path, os.R_OK | os.W_OK):
         raise StatePathRefused(f"{path} cannot be read and written by this user: check its permissions")
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket", stat.S_IFIFO: "a FIFO",
-          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}  # fmt: skip
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def _check_file(path: Path, info: os.stat_result) -> None:
@@ -181,8 +188,9 @@ def _check_file(path: Path, info: os.stat_result) -> None:
         raise StatePathRefused(f"{path} is {kind}, not a file the server can use: move it aside")
     _check_owner(path, info)
     if info.st_mode & 0o077:
-        raise StatePathRefused(f"{path} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
-                               f"chmod 600 {path}")  # fmt: skip
+        raise StatePathRefused(
+            f"{path} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):o}): chmod 600 {path}"
+        )
 
 
 def _check_owner(path: Path, info: os.stat_result) -> None:
@@ -195,8 +203,10 @@ def _check_owner(path: Path, info: os.stat_result) -> None:
 
 def _refused(path: Path, exc: OSError) -> StatePathRefused:
     if exc.errno == errno.ELOOP or os.path.islink(path):
-        return StatePathRefused(f"{path} is a symbolic link; the server does not follow links in its state "
-                                "directory: replace it with the directory or file itself")  # fmt: skip
+        return StatePathRefused(
+            f"{path} is a symbolic link; the server does not follow links in its state "
+            "directory: replace it with the directory or file itself"
+        )
     if exc.errno == errno.ENOTDIR:
         return StatePathRefused(f"{path} is not a directory: move it aside or choose another state directory")
     return StatePathRefused(f"{path} cannot be used: {exc.strerror}")

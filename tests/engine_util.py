@@ -55,8 +55,9 @@ def write(project: Path, name: str, source: str) -> None:
 
 def start(server: ServerProcess, project: Path, name: str, input_value: Any = None) -> str:
     with server.client() as client:
-        response = client.request("run.start", {"projectPath": str(project), "workflowName": name,
-                                                "input": input_value or {}})  # fmt: skip
+        response = client.request(
+            "run.start", {"projectPath": str(project), "workflowName": name, "input": input_value or {}}
+        )
     assert response.outcome == "accepted", response
     return str(response.receipt["runId"])
 
@@ -71,8 +72,9 @@ def view(server: ServerProcess, run_id: str) -> dict[str, Any]:
 
 def wait_status(server: ServerProcess, run_id: str, *statuses: str) -> dict[str, Any]:
     """Poll the run view until its display status is one of ``statuses``."""
-    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in statuses and v,
-                      what=f"run {statuses}")  # fmt: skip
+    return wait_until(
+        lambda: (v := view(server, run_id))["display"]["status"] in statuses and v, what=f"run {statuses}"
+    )
 
 
 def blocked_in_wait(server: ServerProcess, run_id: str) -> bool:

@@ -72,8 +72,12 @@ class ServerProcess:
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "piworkflows.supervisor", "--state-dir", str(self.state_dir), "--foreground"],
-                env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
         if wait:
             wait_until(self._serving_or_exited, what="server ready")
             if self.popen.poll() is not None:
@@ -96,8 +100,14 @@ class ServerProcess:
 
     def cli(self, *args: str, timeout: float = 60, text: bool = True) -> subprocess.CompletedProcess[Any]:
         """``pi-workflows --state-dir STATE ARGS`` in this server's environment (``text=False``: bytes)."""
-        return subprocess.run(self.cli_command(*args), capture_output=True, text=text, timeout=timeout, env=self.env,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.run(
+            self.cli_command(*args),
+            capture_output=True,
+            text=text,
+            timeout=timeout,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+        )
 
     def server_log(self) -> str:
         path = self.state_dir / "host" / "server.log"

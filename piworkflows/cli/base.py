@@ -90,8 +90,9 @@ def request(
         # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
         client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None
         with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
-            return client.request(operation, payload, run_id=run_id, expected_revision=expected_revision,
-                                  idempotency_key=idempotency_key)  # fmt: skip
+            return client.request(
+                operation, payload, run_id=run_id, expected_revision=expected_revision, idempotency_key=idempotency_key
+            )
     except ServerRefused as exc:
         fail(str(exc))
         raise  # unreachable: fail exits

@@ -39,8 +39,10 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
     for item in page["items"]:
         age = span(page["now"] - item["createdAt"])
         node = f"{item['nodePath']}#{item['visit']}" if item["nodePath"] else "-"
-        click.echo(f"{item['effectId']}  {item['effectType']:<18} {item['status']:<10} {item['runId'] or '-'}  "
-                   f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}")  # fmt: skip
+        click.echo(
+            f"{item['effectId']}  {item['effectType']:<18} {item['status']:<10} {item['runId'] or '-'}  "
+            f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}"
+        )
 
 
 @main.group("effect")

@@ -54,17 +54,33 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> int
 
 @main.command("runs")
 @click.option("--project", type=click.Path(file_okay=False), help="Only runs of this project directory.")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(client_v1.RUN_STATUS_VALUES),
-              help="Only runs with this durable status; repeat for several.")  # fmt: skip
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(client_v1.RUN_STATUS_VALUES),
+    help="Only runs with this durable status; repeat for several.",
+)
 @click.option("--workflow", help="Only runs of this workflow (its name: demo for builtin:demo).")
-@click.option("--since", callback=_since, help="Only runs created since: a duration ago (90m, 2h, 3d, 1w) or an "
-              "ISO 8601 time (without a zone: local time).")  # fmt: skip
+@click.option(
+    "--since",
+    callback=_since,
+    help="Only runs created since: a duration ago (90m, 2h, 3d, 1w) or an ISO 8601 time (without a zone: local time).",
+)
 @click.option("--limit", type=click.IntRange(1, 256), default=50, show_default=True, help="Runs per page.")
 @click.option("--all", "every_page", is_flag=True, help="Follow the cursor through every page.")
 @click.option("--json", "as_json", is_flag=True, help="One run-list page object per line, as the server answered.")
 @click.pass_obj
-def runs(paths: StatePaths, project: str | None, statuses: tuple[str, ...], workflow: str | None, since: int | None,
-         limit: int, every_page: bool, as_json: bool) -> None:  # fmt: skip
+def runs(
+    paths: StatePaths,
+    project: str | None,
+    statuses: tuple[str, ...],
+    workflow: str | None,
+    since: int | None,
+    limit: int,
+    every_page: bool,
+    as_json: bool,
+) -> None:
     """List runs, newest first (metadata only): id, workflow, title, status, age, duration.
 
     The STATUS column is the display status (paused, ambiguous, ...); --status filters by the
@@ -113,13 +129,23 @@ class _RunTable:
         for item in items:
             started, finished = item["startedAt"], item["finishedAt"]
             ran = span((finished or now) - started) if started is not None else "-"
-            click.echo(self._line(item["runId"], item["workflowName"], item["title"] or "", item["display"]["status"],
-                                  span(now - item["createdAt"]), ran))  # fmt: skip
+            click.echo(
+                self._line(
+                    item["runId"],
+                    item["workflowName"],
+                    item["title"] or "",
+                    item["display"]["status"],
+                    span(now - item["createdAt"]),
+                    ran,
+                )
+            )
 
     def _line(self, run_id: str, workflow: str, title: str, status: str, age: str, ran: str) -> str:
-        return (f"{run_id:<{self.id_width}} {_cut(workflow, self.workflow_width):<{self.workflow_width}} "
-                f"{_cut(title, self.title_width):<{self.title_width}} {status:<{self.STATUS}} "
-                f"{age:>{self.SPAN}} {ran:>{self.SPAN}}").rstrip()  # fmt: skip
+        return (
+            f"{run_id:<{self.id_width}} {_cut(workflow, self.workflow_width):<{self.workflow_width}} "
+            f"{_cut(title, self.title_width):<{self.title_width}} {status:<{self.STATUS}} "
+            f"{age:>{self.SPAN}} {ran:>{self.SPAN}}"
+        ).rstrip()
 
 
 def _cut(text: str, width: int) -> str:
@@ -127,8 +153,13 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-_PROJECT = click.option("--project", type=click.Path(exists=True, file_okay=False), default=".", show_default=True,
-                        help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
+_PROJECT = click.option(
+    "--project",
+    type=click.Path(exists=True, file_okay=False),
+    default=".",
+    show_default=True,
+    help="Project directory (its .pi/workflows is searched first).",
+)
 
 
 @main.command("workflows")
@@ -172,8 +203,12 @@ def workflow_group() -> None:
 @workflow_group.command("show")
 @click.argument("workflow", metavar="NAME")
 @_PROJECT
-@click.option("--json", "as_json", is_flag=True, help="Print the workflow.show receipt (with the definition "
-              "snapshot) as one line of JSON.")  # fmt: skip
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the workflow.show receipt (with the definition snapshot) as one line of JSON.",
+)
 @click.pass_obj
 def workflow_show(paths: StatePaths, workflow: str, project: str, as_json: bool) -> None:
     """Show the workflow NAME (or builtin:NAME) that run start would find: its source,

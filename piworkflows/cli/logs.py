@@ -36,8 +36,11 @@ Emit = Callable[[dict[str, Any]], None]  # prints one step
 @run_group.command("logs")
 @click.argument("run_id")
 @click.argument("node", required=False)
-@click.option("--follow", is_flag=True, help="Then print each step as it finishes until the run ends or waits; "
-              "exit 0 only if it completed.")  # fmt: skip
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Then print each step as it finishes until the run ends or waits; exit 0 only if it completed.",
+)
 @click.option("--stdout", "only", flag_value="stdout", help="Print only the shell steps' stdout, raw (for piping).")
 @click.option("--stderr", "only", flag_value="stderr", help="Print only the shell steps' stderr, raw.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per step per line, stream texts included.")
@@ -88,8 +91,9 @@ def _asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:
     return ask
 
 
-def _print_steps(ask: Ask, node: str | None, after: int | None, emit: Emit,
-                 finished_only: bool) -> tuple[int | None, bool]:  # fmt: skip
+def _print_steps(
+    ask: Ask, node: str | None, after: int | None, emit: Emit, finished_only: bool
+) -> tuple[int | None, bool]:
     """Emit the steps after ``after`` in order (stopping at the first unfinished one if
     ``finished_only``); the new cursor and whether anything was emitted."""
     printed = False
@@ -186,5 +190,7 @@ def _header(step: dict[str, Any]) -> str:
     if step["finishedAt"] is not None:
         took = step["finishedAt"] - step["startedAt"]
         ended += f" in {took} ms" if took < 1000 else f" in {took / 1000:.1f} s"
-    return (f"== step {step['stepIndex']}: {step['nodePath']} ({step['nodeKind']}) visit {step['visit']} "
-            f"attempt {step['attempt']}: {ended}")  # fmt: skip
+    return (
+        f"== step {step['stepIndex']}: {step['nodePath']} ({step['nodeKind']}) visit {step['visit']} "
+        f"attempt {step['attempt']}: {ended}"
+    )

@@ -33,13 +33,26 @@ def run_group() -> None:
 
 @run_group.command("start")
 @click.argument("workflow")
-@click.option("--project", type=click.Path(exists=True, file_okay=False), default=".", show_default=True,
-              help="Project directory (its .pi/workflows is searched first).")  # fmt: skip
+@click.option(
+    "--project",
+    type=click.Path(exists=True, file_okay=False),
+    default=".",
+    show_default=True,
+    help="Project directory (its .pi/workflows is searched first).",
+)
 @click.option("--input", "input_json", default="{}", show_default=True, help="The run input as JSON.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the receipt as one line of JSON (with --wait, then the final run view).")  # fmt: skip
-@click.option("--wait", is_flag=True, help="Follow the run until it ends or needs someone (a line per step); exit 0 "
-              "only if it completed (Ctrl-C: exit 130, the run goes on).")  # fmt: skip
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the receipt as one line of JSON (with --wait, then the final run view).",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the run until it ends or needs someone (a line per step); exit 0 "
+    "only if it completed (Ctrl-C: exit 130, the run goes on).",
+)
 @click.pass_obj
 def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, as_json: bool, wait: bool) -> None:
     """Start WORKFLOW (a name from the project, the user dir, or builtin:NAME) and print the run id.
@@ -52,8 +65,12 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
         input_value = json.loads(input_json)
     except ValueError as exc:
         raise click.BadParameter(f'not JSON ({exc}); pass e.g. --input \'{{"key": "value"}}\'') from None
-    payload = {"projectPath": os.path.abspath(project), "workflowName": workflow, "input": input_value,
-               "executionMode": "headless"}  # fmt: skip
+    payload = {
+        "projectPath": os.path.abspath(project),
+        "workflowName": workflow,
+        "input": input_value,
+        "executionMode": "headless",
+    }
     check("run.start", payload)
     try:
         with WorkflowClient(paths.state_dir) as client:
@@ -133,8 +150,11 @@ def _control(name: str, summary: str, done: str) -> None:
 
 _control("cancel", "Cancel a run: it ends cancelled, then its runner is stopped.", "{run_id} cancelled")
 _control("pause", "Pause a run at its last durable boundary (an applying effect settles first).", "{run_id} paused")
-_control("resume", "Resume a paused run (or one parked for runnerNoProgress or workflowSourceChanged).",
-         "{run_id} resumed ({status})")  # fmt: skip
+_control(
+    "resume",
+    "Resume a paused run (or one parked for runnerNoProgress or workflowSourceChanged).",
+    "{run_id} resumed ({status})",
+)
 
 
 @run_group.command("restart")

@@ -74,8 +74,13 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
         # No answer: stopping while a process host.json records lives (identity checked).
         pids = [identity.pid for identity in registry.live(paths.registry)]
         if as_json:
-            click.echo(canonical.dumps({"pids": pids, "socketAvailable": False, "state": "stopping"} if pids
-                                       else {"socketAvailable": False, "state": "stopped"}))  # fmt: skip
+            click.echo(
+                canonical.dumps(
+                    {"pids": pids, "socketAvailable": False, "state": "stopping"}
+                    if pids
+                    else {"socketAvailable": False, "state": "stopped"}
+                )
+            )
         elif pids:
             click.echo(f"stopping (pids: {', '.join(map(str, pids))}) for {paths.state_dir}")
             click.echo(f"  wait, or end them with '{command_line('server', 'stop', '--kill')}'")
@@ -90,18 +95,28 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
     click.echo(f"{receipt['state']} ({paths.state_dir}), server epoch {receipt['epoch']}")
     if receipt["reason"] is not None:
         click.echo(f"  {receipt['reason']['code']}: {receipt['reason']['message']}")
-    click.echo(f"  runs: {counts['queuedRuns']} queued, {counts['runningRuns']} running, "
-               f"{counts['parkedRuns']} parked, {counts['waitingRuns']} waiting")  # fmt: skip
+    click.echo(
+        f"  runs: {counts['queuedRuns']} queued, {counts['runningRuns']} running, "
+        f"{counts['parkedRuns']} parked, {counts['waitingRuns']} waiting"
+    )
     click.echo(f"  active runners: {counts['activeRunners']}, expired claims: {counts['expiredClaims']}")
-    click.echo(f"  pending interactions: {counts['pendingInteractions']}, "
-               f"ambiguous effects: {counts['ambiguousEffects']}")  # fmt: skip
-    click.echo(f"  connections: {receipt['connections']} of at most {receipt['maxConnections']}, "
-               f"fd limit {receipt['fdLimit'] or 'unlimited'}")  # fmt: skip
+    click.echo(
+        f"  pending interactions: {counts['pendingInteractions']}, ambiguous effects: {counts['ambiguousEffects']}"
+    )
+    click.echo(
+        f"  connections: {receipt['connections']} of at most {receipt['maxConnections']}, "
+        f"fd limit {receipt['fdLimit'] or 'unlimited'}"
+    )
 
 
 @server.command("stop")
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="Seconds to wait for the server to exit.")  # fmt: skip
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the server to exit.",
+)
 @click.option("--kill", is_flag=True, help="If it has not exited within --timeout, SIGKILL its recorded processes.")
 @click.pass_obj
 def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
@@ -134,8 +149,9 @@ def _kill_server(paths: StatePaths) -> None:
     """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
     killed = registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000)
     for identity in killed:
-        click.echo(f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup
-                                                                     else ""))  # fmt: skip
+        click.echo(
+            f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup else "")
+        )
     left = registry.live(paths.registry)
     if left:
         fail(f"still running after SIGKILL: pids {', '.join(str(identity.pid) for identity in left)}")

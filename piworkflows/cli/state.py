@@ -64,8 +64,9 @@ def _with_progress(
     on a second connection meanwhile."""
     check(operation, payload)  # a usage error is raised here, not in the thread below
     answer: list[client_v1.Response] = []
-    worker = threading.Thread(target=lambda: answer.append(request(paths, operation, payload, idempotency_key=key)),
-                              daemon=True)  # fmt: skip
+    worker = threading.Thread(
+        target=lambda: answer.append(request(paths, operation, payload, idempotency_key=key)), daemon=True
+    )
     worker.start()
     if show and sys.stdout.isatty():
         with WorkflowClient(paths.state_dir, retry_for=0) as watcher:
@@ -115,15 +116,17 @@ def _prune_before(ctx: click.Context, param: click.Parameter, value: str) -> str
 
 
 @state_group.command("prune")
-@click.option("--before", required=True, callback=_prune_before,
-              help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z.")  # fmt: skip
+@click.option(
+    "--before", required=True, callback=_prune_before, help="Cutoff, ISO 8601 with a zone, e.g. 2026-08-01T00:00:00Z."
+)
 @click.option("--dry-run", "dry_run", is_flag=True, help="Only list eligible and blocked trees (the default).")
 @click.option("--apply", "apply", is_flag=True, help="Delete the eligible trees (needs --backup).")
 @click.option("--backup", "backup_path", type=click.Path(dir_okay=False), help="A new file for the backup first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
 @click.pass_obj
-def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, backup_path: str | None,
-                as_json: bool) -> None:  # fmt: skip
+def state_prune(
+    paths: StatePaths, before: str, dry_run: bool, apply: bool, backup_path: str | None, as_json: bool
+) -> None:
     """Remove complete terminal root-run trees whose runs all finished before --before.
 
     --dry-run lists what is eligible and what a safety check blocks, changing
@@ -154,8 +157,10 @@ def state_prune(paths: StatePaths, before: str, dry_run: bool, apply: bool, back
         click.echo(f"blocked  {blocked['rootRunId']}: {blocked['blocker']}")
     if apply:
         deleted = receipt["deleted"]
-        click.echo(f"deleted {deleted['trees']} trees, {deleted['runs']} runs, {deleted['blobs']} blobs; "
-                   f"backup {receipt['backup']}")  # fmt: skip
+        click.echo(
+            f"deleted {deleted['trees']} trees, {deleted['runs']} runs, {deleted['blobs']} blobs; "
+            f"backup {receipt['backup']}"
+        )
         if receipt.get("integrity"):
             fail("integrity problems after the prune: " + "; ".join(receipt["integrity"]))
 
@@ -170,8 +175,13 @@ def _new_absolute_dir(ctx: click.Context, param: click.Parameter, value: str) ->
 
 
 @state_group.command("reset")
-@click.option("--backup", "backup_dir", required=True, callback=_new_absolute_dir,
-              help="A new absolute directory on the same filesystem (created 0700) the files move into.")  # fmt: skip
+@click.option(
+    "--backup",
+    "backup_dir",
+    required=True,
+    callback=_new_absolute_dir,
+    help="A new absolute directory on the same filesystem (created 0700) the files move into.",
+)
 @click.pass_obj
 def state_reset(paths: StatePaths, backup_dir: Path) -> None:
     """With the server stopped, move state.sqlite with its -wal and -shm into a new directory.
@@ -216,8 +226,10 @@ def run_delete(paths: StatePaths, run_id: str, yes: bool, as_json: bool) -> None
         if not sys.stdin.isatty():
             raise click.UsageError("stdin is not a terminal: pass --yes to delete without a question")
         run = accepted(request(paths, "run.status", {}, run_id=run_id))
-        question = (f"Delete run {run_id} ({run['run']['workflowName']}, {run['display']['status']}) and every "
-                    "run of its tree for good?")  # fmt: skip
+        question = (
+            f"Delete run {run_id} ({run['run']['workflowName']}, {run['display']['status']}) and every "
+            "run of its tree for good?"
+        )
         if not click.confirm(question, default=False):
             fail("nothing was deleted")
     receipt = accepted(request(paths, "run.delete", {}, run_id=run_id))

@@ -82,8 +82,14 @@ def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> li
     lines: list[str] = []
     for paragraph in text.splitlines() or [""]:
         lead = pad + "  " if lines else f"{pad}{label}: "
-        lines += textwrap.wrap(paragraph.expandtabs(), WIDTH, initial_indent=lead, subsequent_indent=pad + "  ",
-                               break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]  # fmt: skip
+        lines += textwrap.wrap(
+            paragraph.expandtabs(),
+            WIDTH,
+            initial_indent=lead,
+            subsequent_indent=pad + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [lead.rstrip()]
     if len(lines) > max_lines:  # whole lines only (a cut line could cut a path): the rest is "..."
         lines = lines[: max_lines - 1] + [pad + "  ..."]
     return lines
@@ -195,9 +201,11 @@ def _steps_table(run_id: str, steps: list[dict[str, Any]], effects: list[dict[st
     last_of_visit = {(s["nodePath"], s["visit"]): s["stepIndex"] for s in steps}
     for step in steps:
         tries = f"{step['visit']}/{step['attempt']}"
-        lines.append(f"  {step['stepIndex']:>3}  {step['nodePath']:<{node_width}}  {step['nodeKind']:<{kind_width}}  "
-                     f"{tries:<3}  {step['status']:<11}  {clock(step['startedAt']):<8}  "
-                     f"{duration(step['durationMs']):>8}".rstrip())  # fmt: skip
+        lines.append(
+            f"  {step['stepIndex']:>3}  {step['nodePath']:<{node_width}}  {step['nodeKind']:<{kind_width}}  "
+            f"{tries:<3}  {step['status']:<11}  {clock(step['startedAt']):<8}  "
+            f"{duration(step['durationMs']):>8}".rstrip()
+        )
         mine = [e for e in effects if last_of_visit.get((e["nodePath"], e["visit"])) == step["stepIndex"]]
         lines += step_details(run_id, step, mine, indent=8)
     return lines
@@ -221,8 +229,10 @@ def _times(run: dict[str, Any]) -> list[str]:
         text = moment(ms)
         return text[len(day) + 1 :] if text.startswith(day + " ") else text
 
-    return [f"  created {moment(created)}, started {when(run['startedAt'])}",
-            f"  finished {when(run['finishedAt'])}, duration {duration(run['durationMs'])}"]  # fmt: skip
+    return [
+        f"  created {moment(created)}, started {when(run['startedAt'])}",
+        f"  finished {when(run['finishedAt'])}, duration {duration(run['durationMs'])}",
+    ]
 
 
 def _reason(view: dict[str, Any]) -> list[str]:
@@ -230,8 +240,9 @@ def _reason(view: dict[str, Any]) -> list[str]:
     display, detail = view["display"], view["piworkflows"]["parkDetail"]
     if not display["reason"]:
         return []
-    return block(display["activity"], reason_words(display["reason"]), 2) + (block("runner", detail, 4) if detail
-                                                                              else [])  # fmt: skip
+    return block(display["activity"], reason_words(display["reason"]), 2) + (
+        block("runner", detail, 4) if detail else []
+    )
 
 
 def outcome(view: dict[str, Any]) -> list[str]:
@@ -263,8 +274,9 @@ def story(view: dict[str, Any]) -> list[str]:
     current = view["piworkflows"]["currentStep"]
     effects = view["piworkflows"]["ambiguousEffects"]
     more = view["steps"]["cursor"] is not None
-    lines.append(f"  steps: {len(steps)}{' (the first ones; more not shown)' if more else ''}" if steps
-                 else "  steps: none yet")  # fmt: skip
+    lines.append(
+        f"  steps: {len(steps)}{' (the first ones; more not shown)' if more else ''}" if steps else "  steps: none yet"
+    )
     if current is not None and all(s["stepIndex"] != current["stepIndex"] for s in steps):
         steps.append(current)  # past the steps' page: the active step still shows
     if steps:

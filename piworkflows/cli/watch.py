@@ -72,12 +72,23 @@ class Follower:
             self.seen[step["stepIndex"]] = step["status"]
         if status == "waiting" and current is not None and current["attemptId"] != self.waited:
             self.waited = current["attemptId"]
-            events.append(({"event": "waiting", "runId": run_id, **_step_fields(current), "status": "waiting",
-                            "request": current["request"]}, current))  # fmt: skip
+            events.append(
+                (
+                    {
+                        "event": "waiting",
+                        "runId": run_id,
+                        **_step_fields(current),
+                        "status": "waiting",
+                        "request": current["request"],
+                    },
+                    current,
+                )
+            )
         if status in TERMINAL_RUN_STATUSES and not self.ended:
             self.ended = True
-            events.append(({"event": "finished", "runId": run_id, "status": status,
-                            "errorCode": view["run"]["errorCode"]}, None))  # fmt: skip
+            events.append(
+                ({"event": "finished", "runId": run_id, "status": status, "errorCode": view["run"]["errorCode"]}, None)
+            )
         return events
 
 
@@ -94,8 +105,10 @@ def event_lines(event: dict[str, Any], step: dict[str, Any] | None) -> list[str]
         if isinstance(error, str) and error:
             line += f": {error.splitlines()[0]}"
         return [story.cut(line, story.WIDTH)]
-    return [story.cut(f"{event['runId']} waits at {step['nodePath']}", story.WIDTH),
-            *story.question(event["runId"], step, indent=2)]  # fmt: skip
+    return [
+        story.cut(f"{event['runId']} waits at {step['nodePath']}", story.WIDTH),
+        *story.question(event["runId"], step, indent=2),
+    ]
 
 
 class _LiveLine:
@@ -124,8 +137,9 @@ class _LiveLine:
         self.drawn = True
 
 
-def follow(paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[str, Any] | None], None] | None,
-           live: bool) -> dict[str, Any]:  # fmt: skip
+def follow(
+    paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[str, Any] | None], None] | None, live: bool
+) -> dict[str, Any]:
     """Poll the run until it is settled; hand each event to ``emit`` (None: print nothing); return the
     last view. ``live``: keep the status line on a terminal."""
     settings = Settings.from_env()
@@ -159,8 +173,11 @@ def follow(paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[
 def interrupted(run_id: str) -> NoReturn:
     """Ctrl-C while following: the run goes on; say how to find it again, exit 130."""
     click.echo(f"\npi-workflows: interrupted; {run_id} goes on", err=True)
-    for label, words in (("see it", ("run", "status")), ("watch it", ("run", "watch")),
-                         ("cancel it", ("run", "cancel"))):  # fmt: skip
+    for label, words in (
+        ("see it", ("run", "status")),
+        ("watch it", ("run", "watch")),
+        ("cancel it", ("run", "cancel")),
+    ):
         click.echo(f"  {label + ':':<10} {command_line(*words, run_id)}", err=True)
     sys.exit(EXIT_INTERRUPTED)
 

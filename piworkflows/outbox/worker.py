@@ -45,8 +45,10 @@ class Worker:
     def __init__(self, stdin: BinaryIO, stdout: BinaryIO, settings: Settings) -> None:
         self.stdout = stdout
         self.settings = settings
-        self.performers: dict[str, Performer] = {SHELL: ShellPerformer(settings.shell_stream_max_bytes),
-                                                 HTTP: HttpPerformer()}  # fmt: skip
+        self.performers: dict[str, Performer] = {
+            SHELL: ShellPerformer(settings.shell_stream_max_bytes),
+            HTTP: HttpPerformer(),
+        }
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.group: int | None = None  # the command group this worker started and has not seen end
         self.ids = 0
@@ -91,9 +93,12 @@ class Worker:
             if digest is not None:
                 stored.append(digest)
             refs[name] = {
-                "digest": None if digest is None else "sha256:" + digest, "mediaType": MEDIA_TEXT,
-                "byteLength": len(text), "keptBytes": len(stream.kept), "seenBytes": stream.seen_bytes,
-            }  # fmt: skip
+                "digest": None if digest is None else "sha256:" + digest,
+                "mediaType": MEDIA_TEXT,
+                "byteLength": len(text),
+                "keptBytes": len(stream.kept),
+                "seenBytes": stream.seen_bytes,
+            }
         return refs, stored
 
     def _store(self, data: bytes) -> str | None:
@@ -126,19 +131,30 @@ class Worker:
                 outcome = Outcome("rejected", error=f"no performer {task['performer']!r}", error_code="noPerformer")
             else:
                 try:
-                    outcome = performer.perform(task["payload"], task["idempotencyKey"], task["recoveryPolicy"],
-                                                self.spawned)  # fmt: skip
+                    outcome = performer.perform(
+                        task["payload"], task["idempotencyKey"], task["recoveryPolicy"], self.spawned
+                    )
                 except Exception as exc:  # a performer bug: the attempt may have acted
-                    outcome = Outcome("ambiguous", error=f"the performer failed: {type(exc).__name__}",
-                                      error_code="performerFailed")  # fmt: skip
+                    outcome = Outcome(
+                        "ambiguous", error=f"the performer failed: {type(exc).__name__}", error_code="performerFailed"
+                    )
             self.group = None
             result, stored = outcome.result, list[str]()
             if outcome.streams:  # the command ran: its streams are stored before the result names them
                 refs, stored = self.store_streams(outcome.streams)
                 result = {**(result or {}), "streams": refs}
-            self.send(SETTLE, {"effectId": task["effectId"], "settlement": outcome.settlement, "result": result,
-                               "error": outcome.error, "errorCode": outcome.error_code,
-                               "externalRef": outcome.external_ref, "viewContent": stored})  # fmt: skip
+            self.send(
+                SETTLE,
+                {
+                    "effectId": task["effectId"],
+                    "settlement": outcome.settlement,
+                    "result": result,
+                    "error": outcome.error,
+                    "errorCode": outcome.error_code,
+                    "externalRef": outcome.external_ref,
+                    "viewContent": stored,
+                },
+            )
 
 
 def _as_utf8(data: bytes) -> bytes:

@@ -164,8 +164,12 @@ class HttpPerformer:
             return Outcome("rejected", error=str(exc), error_code="secretUnavailable")
         headers["Idempotency-Key"] = key
         outcome = self._exchange(payload, headers, policy == "manual", secrets)
-        return dataclasses.replace(outcome, result=scrub(outcome.result, secrets), error=scrub(outcome.error, secrets),
-                                   external_ref=scrub(outcome.external_ref, secrets))  # fmt: skip
+        return dataclasses.replace(
+            outcome,
+            result=scrub(outcome.result, secrets),
+            error=scrub(outcome.error, secrets),
+            external_ref=scrub(outcome.external_ref, secrets),
+        )
 
     def _exchange(
         self, payload: dict[str, Any], headers: dict[str, str], manual: bool, secrets: Mapping[str, str]

@@ -53,8 +53,13 @@ def payload(spec: dict[str, Any], max_output_chars: int, allow_non_zero_exit: bo
     timeout_ms = spec.get("timeoutMs", DEFAULT_TIMEOUT_MS)
     if not isinstance(timeout_ms, int) or timeout_ms < 1:
         raise ValueError("exec timeoutMs must be a positive integer")
-    value: dict[str, Any] = {"command": spec["command"], "args": args, "timeoutMs": timeout_ms,
-                             "maxOutputChars": max_output_chars, "allowNonZeroExit": allow_non_zero_exit}  # fmt: skip
+    value: dict[str, Any] = {
+        "command": spec["command"],
+        "args": args,
+        "timeoutMs": timeout_ms,
+        "maxOutputChars": max_output_chars,
+        "allowNonZeroExit": allow_non_zero_exit,
+    }
     if "cwd" in spec:
         value["cwd"] = str(spec["cwd"])
     if env:
@@ -103,9 +108,13 @@ class ShellPerformer:
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _WAIT_FOR_GO, "pi-workflows-shell", payload["command"], *payload["args"]],
-                stdin=go_read, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=payload.get("cwd"), env=env, start_new_session=True,
-            )  # fmt: skip
+                stdin=go_read,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=payload.get("cwd"),
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:  # nothing ran: a definite failure
             os.close(go_write)
             return Outcome("rejected", error=f"the command could not start: {exc.strerror}", error_code="spawnFailed")
@@ -118,8 +127,11 @@ class ShellPerformer:
             _kill_group(proc.pid)
             proc.wait()
             # Nothing ran: an idempotent effect is tried again later (host.json may be writable then).
-            return Outcome("rejected" if policy == "manual" else "retry", error_code="spawnFailed",
-                           error="the command's process group could not be recorded")  # fmt: skip
+            return Outcome(
+                "rejected" if policy == "manual" else "retry",
+                error_code="spawnFailed",
+                error="the command's process group could not be recorded",
+            )
         started = time.monotonic()
         os.write(go_write, b"go\n")
         os.close(go_write)
@@ -145,13 +157,21 @@ class ShellPerformer:
         }
         if timed_out:
             if policy == "manual":
-                return Outcome("ambiguous", error=f"the command timed out after {payload['timeoutMs']} ms",
-                               error_code="timedOut", streams=streams)  # fmt: skip
+                return Outcome(
+                    "ambiguous",
+                    error=f"the command timed out after {payload['timeoutMs']} ms",
+                    error_code="timedOut",
+                    streams=streams,
+                )
             return Outcome("applied", result={"output": output, "nodeOutcome": "timed_out"}, streams=streams)
         if code != 0 and not payload["allowNonZeroExit"]:
             reason = f"exit code {code}" if code > 0 else f"signal {output['signal']}"
             tail = output["stderr"][-2000:].strip()
-            return Outcome("rejected", result={"output": output, "nodeOutcome": "failed"}, error_code="nonZeroExit",
-                           error=f"the command failed ({reason})" + (f": {tail}" if tail else ""),
-                           streams=streams)  # fmt: skip
+            return Outcome(
+                "rejected",
+                result={"output": output, "nodeOutcome": "failed"},
+                error_code="nonZeroExit",
+                error=f"the command failed ({reason})" + (f": {tail}" if tail else ""),
+                streams=streams,
+            )
         return Outcome("applied", result={"output": output, "nodeOutcome": "ok"}, streams=streams)

@@ -37,40 +37,81 @@ MAX_NESTING = 512
 
 OPERATIONS = (
     # run control
-    "run.start", "run.pause", "run.resume", "run.cancel", "run.restart", "run.changeSettings", "run.status",
+    "run.start",
+    "run.pause",
+    "run.resume",
+    "run.cancel",
+    "run.restart",
+    "run.changeSettings",
+    "run.status",
     "run.list",
     # answers and agent work
-    "checkpoint.answer", "decision.answer", "interaction.submit", "interaction.assistant", "interaction.update",
+    "checkpoint.answer",
+    "decision.answer",
+    "interaction.submit",
+    "interaction.assistant",
+    "interaction.update",
     # origin-session reports
-    "workflowMessage.reportBranch", "workflowTurn.report", "sessionView.clearTerminal", "followUp.queue",
-    "followUp.remove", "session.record",
+    "workflowMessage.reportBranch",
+    "workflowTurn.report",
+    "sessionView.clearTerminal",
+    "followUp.queue",
+    "followUp.remove",
+    "session.record",
     # channels
-    "channel.status", "channel.reload", "channel.recover",
+    "channel.status",
+    "channel.reload",
+    "channel.recover",
     # resource managers
-    "resourceManager.list", "resourceManager.get", "resourceManager.apply", "resourceManager.reconcile",
+    "resourceManager.list",
+    "resourceManager.get",
+    "resourceManager.apply",
+    "resourceManager.reconcile",
     "resourceManager.delete",
     # server
-    "server.status", "server.stop",
+    "server.status",
+    "server.stop",
     # views
-    "view.runs.watch", "view.runs.page", "view.run.get", "view.run.watch", "view.run.unwatch", "view.page",
-    "view.content", "view.session.watch",
+    "view.runs.watch",
+    "view.runs.page",
+    "view.run.get",
+    "view.run.watch",
+    "view.run.unwatch",
+    "view.page",
+    "view.content",
+    "view.session.watch",
     # maintenance
-    "state.status", "state.verify", "state.backup", "state.prune",
+    "state.status",
+    "state.verify",
+    "state.backup",
+    "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete", "workflow.list",
-    "workflow.show", "run.logs",
-)  # fmt: skip
+    "effect.list",
+    "effect.confirm",
+    "effect.retry",
+    "protocol.schema",
+    "run.delete",
+    "workflow.list",
+    "workflow.show",
+    "run.logs",
+)
 
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
-    ) | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}
+) | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}
 
 # Their fingerprint leaves out payload.coordinatorEpoch.
 SESSION_ANSWER_OPERATIONS = frozenset(
-    {"interaction.submit", "interaction.assistant", "interaction.update", "checkpoint.answer", "decision.answer",
-     "run.restart"}
-)  # fmt: skip
+    {
+        "interaction.submit",
+        "interaction.assistant",
+        "interaction.update",
+        "checkpoint.answer",
+        "decision.answer",
+        "run.restart",
+    }
+)
 
 RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))
 

@@ -127,8 +127,13 @@ class BlobPart(Model):
         (made one at a time: a large value is not copied whole)."""
         digest = hashlib.sha256(data).digest()
         for offset in range(0, len(data), MAX_INLINE_BLOB_BYTES):
-            yield cls.model_construct(digest=digest, media_type=media_type, byte_length=len(data), offset=offset,
-                                      data=data[offset : offset + MAX_INLINE_BLOB_BYTES])  # fmt: skip
+            yield cls.model_construct(
+                digest=digest,
+                media_type=media_type,
+                byte_length=len(data),
+                offset=offset,
+                data=data[offset : offset + MAX_INLINE_BLOB_BYTES],
+            )
 
     def whole(self) -> BlobValue | None:
         """The value itself when this part is all of it (it is stored with a plain blob.put)."""
@@ -180,8 +185,12 @@ def new_claim(server_epoch: int, ttl_ms: int) -> dict[str, Any]:
     """A claim the supervisor is about to take: a fresh random token, of which only the hash
     leaves this process (``lease_generation`` is added from the writer's receipt)."""
     token_hash = hashlib.sha256(secrets.token_bytes(32)).digest()
-    return {"server_epoch": server_epoch, "owner_id": server_owner_id(server_epoch),
-            "claim_token_hash": token_hash, "ttl_ms": ttl_ms}  # fmt: skip
+    return {
+        "server_epoch": server_epoch,
+        "owner_id": server_owner_id(server_epoch),
+        "claim_token_hash": token_hash,
+        "ttl_ms": ttl_ms,
+    }
 
 
 class Command(Model):

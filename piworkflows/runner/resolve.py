@@ -135,29 +135,36 @@ def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
         items.append(_listed(origin, name, path, None if winner == origin else winner))
         size += len(items[-1].model_dump_json())
     directories = discovery.directories(project)
-    return WorkflowListing(project_directory=str(directories["project"]), user_directory=str(directories["user"]),
-                           items=items, truncated=len(items) < len(found))  # fmt: skip
+    return WorkflowListing(
+        project_directory=str(directories["project"]),
+        user_directory=str(directories["user"]),
+        items=items,
+        truncated=len(items) < len(found),
+    )
 
 
 def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> ListedWorkflow:
     listed: dict[str, Any] = {"name": name, "origin": origin, "shadowed_by": shadowed_by, "source": None}
     if not NAME.match(name):
         message = f"{name!r} is not a workflow name ([A-Za-z_][A-Za-z0-9_-]*); rename the file"
-        return ListedWorkflow(**listed, error=LoadError(file=str(path), line=None, message=message,
-                                                        text=f"{path}: {message}"))  # fmt: skip
+        return ListedWorkflow(
+            **listed, error=LoadError(file=str(path), line=None, message=message, text=f"{path}: {message}")
+        )
     try:
         source = discovery.read(origin, name, path)
     except (OSError, WorkflowDefinitionError) as exc:
         message = str(exc)
-        return ListedWorkflow(**listed, error=LoadError(file=str(path), line=None, message=message,
-                                                        text=f"{path}: {message}"))  # fmt: skip
+        return ListedWorkflow(
+            **listed, error=LoadError(file=str(path), line=None, message=message, text=f"{path}: {message}")
+        )
     listed["source"] = source.identity.to_json()
     try:
         compiled = discovery.compiled(source)
     except LOAD_FAILURES as exc:
         failure = failures.describe(exc, source, max_text=LISTED_TEXT)
-        return ListedWorkflow(**listed, error=LoadError(file=failure.file, line=failure.line, message=failure.message,
-                                                        text=failure.text))  # fmt: skip
+        return ListedWorkflow(
+            **listed, error=LoadError(file=failure.file, line=failure.line, message=failure.message, text=failure.text)
+        )
     return ListedWorkflow(**listed, description=compiled.workflow.description)
 
 

@@ -77,8 +77,10 @@ def source_of(launch: RunnerLaunch) -> discovery.ResolvedSource | None:
             return None
         return discovery.ResolvedSource(
             discovery.SourceIdentity("file", source.source_path, source.source_sha256),
-            path.name.removesuffix(discovery.SUFFIX), path, data,
-        )  # fmt: skip
+            path.name.removesuffix(discovery.SUFFIX),
+            path,
+            data,
+        )
     assert source.builtin_id is not None
     try:
         resolved = discovery.resolve(source.builtin_id, Path(launch.project_path))
@@ -137,9 +139,14 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     except Exception as exc:  # the request could not be built: nothing was reserved
         return "failed", None, _error_text(exc), None
     effect = node.effect
-    body = {"attempt_id": attempt_id, "effect_type": effect.effect_type, "recovery_policy": effect.recovery_policy,
-            "performer": performer, "max_attempts": effect.max_attempts,
-            "payload": payload_value.model_dump()}  # fmt: skip
+    body = {
+        "attempt_id": attempt_id,
+        "effect_type": effect.effect_type,
+        "recovery_policy": effect.recovery_policy,
+        "performer": performer,
+        "max_attempts": effect.max_attempts,
+        "payload": payload_value.model_dump(),
+    }
     while True:
         reserved = channel.request("effect.reserve", body)
         if reserved.outcome == "conflict" and (reserved.receipt or {}).get("code") == "effectKeyConflict":
@@ -160,8 +167,9 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     if status == "applied":
         outcome = Outcome("applied", result=receipt.get("result"))
     elif status == "rejected":
-        outcome = Outcome("rejected", result=receipt.get("result"), error=receipt.get("error"),
-                          error_code=receipt.get("errorCode"))  # fmt: skip
+        outcome = Outcome(
+            "rejected", result=receipt.get("result"), error=receipt.get("error"), error_code=receipt.get("errorCode")
+        )
     elif status == "ambiguous":
         return EFFECT_AMBIGUOUS
     elif status == "applying" and "attemptNumber" in receipt:  # the supervisor claimed it for this runner
@@ -243,8 +251,9 @@ def make_context(
         try:
             scoped_input = include.input(parent) if include.input is not None else {}
         except Exception as exc:
-            raise WorkflowCodeFailed("inputFailed", f"the input function of include '{mount}' failed: "
-                                                    f"{_error_text(exc)}") from exc  # fmt: skip
+            raise WorkflowCodeFailed(
+                "inputFailed", f"the input function of include '{mount}' failed: {_error_text(exc)}"
+            ) from exc
     else:
         scoped_input = run_input
     return NodeContext(
@@ -291,8 +300,9 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
             outputs[step["nodePath"]] = step["output"]
         route, last_output = routing.route(compiled, step["nodePath"], step["outcome"], step["output"]), step["output"]
     if route.routing_error is not None:  # the answer of the last step (a checkpoint) matches no route
-        return end_run(channel, {"end_status": "failed", "error_code": "routingError",
-                                 "error": _text(route.routing_error)})  # fmt: skip
+        return end_run(
+            channel, {"end_status": "failed", "error_code": "routingError", "error": _text(route.routing_error)}
+        )
     if route.next_node is None:  # the answered checkpoint ends the workflow: its answer is the output
         return end_run(channel, {"end_status": "completed", "output": BlobValue.of_json(last_output).model_dump()})
     path: str | None = route.next_node
@@ -316,9 +326,17 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         try:
             ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
         except WorkflowCodeFailed as failure:  # not the node's own code: no outcome edge to follow
-            channel.request("node.finish", {**finish, "outcome": "failed", "error": _text(failure.text),
-                                            "error_code": failure.code, "end_status": "failed",
-                                            "run_error": _text(f"node '{path}': {failure.text}")})  # fmt: skip
+            channel.request(
+                "node.finish",
+                {
+                    **finish,
+                    "outcome": "failed",
+                    "error": _text(failure.text),
+                    "error_code": failure.code,
+                    "end_status": "failed",
+                    "run_error": _text(f"node '{path}': {failure.text}"),
+                },
+            )
             return {}
         if isinstance(node, CheckpointNode):
             ended = ask(channel, node, ctx, attempt_id)
@@ -350,12 +368,17 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         if route.routing_error is not None:
             finish.update(end_status="failed", error_code="routingError", run_error=_text(route.routing_error))
         elif route.next_node is not None and executed >= max_steps:
-            finish.update(end_status="failed", error_code="maxStepsExceeded",
-                          run_error=_text(f"the run reached max_steps={max_steps}"))  # fmt: skip
+            finish.update(
+                end_status="failed",
+                error_code="maxStepsExceeded",
+                run_error=_text(f"the run reached max_steps={max_steps}"),
+            )
         elif route.next_node is not None:  # the next node's attempt starts in the same commit
             after = route.next_node
-            finish.update(next_node=after, start_next=_attempt_fields(compiled.nodes[after], visits.get(after, 0) + 1,
-                                                                        retries, after))  # fmt: skip
+            finish.update(
+                next_node=after,
+                start_next=_attempt_fields(compiled.nodes[after], visits.get(after, 0) + 1, retries, after),
+            )
         else:
             finish["end_status"] = route.end_status
             if node_outcome != "ok":  # the node's failure ends the run: the run's error names it

@@ -27,8 +27,16 @@ from piworkflows.writer.process import WriterStartError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-REFUSALS = (AlreadyRunning, StateIncompatible, StateCorrupt, StatePathRefused, SocketPathTooLong, StartupFailed,
-            WriterStartError, OSError)  # fmt: skip
+REFUSALS = (
+    AlreadyRunning,
+    StateIncompatible,
+    StateCorrupt,
+    StatePathRefused,
+    SocketPathTooLong,
+    StartupFailed,
+    WriterStartError,
+    OSError,
+)
 
 
 def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) -> int:
@@ -47,8 +55,9 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
         tell("error: " + message)
         print(f"pi-workflows: {message}", file=sys.stderr)
         if isinstance(exc, StateIncompatible):
-            command = shlex.join(["pi-workflows", "--state-dir", str(paths.state_dir), "state", "reset", "--backup",
-                                  "/abs/new-dir/"])  # fmt: skip
+            command = shlex.join(
+                ["pi-workflows", "--state-dir", str(paths.state_dir), "state", "reset", "--backup", "/abs/new-dir/"]
+            )
             print("  " + StateIncompatible.RESET_HINT.format(command=command), file=sys.stderr)
         return EXIT_FAILED
 

@@ -41,8 +41,15 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     def emit(self, record: logging.LogRecord) -> None:
         """Write the line, after a note of the lines lost before it; count it when it cannot be."""
         if self.lost:
-            note = logging.LogRecord(record.name, logging.WARNING, __file__, 0, "%d log lines were lost (%s)",
-                                     (self.lost, self.lost_reason), None)  # fmt: skip
+            note = logging.LogRecord(
+                record.name,
+                logging.WARNING,
+                __file__,
+                0,
+                "%d log lines were lost (%s)",
+                (self.lost, self.lost_reason),
+                None,
+            )
             if self._write(note):
                 self.lost = 0
         if self.lost or not self._write(record):

@@ -132,8 +132,10 @@ class Supervisor:
             self.registry.save(self.paths.registry)
         except (OSError, StatePathRefused) as exc:
             if not self._registry_unsaved:
-                log.error("host.json could not be written (%s); the previous one is kept and written again later",
-                          exc.strerror if isinstance(exc, OSError) else exc)  # fmt: skip
+                log.error(
+                    "host.json could not be written (%s); the previous one is kept and written again later",
+                    exc.strerror if isinstance(exc, OSError) else exc,
+                )
             self._registry_unsaved = True
             return False
         if self._registry_unsaved:
@@ -163,8 +165,13 @@ class Supervisor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_stop, signal.Signals(signum).name)
             heartbeat = asyncio.create_task(self._heartbeat(), name="epoch-heartbeat")
-            log.info("serving on %s (server epoch %d, at most %d connections, fd limit %s)", self.paths.socket,
-                     self.epoch, self.server.max_connections, self.server.fd_limit or "unlimited")  # fmt: skip
+            log.info(
+                "serving on %s (server epoch %d, at most %d connections, fd limit %s)",
+                self.paths.socket,
+                self.epoch,
+                self.server.max_connections,
+                self.server.fd_limit or "unlimited",
+            )
             if ready is not None:
                 ready()
             await self._stop.wait()
@@ -182,9 +189,15 @@ class Supervisor:
         me = psutil.Process()
         reply: Reply = await self.writer.request(
             "server.take_epoch",
-            {"actor": SERVER, "host_id": "host-" + secrets.token_hex(8), "claim_token_hash": self.token_hash,
-             "pid": me.pid, "process_started_at": int(me.create_time() * 1000), "ttl_ms": self.settings.claim_ttl_ms},
-        )  # fmt: skip
+            {
+                "actor": SERVER,
+                "host_id": "host-" + secrets.token_hex(8),
+                "claim_token_hash": self.token_hash,
+                "pid": me.pid,
+                "process_started_at": int(me.create_time() * 1000),
+                "ttl_ms": self.settings.claim_ttl_ms,
+            },
+        )
         if reply.outcome == "accepted" and reply.receipt is not None:
             self.epoch = int(reply.receipt["serverEpoch"])
             self.registry.serverEpoch = self.epoch
@@ -196,8 +209,12 @@ class Supervisor:
             await asyncio.sleep(self.settings.claim_renew_ms / 1000)
             if self._registry_unsaved:
                 self.save_registry()
-            body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash,
-                    "ttl_ms": self.settings.claim_ttl_ms}  # fmt: skip
+            body = {
+                "actor": SERVER,
+                "server_epoch": self.epoch,
+                "claim_token_hash": self.token_hash,
+                "ttl_ms": self.settings.claim_ttl_ms,
+            }
             reply = await self.writer.request("server.renew_epoch", body)
             code = (reply.receipt or {}).get("code")
             if reply.outcome == "claimLost" and code == "claimExpired":

@@ -156,8 +156,9 @@ class OutboxPool:
                 slot.cancelled = False
                 continue
             steady = time.monotonic() - began > _STEADY_S
-            delay = self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms,
-                                                                           delay * 2)  # fmt: skip
+            delay = (
+                self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms, delay * 2)
+            )
             log.warning("outbox worker %d exited; restarting in %d ms", slot.index, delay)
             await asyncio.sleep(delay / 1000)
 
@@ -169,10 +170,15 @@ class OutboxPool:
             env.pop(faults.ENV, None)
         slot.spawns += 1
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", WORKER_MARKER,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=env,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            WORKER_MARKER,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         try:
             self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
         except ChildNotRecorded:
@@ -244,12 +250,17 @@ class OutboxPool:
             receipt = reply.receipt or {}
             if reply.outcome == "accepted" and reply.revision is not None:
                 claim["lease_generation"] = receipt["leaseGeneration"]
-                slot.effect = Claimed(receipt["effectId"], receipt.get("runId"), claim, reply.revision,
-                                      receipt["attemptNumber"])  # fmt: skip
+                slot.effect = Claimed(
+                    receipt["effectId"], receipt.get("runId"), claim, reply.revision, receipt["attemptNumber"]
+                )
                 self.wake()  # more may be due: one more idle slot looks
-                return {"effectId": receipt["effectId"], "performer": receipt["performer"],
-                        "idempotencyKey": receipt["idempotencyKey"], "recoveryPolicy": receipt["recoveryPolicy"],
-                        "payload": receipt["payload"]}  # fmt: skip
+                return {
+                    "effectId": receipt["effectId"],
+                    "performer": receipt["performer"],
+                    "idempotencyKey": receipt["idempotencyKey"],
+                    "recoveryPolicy": receipt["recoveryPolicy"],
+                    "payload": receipt["payload"],
+                }
             if self._notices != notices:
                 continue  # a notice came while this slot asked: ask again
             wait_s = self.settings.outbox_idle_check_ms / 1000
@@ -302,8 +313,12 @@ class OutboxPool:
         if effect is None or report.get("effectId") != effect.effect_id:
             log.warning("outbox worker %d reported an effect it does not hold", slot.index)
             return
-        body: dict[str, Any] = {"effect_id": effect.effect_id, "claim": effect.claim,
-                                "expected_revision": effect.revision, "settlement": report["settlement"]}  # fmt: skip
+        body: dict[str, Any] = {
+            "effect_id": effect.effect_id,
+            "claim": effect.claim,
+            "expected_revision": effect.revision,
+            "settlement": report["settlement"],
+        }
         if report.get("result") is not None:
             body["result"] = BlobValue.of_json(report["result"]).model_dump()
         if report.get("error") is not None:
@@ -313,13 +328,21 @@ class OutboxPool:
                 body[name] = report[key]
         body["view_content"] = [bytes.fromhex(digest) for digest in report.get("viewContent") or []]
         if report["settlement"] == "retry":
-            body["retry_at"] = next_attempt_at(int(time.time() * 1000), effect.attempt,
-                                               self.settings.effect_retry_base_ms,
-                                               self.settings.effect_retry_max_ms, self._rng)  # fmt: skip
+            body["retry_at"] = next_attempt_at(
+                int(time.time() * 1000),
+                effect.attempt,
+                self.settings.effect_retry_base_ms,
+                self.settings.effect_retry_max_ms,
+                self._rng,
+            )
         fingerprint = hashlib.sha256(canonical.dumps_bytes(report))
-        body["worker_message"] = {"sender_scope": effect.effect_id, "message_kind": "effect.settle",
-                                  "message_id": f"{effect.claim['lease_generation']}:settle",
-                                  "fingerprint": fingerprint.digest(), "run_id": effect.run_id}  # fmt: skip
+        body["worker_message"] = {
+            "sender_scope": effect.effect_id,
+            "message_kind": "effect.settle",
+            "message_id": f"{effect.claim['lease_generation']}:settle",
+            "fingerprint": fingerprint.digest(),
+            "run_id": effect.run_id,
+        }
         reply = await self.request("effect.settle", body, slot.actor)
         while reply.outcome == "unavailable" and not self._stopping:  # the writer restarts: the same
             await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # report again (deduped)
@@ -340,8 +363,13 @@ class OutboxPool:
             self.supervisor.forget_child(proc.pid)
         effect, slot.effect = slot.effect, None
         if effect is not None:  # the attempt may or may not have acted
-            retry_at = next_attempt_at(int(time.time() * 1000), effect.attempt, self.settings.effect_retry_base_ms,
-                                       self.settings.effect_retry_max_ms, self._rng)  # fmt: skip
+            retry_at = next_attempt_at(
+                int(time.time() * 1000),
+                effect.attempt,
+                self.settings.effect_retry_base_ms,
+                self.settings.effect_retry_max_ms,
+                self._rng,
+            )
             body = {"effect_id": effect.effect_id, "claim": effect.claim, "retry_at": retry_at}
             reply = await self.request("effect.abandon", body)
             for _ in range(50):  # the writer restarts: ask again (a repeat finds it abandoned)

@@ -75,12 +75,18 @@ class Resolvers:
 
     async def _spawn(self) -> _Child:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "piworkflows.runner", "resolve",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "piworkflows.runner",
+            "resolve",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         assert proc.stderr is not None
-        child = _Child(proc, StderrTail(proc.stderr, self.settings.child_stderr_lines,
-                                        self.settings.child_stderr_line_chars))  # fmt: skip
+        child = _Child(
+            proc, StderrTail(proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars)
+        )
         try:
             self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
         except ChildNotRecorded:

@@ -77,8 +77,11 @@ class Retention:
                     self._completed_at = time.monotonic()
                     self.sweeps += 1
             except Exception as exc:  # a cleanup error fails no workflow and stops nothing
-                log.error("retention failed (%s); trying again after %d ms", type(exc).__name__,
-                          self.settings.retention_idle_retry_ms)  # fmt: skip
+                log.error(
+                    "retention failed (%s); trying again after %d ms",
+                    type(exc).__name__,
+                    self.settings.retention_idle_retry_ms,
+                )
 
     async def _sweep(self) -> bool:
         """Delete eligible trees one per transaction; True when none is left (completed)."""
@@ -99,6 +102,11 @@ class Retention:
         if deleted:
             compacted = await self.supervisor.writer.request("state.compact", {"actor": SERVER})
             receipt = compacted.receipt or {}
-            log.info("retention deleted %d trees; %s pages, %s free, vacuumed %s", deleted,
-                     receipt.get("pageCount"), receipt.get("freelistCount"), receipt.get("vacuumed"))  # fmt: skip
+            log.info(
+                "retention deleted %d trees; %s pages, %s free, vacuumed %s",
+                deleted,
+                receipt.get("pageCount"),
+                receipt.get("freelistCount"),
+                receipt.get("vacuumed"),
+            )
         return True

@@ -114,8 +114,11 @@ class Router:
         """Recorded on the server resource, then carried out. A writer lost meanwhile is asked again
         with the same key (for up to stop_grace_ms); when nothing can be committed (a full disk, a
         damaged database, no writer) the stop is carried out all the same, answered unconfirmed."""
-        body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
-                "server_epoch": self.supervisor.epoch}  # fmt: skip
+        body = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "server_epoch": self.supervisor.epoch,
+        }
         deadline = asyncio.get_running_loop().time() + self.supervisor.settings.stop_grace_ms / 1000
         reply = await self.supervisor.writer.request("server.record_stop", body)
         while _code(reply) == "writerRestarting" and asyncio.get_running_loop().time() < deadline:
@@ -208,14 +211,21 @@ class Router:
             return refuse(request, CommandError("invalidDefinition", str(exc)))
         items = [
             client_v1.WorkflowListItem(
-                name=item.name, origin=item.origin, source=item.source, description=item.description,
-                shadowedBy=item.shadowed_by, error=item.error.model_dump() if item.error else None,
+                name=item.name,
+                origin=item.origin,
+                source=item.source,
+                description=item.description,
+                shadowedBy=item.shadowed_by,
+                error=item.error.model_dump() if item.error else None,
             )
             for item in listing.items
-        ]  # fmt: skip
-        receipt = client_v1.WorkflowListReceipt(projectDirectory=listing.project_directory,
-                                                userDirectory=listing.user_directory, items=items,
-                                                truncated=listing.truncated)  # fmt: skip
+        ]
+        receipt = client_v1.WorkflowListReceipt(
+            projectDirectory=listing.project_directory,
+            userDirectory=listing.user_directory,
+            items=items,
+            truncated=listing.truncated,
+        )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
 
     async def workflow_show(
@@ -230,9 +240,14 @@ class Router:
             code = "workflowNotFound" if shown.code == "workflowNotFound" else "invalidDefinition"
             return refuse(request, CommandError(code, shown.message or "the workflow cannot be used"))
         assert shown.workflow_name and shown.origin and shown.source and shown.digest and shown.snapshot is not None
-        receipt = client_v1.WorkflowShowReceipt(workflowName=shown.workflow_name, origin=shown.origin,
-                                                source=shown.source, description=shown.description,
-                                                definitionDigest=shown.digest, snapshot=shown.snapshot)  # fmt: skip
+        receipt = client_v1.WorkflowShowReceipt(
+            workflowName=shown.workflow_name,
+            origin=shown.origin,
+            source=shown.source,
+            description=shown.description,
+            definitionDigest=shown.digest,
+            snapshot=shown.snapshot,
+        )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
 
     async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -244,8 +259,13 @@ class Router:
         return from_reply(request, reply)
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
-        body: dict[str, Any] = {"actor": client_actor(request), "limit": payload.limit, "statuses": payload.status,
-                                "workflow_name": payload.workflowName, "since": payload.since}  # fmt: skip
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "limit": payload.limit,
+            "statuses": payload.status,
+            "workflow_name": payload.workflowName,
+            "since": payload.since,
+        }
         if payload.projectPath is not None:
             body["project_path"] = os.path.realpath(payload.projectPath)
         if payload.cursor is not None:
@@ -262,8 +282,11 @@ class Router:
         if content is None:
             body.update(node_path=payload.nodePath, after=payload.after, limit=payload.limit)
             return from_reply(request, await self.supervisor.writer.request(RunLogs.kind, body))
-        body.update(digest=bytes.fromhex(content.digest.removeprefix("sha256:")), media_type=content.mediaType,
-                    offset=content.offset)  # fmt: skip
+        body.update(
+            digest=bytes.fromhex(content.digest.removeprefix("sha256:")),
+            media_type=content.mediaType,
+            offset=content.offset,
+        )
         reply = await self.supervisor.writer.request(RunContentRead.kind, body)
         if reply.outcome == "accepted" and reply.receipt is not None:
             data = base64.b64encode(reply.receipt["data"]).decode("ascii")
@@ -297,8 +320,12 @@ class Router:
         """A control command on the envelope's run, stored with its receipt; None if the request is incomplete."""
         if request.runId is None:
             return None
-        body: dict[str, Any] = {"actor": client_actor(request), "client_receipt": receipt_key(request),
-                                "run_id": request.runId, **(extra or {})}  # fmt: skip
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "run_id": request.runId,
+            **(extra or {}),
+        }
         if request.expectedRevision is not None:
             body["expected_revision"] = request.expectedRevision
         reply: Reply = await self.supervisor.writer.request(request.operation, body)
@@ -353,15 +380,19 @@ class Router:
 
     async def state_read(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """state.status / state.verify: reads on the writer's connection, between write groups."""
-        return from_reply(request, await self.supervisor.writer.request(request.operation,
-                                                                       {"actor": client_actor(request)}))  # fmt: skip
+        return from_reply(
+            request, await self.supervisor.writer.request(request.operation, {"actor": client_actor(request)})
+        )
 
     async def state_backup(
         self, request: client_v1.Request, payload: client_v1.StateBackupPayload
     ) -> client_v1.Response:
         """Made by the writer between its write groups; answered after the copy verified."""
-        body = {"actor": client_actor(request), "client_receipt": receipt_key(request),
-                "destination": payload.destination}  # fmt: skip
+        body = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "destination": payload.destination,
+        }
         return from_reply(request, await self._maintenance("state.backup", body))
 
     async def _maintenance(self, kind: str, body: dict[str, Any]) -> Reply:
@@ -381,22 +412,34 @@ class Router:
             before_ms = client_v1.prune_before_ms(payload.before)
         except ValueError as exc:
             return refuse(request, CommandError("validationFailed", str(exc)))
-        body: dict[str, Any] = {"actor": client_actor(request), "before_ms": before_ms, "apply": payload.apply,
-                                "backup_path": payload.backupPath}  # fmt: skip
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "before_ms": before_ms,
+            "apply": payload.apply,
+            "backup_path": payload.backupPath,
+        }
         if payload.apply:
             body["client_receipt"] = receipt_key(request)
         return from_reply(request, await self._maintenance("state.prune", body))
 
     async def effect_list(self, request: client_v1.Request, payload: client_v1.EffectListPayload) -> client_v1.Response:
-        body = {"actor": client_actor(request), "effect_id": payload.effectId, "run_id": request.runId,
-                "statuses": payload.statuses, "limit": payload.limit}  # fmt: skip
+        body = {
+            "actor": client_actor(request),
+            "effect_id": payload.effectId,
+            "run_id": request.runId,
+            "statuses": payload.statuses,
+            "limit": payload.limit,
+        }
         return from_reply(request, await self.supervisor.writer.request("effect.list", body))
 
     async def effect_recovery(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """effect.confirm / effect.retry, stored with the receipt; the parked run continues (a
         retried effect is due for the pool at once)."""
-        body: dict[str, Any] = {"actor": client_actor(request), "client_receipt": receipt_key(request),
-                                "effect_id": payload.effectId}  # fmt: skip
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "effect_id": payload.effectId,
+        }
         if isinstance(payload, client_v1.EffectConfirmPayload):
             try:
                 output = BlobValue.of_json(payload.output) if payload.output is not None else None

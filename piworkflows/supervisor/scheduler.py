@@ -105,9 +105,11 @@ class Scheduler:
 
     async def start(self) -> None:
         await self._reconcile()
-        self._tasks = [asyncio.create_task(self._admission(), name="admission"),
-                       asyncio.create_task(self._renewal(), name="claim-renewal"),
-                       asyncio.create_task(self._keep_spares(), name="runner-spares")]  # fmt: skip
+        self._tasks = [
+            asyncio.create_task(self._admission(), name="admission"),
+            asyncio.create_task(self._renewal(), name="claim-renewal"),
+            asyncio.create_task(self._keep_spares(), name="runner-spares"),
+        ]
         self.wake()
 
     async def _reconcile(self) -> bool:
@@ -116,13 +118,21 @@ class Scheduler:
         the writer crashed (a claim or an exit that committed unanswered). Runs in the
         admission task, so no launch interleaves with it."""
         live = [handle.runner_epoch for handle in self.active.values()]
-        orphans = await self.request("runner.orphans", {"server_epoch": self.supervisor.epoch,
-                                                        "active_runner_epochs": live})  # fmt: skip
+        orphans = await self.request(
+            "runner.orphans", {"server_epoch": self.supervisor.epoch, "active_runner_epochs": live}
+        )
         if orphans.outcome != "accepted" or orphans.receipt is None:
             return False
         for orphan in orphans.receipt["runners"]:
-            await self.request("runner.exited", {"run_id": orphan["runId"], "runner_epoch": orphan["runnerEpoch"],
-                                                 "outcome": "orphaned", "stopped_by_server": True})  # fmt: skip
+            await self.request(
+                "runner.exited",
+                {
+                    "run_id": orphan["runId"],
+                    "runner_epoch": orphan["runnerEpoch"],
+                    "outcome": "orphaned",
+                    "stopped_by_server": True,
+                },
+            )
         return True
 
     async def _admission(self) -> None:
@@ -148,10 +158,15 @@ class Scheduler:
         claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
         claimed = await self.request(
             "run.claim",
-            {"run_id": run_id, "server_epoch": claim["server_epoch"], "owner_id": claim["owner_id"],
-             "launch_command": "start",
-             "claim_token_hash": claim["claim_token_hash"], "ttl_ms": claim["ttl_ms"]},
-        )  # fmt: skip
+            {
+                "run_id": run_id,
+                "server_epoch": claim["server_epoch"],
+                "owner_id": claim["owner_id"],
+                "launch_command": "start",
+                "claim_token_hash": claim["claim_token_hash"],
+                "ttl_ms": claim["ttl_ms"],
+            },
+        )
         if claimed.outcome != "accepted" or claimed.receipt is None or claimed.revision is None:
             return
         claim["lease_generation"] = claimed.receipt["leaseGeneration"]
@@ -169,9 +184,16 @@ class Scheduler:
             self._stderr[proc.pid].take()  # what it said before this run is not this run's
             self._spare_needed.set()
             created = int(Identity.of("runner", proc.pid, RUNNER_MARKER).createTime * 1000)
-            await self.request("runner.spawned", {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch,
-                                                  "claim": handle.claim, "pid": proc.pid,
-                                                  "process_started_at": created})  # fmt: skip
+            await self.request(
+                "runner.spawned",
+                {
+                    "run_id": handle.run_id,
+                    "runner_epoch": handle.runner_epoch,
+                    "claim": handle.claim,
+                    "pid": proc.pid,
+                    "process_started_at": created,
+                },
+            )
             launch = RunnerLaunch(
                 run_id=handle.run_id,
                 lease_generation=handle.claim["lease_generation"],
@@ -205,13 +227,19 @@ class Scheduler:
 
     async def _spawn_runner(self) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "piworkflows.runner", "run",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "piworkflows.runner",
+            "run",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: stopping the run stops the whole group
-        )  # fmt: skip
+        )
         assert proc.stderr is not None
-        self._stderr[proc.pid] = StderrTail(proc.stderr, self.settings.child_stderr_lines,
-                                            self.settings.child_stderr_line_chars)  # fmt: skip
+        self._stderr[proc.pid] = StderrTail(
+            proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars
+        )
         try:
             self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
         except ChildNotRecorded:
@@ -310,17 +338,24 @@ class Scheduler:
         return Reply(outcome="accepted", receipt={"effectId": effect_id, "effectStatus": status})
 
     async def _effect_status(self, effect_id: str) -> str | None:
-        reply = await self.request("effect.list", {"effect_id": effect_id, "statuses": sorted(EFFECT_STATUSES),
-                                                   "limit": 1})  # fmt: skip
+        reply = await self.request(
+            "effect.list", {"effect_id": effect_id, "statuses": sorted(EFFECT_STATUSES), "limit": 1}
+        )
         items = (reply.receipt or {}).get("items") if reply.outcome == "accepted" else None
         return items[0]["status"] if items else None
 
     async def _claim_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
         """The runner performs its node's effect: claim it for it (a numbered attempt, before it acts)."""
         claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
-        reply = await self.request("effect.claim", {"effect_id": effect_id, "owner_id": claim["owner_id"],
-                                                    "claim_token_hash": claim["claim_token_hash"],
-                                                    "ttl_ms": claim["ttl_ms"]})  # fmt: skip
+        reply = await self.request(
+            "effect.claim",
+            {
+                "effect_id": effect_id,
+                "owner_id": claim["owner_id"],
+                "claim_token_hash": claim["claim_token_hash"],
+                "ttl_ms": claim["ttl_ms"],
+            },
+        )
         if reply.outcome == "accepted" and reply.receipt is not None and reply.revision is not None:
             claim["lease_generation"] = reply.receipt["leaseGeneration"]
             handle.effect = EffectInFlight(effect_id, claim, reply.revision)
@@ -341,17 +376,22 @@ class Scheduler:
 
     async def _forward_run_message(self, handle: RunnerHandle, frame: dict[str, Any], kind: str) -> Reply:
         body = dict(frame["b"])
-        message = canonical.dumps_bytes({"kind": kind, "body": {k: v for k, v in body.items()
-                                                              if not isinstance(v, (bytes, dict))}})  # fmt: skip
+        message = canonical.dumps_bytes(
+            {"kind": kind, "body": {k: v for k, v in body.items() if not isinstance(v, (bytes, dict))}}
+        )
         body.update(
             actor={"actor_class": "runner", "actor_id": f"runner-{handle.runner_epoch}"},
             run_id=handle.run_id,
             claim=handle.claim,
             expected_revision=handle.revision,
-            worker_message={"sender_scope": handle.run_id, "message_kind": kind, "run_id": handle.run_id,
-                            "message_id": f"{handle.runner_epoch}:{frame['id']}",
-                            "fingerprint": hashlib.sha256(message).digest()},
-        )  # fmt: skip
+            worker_message={
+                "sender_scope": handle.run_id,
+                "message_kind": kind,
+                "run_id": handle.run_id,
+                "message_id": f"{handle.runner_epoch}:{frame['id']}",
+                "fingerprint": hashlib.sha256(message).digest(),
+            },
+        )
         reply: Reply = await self.supervisor.writer.request(kind, body)
         if reply.outcome in ("accepted", "adopted") and reply.revision is not None:
             handle.revision = reply.revision
@@ -360,8 +400,9 @@ class Scheduler:
 
     async def _finish(self, handle: RunnerHandle, outcome: str) -> None:
         if handle.effect is not None:  # the runner died applying it: the attempt is uncertain
-            abandoned = await self.request("effect.abandon", {"effect_id": handle.effect.effect_id,
-                                                              "claim": handle.effect.claim})  # fmt: skip
+            abandoned = await self.request(
+                "effect.abandon", {"effect_id": handle.effect.effect_id, "claim": handle.effect.claim}
+            )
             if abandoned.outcome != "accepted":
                 log.warning("an abandoned effect was not recorded: %s", abandoned.outcome)
             handle.effect = None
@@ -385,8 +426,12 @@ class Scheduler:
             self.wake()
             self.supervisor.retention.request()
             return
-        body: dict[str, Any] = {"run_id": handle.run_id, "runner_epoch": handle.runner_epoch, "outcome": outcome,
-                                "stopped_by_server": handle.stopping}  # fmt: skip
+        body: dict[str, Any] = {
+            "run_id": handle.run_id,
+            "runner_epoch": handle.runner_epoch,
+            "outcome": outcome,
+            "stopped_by_server": handle.stopping,
+        }
         if handle.park_reason in RUNNER_PARK_REASONS:
             body["park_reason"] = handle.park_reason
         detail = None if handle.stopping else park_detail(lines, returncode)
@@ -411,8 +456,9 @@ class Scheduler:
                 if handle.done:
                     continue  # its run ended or waits: the claim was released with that commit
                 if handle.effect is not None:
-                    await self.request("claim.renew", {"resource_id": handle.effect.effect_id,
-                                                       "claim": handle.effect.claim})  # fmt: skip
+                    await self.request(
+                        "claim.renew", {"resource_id": handle.effect.effect_id, "claim": handle.effect.claim}
+                    )
                 if handle.stop_after_effect:
                     continue  # paused: the run's claim was released with the pause
                 reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
@@ -480,6 +526,7 @@ def _signal_group(pid: int, signum: int) -> None:
 
 def _source(view_source: dict[str, Any]) -> RunSource:
     if view_source["kind"] == "file":
-        return RunSource(source_kind="file", source_path=view_source["path"],
-                         source_sha256=bytes.fromhex(view_source["sha256"]))  # fmt: skip
+        return RunSource(
+            source_kind="file", source_path=view_source["path"], source_sha256=bytes.fromhex(view_source["sha256"])
+        )
     return RunSource(source_kind="builtin", builtin_id=view_source["id"], builtin_revision=view_source["revision"])

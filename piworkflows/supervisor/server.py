@@ -141,8 +141,12 @@ class ClientServer:
                 return
             if len(self.connections) >= self.max_connections:
                 writer.write(client_v1.encode(client_v1.Refused(code="tooManyConnections", error=TOO_MANY_CONNECTIONS)))
-                self.log_line("too many connections", logging.WARNING,
-                              "refused a connection: %d connections are open", len(self.connections))  # fmt: skip
+                self.log_line(
+                    "too many connections",
+                    logging.WARNING,
+                    "refused a connection: %d connections are open",
+                    len(self.connections),
+                )
                 return
             await Connection(self, reader, writer).serve()
         except (ConnectionResetError, BrokenPipeError):
@@ -228,8 +232,12 @@ class Connection:
             return []
         total = self.server.partial_bytes - len(self.partial) + rest
         if total > self.server.settings.client_partial_bytes_max:
-            self.drop("partial frames", "closed a connection: partial frames of all connections would exceed %d bytes",
-                      self.server.settings.client_partial_bytes_max, level=logging.WARNING)  # fmt: skip
+            self.drop(
+                "partial frames",
+                "closed a connection: partial frames of all connections would exceed %d bytes",
+                self.server.settings.client_partial_bytes_max,
+                level=logging.WARNING,
+            )
             return []
         self.server.partial_bytes = total
         if not end:
@@ -302,8 +310,11 @@ class Connection:
         if self.loop.time() < deadline:  # timers may run early by the clock's resolution
             self._arm()
         elif self.frame_started is not None:
-            self.drop("frame timeout", "closed a connection: a frame did not complete within %d ms",
-                      self.server.settings.frame_timeout_ms)  # fmt: skip
+            self.drop(
+                "frame timeout",
+                "closed a connection: a frame did not complete within %d ms",
+                self.server.settings.frame_timeout_ms,
+            )
         else:
             self.drop("idle", "closed a connection idle for %d ms", self.server.settings.idle_timeout_ms)
 

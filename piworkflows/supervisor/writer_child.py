@@ -68,9 +68,15 @@ class WriterChild:
 
         proc = await asyncio.get_running_loop().run_in_executor(
             None,
-            lambda: spawn(self.paths.state_dir, self.settings, self.extra_env, event_loop_link=True,
-                          on_started=record, on_health=on_health),
-        )  # fmt: skip
+            lambda: spawn(
+                self.paths.state_dir,
+                self.settings,
+                self.extra_env,
+                event_loop_link=True,
+                on_started=record,
+                on_health=on_health,
+            ),
+        )
         assert isinstance(proc.link, AsyncLink)
         self.health, self.start_failure = WriterHealth(code=None), None
         await proc.link.start()

@@ -113,8 +113,9 @@ def define_workflow(
     if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
         raise WorkflowDefinitionError(f"workflow {name!r}: max_steps must be a positive integer")
     if description is not None and (not isinstance(description, str) or len(description) > MAX_DESCRIPTION):
-        raise WorkflowDefinitionError(f"workflow {name!r}: description must be text of at most {MAX_DESCRIPTION} "
-                                      "characters")  # fmt: skip
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: description must be text of at most {MAX_DESCRIPTION} characters"
+        )
     includes = dict(includes or {})
     for node_name, node in nodes.items():
         _check_name(node_name, "node")

@@ -61,8 +61,12 @@ def make_backup(
     try:
         target = sqlite3.connect(destination, isolation_level=None)
         try:
-            conn.backup(target, pages=step_pages, sleep=0,
-                        progress=lambda status, remaining, total: between_steps(total - remaining, total))  # fmt: skip
+            conn.backup(
+                target,
+                pages=step_pages,
+                sleep=0,
+                progress=lambda status, remaining, total: between_steps(total - remaining, total),
+            )
             target.execute("PRAGMA journal_mode = DELETE")
             pages = target.execute("PRAGMA page_count").fetchone()[0]
         finally:

@@ -52,8 +52,9 @@ def health(code: str | None, paths: StatePaths, finding: str | None = None) -> W
         return WriterHealth(code=code, message=message)
     if code == "diskFull":
         free = free_bytes(paths.state_dir)
-        return WriterHealth(code=code, free_bytes=free,
-                            message=disk_full_message(paths.state_dir, free) + "; nothing was committed")  # fmt: skip
+        return WriterHealth(
+            code=code, free_bytes=free, message=disk_full_message(paths.state_dir, free) + "; nothing was committed"
+        )
     if code == "ioError":
         return WriterHealth(code=code, message=f"an I/O error on {paths.database}; nothing was committed")
     return WriterHealth(code=None)
@@ -62,11 +63,17 @@ def health(code: str | None, paths: StatePaths, finding: str | None = None) -> W
 def refusal(code: str | None, free: int | None = None) -> Reply:
     """The reply to a command the writer could not commit, by what failed."""
     if code == "databaseCorrupt":
-        refused = CommandError("databaseCorrupt", "the state database is damaged; every write is refused until an "
-                                                  "operator restores it ('pi-workflows server status')")  # fmt: skip
+        refused = CommandError(
+            "databaseCorrupt",
+            "the state database is damaged; every write is refused until an "
+            "operator restores it ('pi-workflows server status')",
+        )
     elif code == "diskFull":
-        refused = CommandError("diskFull", "the disk holding the state is full; retry with the same idempotency key "
-                                           "once there is space", freeBytes=free)  # fmt: skip
+        refused = CommandError(
+            "diskFull",
+            "the disk holding the state is full; retry with the same idempotency key once there is space",
+            freeBytes=free,
+        )
     elif code == "ioError":
         refused = CommandError("ioError", "an I/O error on the state database; retry with the same idempotency key")
     else:

@@ -84,8 +84,12 @@ def verify_backup(backup: Path, active_database: Path, now_ms: int) -> dict[str,
             schema.check_header(Path(backup))
             schema.check_contents(conn)
         except StateIncompatible as exc:  # the reason, not the live state's reset instruction
-            return {"ok": False, "schema": f"not a backup of this build's state: {exc.reason}", "integrity": [],
-                    "violations": {}}  # fmt: skip
+            return {
+                "ok": False,
+                "schema": f"not a backup of this build's state: {exc.reason}",
+                "integrity": [],
+                "violations": {},
+            }
         report, _ = invariants.verify(conn, now_ms)
         return {**report, "schema": None}
     finally:

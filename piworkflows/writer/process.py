@@ -281,8 +281,14 @@ class WriterLoop:
         """The verified copy (writer/backup.py), or None after answering unavailable: a failed copy is
         removed and not stored, so a retry with the same key copies again."""
         try:
-            return backup.make_backup(self.executor.conn, destination, self.paths.database, self.clock.now_ms(),
-                                      self.settings.backup_step_pages, self._between_backup_steps)  # fmt: skip
+            return backup.make_backup(
+                self.executor.conn,
+                destination,
+                self.paths.database,
+                self.clock.now_ms(),
+                self.settings.backup_step_pages,
+                self._between_backup_steps,
+            )
         except (CommandError, sqlite3.Error, OSError) as exc:
             why = condition_of(exc) or type(exc).__name__
             log.error("a backup failed: %s", why)
@@ -298,18 +304,22 @@ class WriterLoop:
         vacuumed = False
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            pages, free, size = (conn.execute(f"PRAGMA {name}").fetchone()[0]
-                                 for name in ("page_count", "freelist_count", "page_size"))  # fmt: skip
+            pages, free, size = (
+                conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_count", "freelist_count", "page_size")
+            )
             worth_it = free * size >= self.settings.retention_vacuum_min_bytes and free >= VACUUM_MIN_FREE * pages
             if not vacuum_if_worth_it or worth_it:
                 self.executor.vacuum()
                 vacuumed = True
         except sqlite3.Error as exc:
             log.error("compacting the database failed: %s", type(exc).__name__)
-        return {"vacuumed": vacuumed, "integrity": invariants.integrity(conn),
-                "pageCount": conn.execute("PRAGMA page_count").fetchone()[0],
-                "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0],
-                "pageSize": conn.execute("PRAGMA page_size").fetchone()[0]}  # fmt: skip
+        return {
+            "vacuumed": vacuumed,
+            "integrity": invariants.integrity(conn),
+            "pageCount": conn.execute("PRAGMA page_count").fetchone()[0],
+            "freelistCount": conn.execute("PRAGMA freelist_count").fetchone()[0],
+            "pageSize": conn.execute("PRAGMA page_size").fetchone()[0],
+        }
 
     def _between_backup_steps(self, done: int, total: int) -> None:
         """Between two steps of the copy: its progress for state.status, and the groups waiting."""
@@ -370,8 +380,9 @@ def _encode_reply(corr_id: int, reply: Reply) -> bytes:
     except frames.FrameError:  # a read too large for one frame: refused, the writer carries on
         log.error("a reply did not fit one frame")
         too_large = CommandError("responseTooLarge", "the answer is larger than one message; ask for less")
-        return frames.encode(REPLY, corr_id, Reply(outcome="rejected", receipt=too_large.receipt(),
-                                                   error=too_large.message).model_dump())  # fmt: skip
+        return frames.encode(
+            REPLY, corr_id, Reply(outcome="rejected", receipt=too_large.receipt(), error=too_large.message).model_dump()
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         loop = WriterLoop(sock, paths, Settings.from_env(), SystemClock(), parent)
     except (StateIncompatible, StateCorrupt, StatePathRefused, OSError, sqlite3.Error) as exc:
         fatal = health.fatal(exc, paths)
-        log.error("the state database cannot be used: %s",
-                  exc.reason if isinstance(exc, StateIncompatible) else fatal.message)  # fmt: skip
+        log.error(
+            "the state database cannot be used: %s", exc.reason if isinstance(exc, StateIncompatible) else fatal.message
+        )
         frames.send(sock, FATAL, 0, fatal.model_dump())
         return EXIT_INCOMPATIBLE
     ready = Ready(

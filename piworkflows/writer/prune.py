@@ -57,7 +57,7 @@ BLOCKERS: dict[str, str] = {
             ("recovery_root_run_id", TREE),
             ("parent_attempt_id", f"SELECT attempt_id FROM node_attempts WHERE run_id IN ({TREE})"),
         )
-    ),  # fmt: skip
+    ),
     "outsideEffectSource": f"SELECT 1 FROM effects e WHERE e.source_resource_id IN ({TREE}) "
     f"AND (e.run_id IS NULL OR e.run_id NOT IN ({TREE}))",
 }
@@ -146,8 +146,11 @@ def delete_trees(conn: sqlite3.Connection, roots: list[str]) -> dict[str, int]:
         runs = sum(_delete_tree(conn, root) for root in roots)
     finally:
         _deleting = False
-    unreferenced = " AND ".join(f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
-                                for t, columns in _blob_references().items() for c in columns)  # fmt: skip
+    unreferenced = " AND ".join(
+        f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
+        for t, columns in _blob_references().items()
+        for c in columns
+    )
     blobs = conn.execute(f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {unreferenced}")
     conn.execute(f"DELETE FROM temp.{FREED}")
     return {"trees": len(roots), "runs": runs, "blobs": blobs.rowcount}
@@ -179,8 +182,10 @@ def _blob_references() -> dict[str, list[str]]:
     try:
         conn.executescript(schema.DDL_PATH.read_text(encoding="utf-8"))
         tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")]
-        found = {table: [fk[3] for fk in conn.execute(f"PRAGMA foreign_key_list({table})") if fk[2] == "blobs"]
-                 for table in tables}  # fmt: skip
+        found = {
+            table: [fk[3] for fk in conn.execute(f"PRAGMA foreign_key_list({table})") if fk[2] == "blobs"]
+            for table in tables
+        }
     finally:
         conn.close()
     return {table: columns for table, columns in found.items() if columns}
@@ -197,5 +202,7 @@ def _note_freed_digests(conn: sqlite3.Connection) -> None:
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {FREED} (digest BLOB PRIMARY KEY)")
     for table, columns in references.items():
         note = f"INSERT OR IGNORE INTO {FREED} VALUES {', '.join(f'(OLD.{column})' for column in columns)}"
-        conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS piw_freed_{table} AFTER DELETE ON main.{table} "
-                     f"WHEN piw_retention_deleting() BEGIN {note}; END")  # fmt: skip
+        conn.execute(
+            f"CREATE TEMP TRIGGER IF NOT EXISTS piw_freed_{table} AFTER DELETE ON main.{table} "
+            f"WHEN piw_retention_deleting() BEGIN {note}; END"
+        )

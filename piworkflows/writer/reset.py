@@ -39,20 +39,24 @@ def reset(paths: StatePaths, backup_dir: Path) -> list[tuple[Path, Path]]:
         raise ResetRefused(f"{backup_dir} exists; name a new directory")
     if not paths.database.exists():
         leftovers = [p.name for p in (paths.wal, paths.shm) if p.exists()]
-        raise ResetRefused(f"there is no {paths.database} to move" +
-                           (f"; move {' and '.join(leftovers)} by hand" if leftovers else ""))  # fmt: skip
+        raise ResetRefused(
+            f"there is no {paths.database} to move" + (f"; move {' and '.join(leftovers)} by hand" if leftovers else "")
+        )
     lock = HostLock(paths)
     try:
         lock.acquire()
     except AlreadyRunning:
-        raise ResetRefused(f"a server is running for {paths.state_dir}; stop the server first: "
-                           "pi-workflows server stop") from None  # fmt: skip
+        raise ResetRefused(
+            f"a server is running for {paths.state_dir}; stop the server first: pi-workflows server stop"
+        ) from None
     try:
         try:
             offline.schema_cookie(paths.database)
         except sqlite3.DatabaseError as exc:
-            raise ResetRefused(f"{paths.database} does not open as an SQLite database ({exc}); nothing was "
-                               "moved: move it with its -wal and -shm files by hand") from None  # fmt: skip
+            raise ResetRefused(
+                f"{paths.database} does not open as an SQLite database ({exc}); nothing was "
+                "moved: move it with its -wal and -shm files by hand"
+            ) from None
         ensure_private_dir(backup_dir)  # with each missing parent, every one 0700
         fsync(backup_dir.parent)
         moved = []
@@ -65,9 +69,11 @@ def reset(paths: StatePaths, backup_dir: Path) -> list[tuple[Path, Path]]:
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
-                raise ResetRefused(f"{backup_dir} is on another filesystem than {paths.state_dir}; nothing was "
-                                   "moved (the new directory stays, empty): name a new directory on the same "
-                                   "filesystem") from None  # fmt: skip
+                raise ResetRefused(
+                    f"{backup_dir} is on another filesystem than {paths.state_dir}; nothing was "
+                    "moved (the new directory stays, empty): name a new directory on the same "
+                    "filesystem"
+                ) from None
             moved.append((source, target))
         fsync(backup_dir)
         fsync(paths.state_dir)

@@ -83,8 +83,11 @@ class Uploads:
         upload = self._uploads.get(key)
         if upload is None:
             if part.byte_length > self.max_bytes:
-                refusal = CommandError("uploadTooLarge", f"the value is {part.byte_length} bytes; the writer holds "
-                                       f"at most {self.max_bytes} bytes of uploads")  # fmt: skip
+                refusal = CommandError(
+                    "uploadTooLarge",
+                    f"the value is {part.byte_length} bytes; the writer holds "
+                    f"at most {self.max_bytes} bytes of uploads",
+                )
                 return Received(forget, refusal=refusal)
             if self.held_bytes + part.byte_length > self.max_bytes:
                 refusal = CommandError("uploadsFull", "other uploads fill the writer's memory; try again later")
@@ -102,8 +105,9 @@ class Uploads:
             verify_value(part.digest, part.media_type, data)
         except ValueError:
             forget()
-            refusal = CommandError("blobMismatch", "the uploaded bytes do not match their digest or media type",
-                                   digest=part.digest.hex())  # fmt: skip
+            refusal = CommandError(
+                "blobMismatch", "the uploaded bytes do not match their digest or media type", digest=part.digest.hex()
+            )
             return Received(forget, refusal=refusal)
         upload.value = BlobValue.model_construct(digest=part.digest, media_type=part.media_type, data=data)
         return Received(forget, value=upload.value, received_bytes=received)

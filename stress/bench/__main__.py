@@ -9,8 +9,15 @@ import sys
 
 from stress.bench import effects, logs, retention, runs, server, startup, writer
 
-BENCHMARKS = {"writer": writer, "server": server, "runs": runs, "effects": effects, "retention": retention,
-              "startup": startup, "logs": logs}  # fmt: skip
+BENCHMARKS = {
+    "writer": writer,
+    "server": server,
+    "runs": runs,
+    "effects": effects,
+    "retention": retention,
+    "startup": startup,
+    "logs": logs,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,8 +35,14 @@ def main(argv: list[str]) -> int:
 
     from dbos import DBOS, DBOSConfig
 
-    DBOS(config=DBOSConfig(name="piworkflows-bench", system_database_url=f"sqlite:///{database}",
-                           log_level="WARNING", enable_otlp=False))  # fmt: skip
+    DBOS(
+        config=DBOSConfig(
+            name="piworkflows-bench",
+            system_database_url=f"sqlite:///{database}",
+            log_level="WARNING",
+            enable_otlp=False,
+        )
+    )
 
     @DBOS.step()
     def add(previous: int, i: int) -> int:
@@ -73,8 +79,15 @@ def main(argv: list[str]) -> int:
     DBOS.destroy()
     if results != [45] * count:
         raise SystemExit("a DBOS workflow returned a wrong result")
-    print(json.dumps({"workflows_per_s": round(count / elapsed, 1), "nodes_per_s": round(count * 10 / elapsed, 1),
-                      "dbos": version("dbos")}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "workflows_per_s": round(count / elapsed, 1),
+                "nodes_per_s": round(count * 10 / elapsed, 1),
+                "dbos": version("dbos"),
+            }
+        )
+    )
     return 0
 
 

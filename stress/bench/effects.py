@@ -53,8 +53,11 @@ def _latencies(paths: StatePaths) -> list[int]:
             "SELECT a.started_at - e.created_at FROM effects e JOIN effect_attempts a USING (effect_id) "
             "WHERE e.performer = 'http.request' AND a.attempt_number = 1"
         ).fetchall()
-        statuses = dict(conn.execute("SELECT effect_status, count(*) FROM effects WHERE performer = 'http.request' "
-                                     "GROUP BY effect_status").fetchall())  # fmt: skip
+        statuses = dict(
+            conn.execute(
+                "SELECT effect_status, count(*) FROM effects WHERE performer = 'http.request' GROUP BY effect_status"
+            ).fetchall()
+        )
     finally:
         conn.close()
     if set(statuses) != {"applied"}:

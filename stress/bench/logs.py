@@ -86,8 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         start_server(paths)
         quiet, loud, reads = [], [], []
         with WorkflowClient(paths.state_dir) as client:
-            payloads = {n: {"projectPath": str(project), "workflowName": "talk", "input": {"bytes": n}}
-                        for n in (0, size)}  # fmt: skip
+            payloads = {
+                n: {"projectPath": str(project), "workflowName": "talk", "input": {"bytes": n}} for n in (0, size)
+            }
             _run(client, payloads[0])  # warm-up: runner, resolver and outbox worker start
             _run(client, payloads[size])
             for _ in range(args.repeat):

@@ -110,10 +110,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (project / ".pi" / "workflows").mkdir(parents=True)
         (project / ".pi" / "workflows" / "one-node.workflow.py").write_text(ONE_NODE)
         rate, seconds = measure_sweep(StatePaths.resolve(base / "sweep" / "s"), args.trees)
-        during, left = measure_starts(StatePaths.resolve(base / "during" / "s"), project, args.trees, args.starts,
-                                      args.start_every_ms)  # fmt: skip
-        baseline, _ = measure_starts(StatePaths.resolve(base / "baseline" / "s"), project, 0, args.starts,
-                                     args.start_every_ms)  # fmt: skip
+        during, left = measure_starts(
+            StatePaths.resolve(base / "during" / "s"), project, args.trees, args.starts, args.start_every_ms
+        )
+        baseline, _ = measure_starts(
+            StatePaths.resolve(base / "baseline" / "s"), project, 0, args.starts, args.start_every_ms
+        )
         fstype = filesystem_of(base)
     finally:
         cleanup(base)

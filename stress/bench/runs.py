@@ -60,8 +60,11 @@ def _client(state_dir: str, project: str, starts: int, go: Any, out: Any) -> Non
         out.put(0)  # ready: started, imported and connected before the clock
         go.wait()
         for n in range(starts):
-            payload = {"projectPath": project, "workflowName": "builtin:shell-check", "input": {"command": "true",
-                                                                                                  "n": n}}  # fmt: skip
+            payload = {
+                "projectPath": project,
+                "workflowName": "builtin:shell-check",
+                "input": {"command": "true", "n": n},
+            }
             response = client.request("run.start", payload)
             if response.outcome != "accepted":
                 raise SystemExit(f"run.start answered {response.outcome}: {response.error}")
@@ -149,8 +152,13 @@ def measure_dbos(base: Path, count: int) -> dict[str, Any] | None:
         return None
     directory = base / "dbos"
     directory.mkdir()
-    done = subprocess.run([sys.executable, "-m", "stress.bench.dbos_side", str(directory), str(count)],
-                          capture_output=True, text=True, timeout=900, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.dbos_side", str(directory), str(count)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

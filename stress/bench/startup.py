@@ -93,8 +93,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fstype = filesystem_of(base)
     finally:
         cleanup(base)
-    report: dict[str, Any] = {"benchmark": "startup", "database_mib": round(mib, 1), "trees": trees,
-                              "repeat": args.repeat, "cold": args.cold, "filesystem": fstype}  # fmt: skip
+    report: dict[str, Any] = {
+        "benchmark": "startup",
+        "database_mib": round(mib, 1),
+        "trees": trees,
+        "repeat": args.repeat,
+        "cold": args.cold,
+        "filesystem": fstype,
+    }
     for name, seconds in figures.items():
         report[name] = round(seconds, 3)
         report[name.removesuffix("_s") + "_per_100_mib_s"] = round(seconds * 100 / mib, 3)

@@ -23,8 +23,10 @@ def _names(known: frozenset[str] | tuple[str, ...], what: str):
         names = tuple(name.strip() for name in text.split(",") if name.strip())
         unknown = [name for name in names if name not in known]
         if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(none)'}; "
-                                             f"use a comma-separated list of: {', '.join(sorted(known))}")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(unknown) or '(none)'}; "
+                f"use a comma-separated list of: {', '.join(sorted(known))}"
+            )
         return names
 
     return parse
@@ -37,11 +39,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=4, help="client processes")
     p.add_argument("--kill-every", type=int, default=1500, metavar="MS", help="mean time between two kills")
     p.add_argument("--targets", type=_names(TARGETS, "target"), default=TARGETS, help=",".join(TARGETS))
-    p.add_argument("--faults", type=_names(faults.POINTS, "fault point"), default=CRASH_POINTS,
-                   help="fault points a restart may arm to crash at the Nth hit; default: all of them")  # fmt: skip
-    p.add_argument("--fault-kinds", type=_names(FAULT_KINDS, "fault kind"), default=FAULT_KINDS,
-                   help="what an armed fault does: crash (a --faults point), enospc or eio (a disk write site "
-                        "fails for some hits); default: all")  # fmt: skip
+    p.add_argument(
+        "--faults",
+        type=_names(faults.POINTS, "fault point"),
+        default=CRASH_POINTS,
+        help="fault points a restart may arm to crash at the Nth hit; default: all of them",
+    )
+    p.add_argument(
+        "--fault-kinds",
+        type=_names(FAULT_KINDS, "fault kind"),
+        default=FAULT_KINDS,
+        help="what an armed fault does: crash (a --faults point), enospc or eio (a disk write site "
+        "fails for some hits); default: all",
+    )
     p.add_argument("--state-dir", type=Path, default=None, help="default: a new temporary directory")
     p.add_argument(
         "--quiet-seconds",
@@ -57,8 +67,10 @@ def human(report: dict[str, Any]) -> str:
     rows = [
         ("seed", report["seed"]),
         ("kills", ", ".join(f"{k} {v}" for k, v in report["kills"].items()) + f" (total {report['killsTotal']})"),
-        ("faults armed", f"{report['faultsArmed']} (" + ", ".join(f"{k} {v}" for k, v in report["faultsByKind"].items())
-         + ")"),
+        (
+            "faults armed",
+            f"{report['faultsArmed']} (" + ", ".join(f"{k} {v}" for k, v in report["faultsByKind"].items()) + ")",
+        ),
         (
             "server starts",
             f"{report['restarts']} (stopped by itself {report['serverExits']}, "
@@ -73,7 +85,7 @@ def human(report: dict[str, Any]) -> str:
             "latency outside crash windows",
             f"p50 {report['latencyMs']['p50']} ms, p99 {report['latencyMs']['p99']} ms "
             f"({report['latencyMs']['count']} commands)",
-        ),  # fmt: skip
+        ),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
@@ -94,12 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_dir is not None and (
         _used(args.state_dir) or _used(args.state_dir.parent / f"{args.state_dir.name}.crash")
     ):
-        parser().error(f"--state-dir {args.state_dir} is in use: name a new or empty directory (the oracles compare "
-                       "the whole database with this run's evidence)")  # fmt: skip
+        parser().error(
+            f"--state-dir {args.state_dir} is in use: name a new or empty directory (the oracles compare "
+            "the whole database with this run's evidence)"
+        )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1 << 31)
-    options = Options(seconds=args.seconds, seed=seed, clients=args.clients, kill_every_ms=args.kill_every,
-                      targets=args.targets, faults=args.faults, fault_kinds=args.fault_kinds,
-                      state_dir=args.state_dir, quiet_s=args.quiet_seconds)  # fmt: skip
+    options = Options(
+        seconds=args.seconds,
+        seed=seed,
+        clients=args.clients,
+        kill_every_ms=args.kill_every,
+        targets=args.targets,
+        faults=args.faults,
+        fault_kinds=args.fault_kinds,
+        state_dir=args.state_dir,
+        quiet_s=args.quiet_seconds,
+    )
     report = Harness(options).run()
     print(json.dumps(report, sort_keys=True) if args.json else human(report), flush=True)
     return 0 if report["ok"] else 1

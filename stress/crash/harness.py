@@ -88,9 +88,21 @@ class Options:
 
     def command(self) -> str:
         """The command that repeats this run's schedule."""
-        parts = [sys.executable, "-m", "stress.crash", "--seconds", f"{self.seconds:g}", "--seed", str(self.seed),
-                 "--clients", str(self.clients), "--kill-every", str(self.kill_every_ms),
-                 "--targets", ",".join(self.targets)]  # fmt: skip
+        parts = [
+            sys.executable,
+            "-m",
+            "stress.crash",
+            "--seconds",
+            f"{self.seconds:g}",
+            "--seed",
+            str(self.seed),
+            "--clients",
+            str(self.clients),
+            "--kill-every",
+            str(self.kill_every_ms),
+            "--targets",
+            ",".join(self.targets),
+        ]
         if self.faults:
             parts += ["--faults", ",".join(self.faults)]
         if self.fault_kinds:
@@ -265,8 +277,11 @@ class Harness:
         if response.outcome != "accepted":
             self._record({"t": "verifyUnanswered", "after": after, "error": response.outcome})
             return
-        check = {"after": after, "integrity": response.receipt["integrity"],
-                 "violations": response.receipt["violations"]}  # fmt: skip
+        check = {
+            "after": after,
+            "integrity": response.receipt["integrity"],
+            "violations": response.receipt["violations"],
+        }
         self.checks.append(check)
         self._record({"t": "check", **check})
 
@@ -307,8 +322,18 @@ class Harness:
         script = self.work / "ledger-script.json"
         script.write_text(json.dumps(workload.ledger_script(self.options.seed)), encoding="utf-8")
         self.ledger = subprocess.Popen(
-            [sys.executable, "-m", "stress.ledger", "--ledger", str(self.evidence_dir / "ledger.jsonl"),
-             "--script", f"@{script}"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "stress.ledger",
+                "--ledger",
+                str(self.evidence_dir / "ledger.jsonl"),
+                "--script",
+                f"@{script}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.ledger.stdout is not None
         line = self.ledger.stdout.readline().split()
         if line[:1] != ["ready"]:
@@ -323,8 +348,16 @@ class Harness:
     def _start_clients(self, ledger_url: str) -> tuple[Any, list[Any]]:
         ctx = multiprocessing.get_context("spawn")
         stop = ctx.Event()
-        common = (self.options.seed, str(self.paths.state_dir), str(self.project), ledger_url, str(self.evidence_dir),
-                  CLIENT_RETRY_S, stop, self.options.pace_ms)  # fmt: skip
+        common = (
+            self.options.seed,
+            str(self.paths.state_dir),
+            str(self.project),
+            ledger_url,
+            str(self.evidence_dir),
+            CLIENT_RETRY_S,
+            stop,
+            self.options.pace_ms,
+        )
         procs = [ctx.Process(target=workload.client_main, args=(i, *common)) for i in range(self.options.clients)]
         for proc in procs:
             proc.start()
@@ -332,8 +365,15 @@ class Harness:
 
     def _quiet(self) -> None:
         """No kills: the unanswered commands are retried with their keys, then the runs settle."""
-        final = workload.Client(self.options.clients, self.options.seed, self.paths.state_dir, self.project, "",
-                                self.evidence_dir, CLIENT_RETRY_S)  # fmt: skip
+        final = workload.Client(
+            self.options.clients,
+            self.options.seed,
+            self.paths.state_dir,
+            self.project,
+            "",
+            self.evidence_dir,
+            CLIENT_RETRY_S,
+        )
         try:
             found = self._evidence()
             for sent in oracles.unanswered_commands(found["sent"], found["acks"]):
@@ -388,14 +428,14 @@ class Harness:
                 "sent": len({(s["clientId"], s["key"]) for s in found["sent"]}),
                 "acknowledged": len({(a["clientId"], a["key"]) for a in acks}),
                 "lost": len(findings["lost"]),
-            },  # fmt: skip
+            },
             "runs": len(state.runs),
             "effects": {
                 "applied": statuses.count("applied"),
                 "ambiguous": statuses.count("ambiguous"),
                 "duplicated": len(findings["duplicated"]),
                 "total": len(statuses),
-            },  # fmt: skip
+            },
             "violations": len(findings["violations"]),
             "stuck": len(findings["stuck"]),
             "latencyMs": _percentiles(calm),
@@ -420,5 +460,8 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p99": None, "count": 0}
     ordered = sorted(values)
-    return {"p50": round(ordered[len(ordered) // 2], 2), "p99": round(ordered[min(len(ordered) - 1,
-            int(len(ordered) * 0.99))], 2), "count": len(ordered)}  # fmt: skip
+    return {
+        "p50": round(ordered[len(ordered) // 2], 2),
+        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "count": len(ordered),
+    }

@@ -14,8 +14,9 @@ from typing import Any
 from stress.crash.snapshot import State
 
 # Client operations whose answers the writer stores with the client's key (host_commands).
-STORED_OPERATIONS = frozenset({"run.start", "run.pause", "run.resume", "run.cancel", "run.restart",
-                               "checkpoint.answer"})  # fmt: skip
+STORED_OPERATIONS = frozenset(
+    {"run.start", "run.pause", "run.resume", "run.cancel", "run.restart", "checkpoint.answer"}
+)
 DONE = frozenset({"accepted", "adopted"})
 TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
 # The park reasons a run may end a quiet period with (WORKFLOWS.md): each waits for a person.
@@ -69,8 +70,11 @@ def duplicated_manual(ledger: list[dict[str, Any]], state: State, manual_paths: 
     found = []
     for key, n in sorted(counts.items()):
         effect = state.effects.get(key)
-        manual = effect["policy"] == "manual" if effect else any(
-            r["path"] in manual_paths for r in ledger if r.get("idempotencyKey") == key)  # fmt: skip
+        manual = (
+            effect["policy"] == "manual"
+            if effect
+            else any(r["path"] in manual_paths for r in ledger if r.get("idempotencyKey") == key)
+        )
         if manual and n > 1:
             found.append(f"manual effect {key} reached the ledger {n} times")
     return found
@@ -93,8 +97,9 @@ def invariant_violations(checks: list[dict[str, Any]], state: State) -> list[str
     found = []
     for check in [*checks, {"after": "the end", "integrity": state.integrity, "violations": state.violations}]:
         found += [f"after {check['after']}: integrity: {problem}" for problem in check["integrity"]]
-        found += [f"after {check['after']}: {name}: {', '.join(ids)}"
-                  for name, ids in sorted(check["violations"].items())]  # fmt: skip
+        found += [
+            f"after {check['after']}: {name}: {', '.join(ids)}" for name, ids in sorted(check["violations"].items())
+        ]
     return found
 
 

@@ -42,8 +42,14 @@ def read(database: Path, now_ms: int) -> State:
         ):
             value = json.loads(data)
             tag = value.get("tag") if isinstance(value, dict) else None
-            state.runs[run_id] = {"status": status, "parkReason": park, "paused": bool(paused), "queue": queue,
-                                  "tag": tag, "root": run_id == root}  # fmt: skip
+            state.runs[run_id] = {
+                "status": status,
+                "parkReason": park,
+                "paused": bool(paused),
+                "queue": queue,
+                "tag": tag,
+                "root": run_id == root,
+            }
         for key, status, policy in conn.execute("SELECT idempotency_key, effect_status, recovery_policy FROM effects"):
             state.effects[key] = {"status": status, "policy": policy}
         state.violations = invariants.violations(conn, now_ms)

@@ -83,13 +83,15 @@ def ledger_script(seed: int, length: int = 20_000) -> dict[str, list[str]]:
     answers, and rare hangs (longer than the nodes' 3 s timeout: no answer)."""
     rng = random.Random(f"{seed}:ledger")
     weights = {"200": 84, "500": 8, "delay:300": 6, "hang": 2}
-    return {path: rng.choices(list(weights), list(weights.values()), k=length)
-            for path in (IDEMPOTENT_PATH, MANUAL_PATH)}  # fmt: skip
+    return {
+        path: rng.choices(list(weights), list(weights.values()), k=length) for path in (IDEMPOTENT_PATH, MANUAL_PATH)
+    }
 
 
 class Client:
-    def __init__(self, index: int, seed: int, state_dir: Path, project: Path, ledger_url: str, evidence: Path,
-                 retry_for: float) -> None:  # fmt: skip
+    def __init__(
+        self, index: int, seed: int, state_dir: Path, project: Path, ledger_url: str, evidence: Path, retry_for: float
+    ) -> None:
         self.rng = random.Random(f"{seed}:{index}")
         self.prefix = f"s{seed}-c{index}"
         self.client = WorkflowClient(state_dir, client_id=f"crash-{self.prefix}", retry_for=retry_for)
@@ -98,8 +100,14 @@ class Client:
         self.sent = 0
         self.runs: list[str] = []  # started by this client (the ones its controls pick from)
 
-    def send(self, op: str, payload: Any = None, run_id: str | None = None, revision: int | None = None,
-             key: str | None = None) -> Any:  # fmt: skip
+    def send(
+        self,
+        op: str,
+        payload: Any = None,
+        run_id: str | None = None,
+        revision: int | None = None,
+        key: str | None = None,
+    ) -> Any:
         key = key or f"{self.prefix}-{self.sent}"
         self.sent += 1
         base = {"op": op, "key": key, "clientId": self.client.client_id, "runId": run_id}
@@ -155,8 +163,17 @@ class Client:
         self.log.close()
 
 
-def client_main(index: int, seed: int, state_dir: str, project: str, ledger_url: str, evidence: str,
-                retry_for: float, stop: Any, pace_ms: int) -> None:  # fmt: skip
+def client_main(
+    index: int,
+    seed: int,
+    state_dir: str,
+    project: str,
+    ledger_url: str,
+    evidence: str,
+    retry_for: float,
+    stop: Any,
+    pace_ms: int,
+) -> None:
     """A client process: operations until ``stop`` is set, ``pace_ms`` apart."""
     client = Client(index, seed, Path(state_dir), Path(project), ledger_url, Path(evidence), retry_for)
     try:

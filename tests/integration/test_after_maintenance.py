@@ -27,8 +27,9 @@ def test_every_command_right_after_prune_apply_and_backup_is_accepted(tmp_path: 
         backups = tmp_path / "backups"
         # retry_for=0: an unavailable answer is seen, not retried away
         with server.client(retry_for=0) as client:
-            pruned = client.request("state.prune", {"before": cutoff, "apply": True,
-                                                    "backupPath": str(backups / "before-prune.sqlite")})  # fmt: skip
+            pruned = client.request(
+                "state.prune", {"before": cutoff, "apply": True, "backupPath": str(backups / "before-prune.sqlite")}
+            )
             assert pruned.outcome == "accepted" and pruned.receipt["vacuumed"] is True, pruned
             after_prune = client.request("run.start", start_run)
             assert after_prune.outcome == "accepted", after_prune

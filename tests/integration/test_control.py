@@ -62,8 +62,12 @@ def rows(state_dir: Path, sql: str, *params: Any) -> list[tuple]:
 
 def run_row(state_dir: Path, run_id: str) -> tuple:
     """(runs.status, paused, park_reason, queue_status)."""
-    return rows(state_dir, "SELECT r.status, r.paused, r.park_reason, q.queue_status FROM runs r "
-                           "JOIN run_queue q USING (run_id) WHERE run_id = ?", run_id)[0]  # fmt: skip
+    return rows(
+        state_dir,
+        "SELECT r.status, r.paused, r.park_reason, q.queue_status FROM runs r "
+        "JOIN run_queue q USING (run_id) WHERE run_id = ?",
+        run_id,
+    )[0]
 
 
 def live_workers(state_dir: Path, run_id: str) -> list[tuple]:
@@ -107,16 +111,23 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     # All of it committed with the receipt: parked, claim released, runner record ended, attempt interrupted.
     assert run_row(server.state_dir, run_id) == ("running", 1, "paused", "parked")
     assert rows(server.state_dir, "SELECT owner_id FROM leases WHERE resource_id = ?", run_id) == [(None,)]
-    assert rows(server.state_dir, "SELECT outcome FROM run_workers WHERE run_id = ? AND ended_at IS NOT NULL",
-                run_id) == [("cancelled",)]  # fmt: skip
-    assert rows(server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL",
-                run_id) == [(0,)]  # fmt: skip
-    assert rows(server.state_dir, "SELECT attempt_status, error_code FROM node_attempts WHERE run_id = ? "
-                                  "AND node_path = 'wait'", run_id) == [("interrupted", "paused")]  # fmt: skip
+    assert rows(
+        server.state_dir, "SELECT outcome FROM run_workers WHERE run_id = ? AND ended_at IS NOT NULL", run_id
+    ) == [("cancelled",)]
+    assert rows(server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id) == [
+        (0,)
+    ]
+    assert rows(
+        server.state_dir,
+        "SELECT attempt_status, error_code FROM node_attempts WHERE run_id = ? AND node_path = 'wait'",
+        run_id,
+    ) == [("interrupted", "paused")]
     wait_until(lambda: _gone(pid), what="the paused run's runner gone")
     # A paused run is not admitted again: no new runner record while it stays paused.
-    stays(lambda: runner_count(server.state_dir, run_id) == 1 and view(server, run_id)["display"]["status"] == "paused",
-          what="paused without a runner")  # fmt: skip
+    stays(
+        lambda: runner_count(server.state_dir, run_id) == 1 and view(server, run_id)["display"]["status"] == "paused",
+        what="paused without a runner",
+    )
     check_state(server.state_dir)
 
     flag.write_text("go")
@@ -127,13 +138,21 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     assert done["display"]["status"] == "completed", done["error"]
     assert done["output"] == {"done": True}
     steps = [(s["nodePath"], s["visit"], s["attempt"], s["status"]) for s in done["steps"]["items"]]
-    assert steps == [("first", 1, 1, "completed"), ("wait", 1, 1, "interrupted"), ("wait", 1, 2, "completed"),
-                     ("last", 1, 1, "completed")]  # fmt: skip
+    assert steps == [
+        ("first", 1, 1, "completed"),
+        ("wait", 1, 1, "interrupted"),
+        ("wait", 1, 2, "completed"),
+        ("last", 1, 1, "completed"),
+    ]
     # The finished node ran once: one attempt, one step, one output.
-    assert rows(server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ? AND node_path = 'first'",
-                run_id) == [(1,)]  # fmt: skip
-    workers = rows(server.state_dir, "SELECT launch_command, outcome, ended_at IS NOT NULL FROM run_workers "
-                                     "WHERE run_id = ? ORDER BY runner_epoch", run_id)  # fmt: skip
+    assert rows(
+        server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ? AND node_path = 'first'", run_id
+    ) == [(1,)]
+    workers = rows(
+        server.state_dir,
+        "SELECT launch_command, outcome, ended_at IS NOT NULL FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
+        run_id,
+    )
     assert [w[0] for w in workers] == ["start", "resume"] and workers[0][1] == "cancelled"
     assert all(w[2] for w in workers)
     assert run_row(server.state_dir, run_id) == ("completed", 0, None, "done")
@@ -162,8 +181,13 @@ def test_pause_while_waiting_at_a_checkpoint_holds_an_answered_run_until_resumed
         answer = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
     assert answer.outcome == "accepted" and answer.receipt["status"] == "queued"
     # Answered but paused: queued and flagged, never admitted.
-    stays(lambda: run_row(server.state_dir, run_id) == ("queued", 1, None, "queued")
-          and runner_count(server.state_dir, run_id) == runners, what="answered run held by the pause")  # fmt: skip
+    stays(
+        lambda: (
+            run_row(server.state_dir, run_id) == ("queued", 1, None, "queued")
+            and runner_count(server.state_dir, run_id) == runners
+        ),
+        what="answered run held by the pause",
+    )
     assert view(server, run_id)["display"]["status"] == "paused"
     check_state(server.state_dir)
 
@@ -202,8 +226,10 @@ def test_pause_of_a_queued_run_is_a_durable_flag_that_survives_a_server_restart(
     try:
         done = wait_status(server, resumed_early, "completed", "failed")
         assert done["display"]["status"] == "completed" and done["output"] == {"kind": "final", "message": "sum=36"}
-        stays(lambda: runner_count(server.state_dir, kept) == 0 and view(server, kept)["display"]["status"] == "paused",
-              what="the paused run held across the restart")  # fmt: skip
+        stays(
+            lambda: runner_count(server.state_dir, kept) == 0 and view(server, kept)["display"]["status"] == "paused",
+            what="the paused run held across the restart",
+        )
         assert control(server, "run.resume", kept).receipt == {"runId": kept, "status": "queued", "paused": False}
         assert wait_status(server, kept, "completed", "failed")["display"]["status"] == "completed"
     finally:
@@ -222,8 +248,7 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
         with server.client(client_id=CLIENT_ID) as client:
             assert client.request("server.status").outcome == "accepted"  # connected before the race
             if round_ % 2:
-                wait_until(lambda run_id=run_id: runner_count(server.state_dir, run_id), interval=0.001,
-                           what="claimed")  # fmt: skip
+                wait_until(lambda run_id=run_id: runner_count(server.state_dir, run_id), interval=0.001, what="claimed")
             paused = client.request("run.pause", {}, run_id=run_id)
         if paused.outcome == "conflict":  # it completed first
             assert paused.receipt["code"] == "winnerDecided" and paused.receipt["status"] == "completed"
@@ -232,8 +257,9 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
         assert paused.receipt["status"] in ("queued", "running") and paused.receipt["paused"] is True
         wait_until(lambda: active_runners(server) == 0, what="no active runner")
         assert view(server, run_id)["display"]["status"] == "paused"
-        assert rows(server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL",
-                    run_id) == [(0,)]  # fmt: skip
+        assert rows(
+            server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id
+        ) == [(0,)]
         check_state(server.state_dir)
         assert control(server, "run.resume", run_id).outcome == "accepted"
         done = wait_status(server, run_id, "completed", "failed")
@@ -251,8 +277,9 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
             assert client.request("run.resume", {}, run_id=run_id).receipt["status"] == "queued"
         check_state(server.state_dir)
     wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
-    workers = rows(server.state_dir, "SELECT pid, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
-                   run_id)  # fmt: skip
+    workers = rows(
+        server.state_dir, "SELECT pid, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch", run_id
+    )
     assert [w[1] for w in workers] == ["cancelled"] * 4 + [None]  # one live runner, the stopped ones ended
     wait_until(lambda: all(_gone(pid) for pid, _ in workers[:-1]), what="the stopped runners gone")
     blocked.write_text("go")
@@ -278,8 +305,12 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     write(project, "crashy", CRASHY % str(flag))
     run_id = start(server, project, "crashy")
     parked = wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] and v, what="parked")
-    assert parked["display"] == {"status": "queued", "activity": "parked", "controls": ["pause", "cancel"],
-                                 "reason": "runnerNoProgress"}  # fmt: skip
+    assert parked["display"] == {
+        "status": "queued",
+        "activity": "parked",
+        "controls": ["pause", "cancel"],
+        "reason": "runnerNoProgress",
+    }
     assert run_row(server.state_dir, run_id) == ("running", 0, "runnerNoProgress", "parked")
     # Not restarted automatically.
     stays(lambda: runner_count(server.state_dir, run_id) == 1, what="no automatic restart")
@@ -295,9 +326,11 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     assert control(server, "run.resume", run_id).receipt == {"runId": run_id, "status": "queued", "paused": False}
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
-    assert rows(server.state_dir, "SELECT launch_command, outcome FROM run_workers WHERE run_id = ? "
-                                  "ORDER BY runner_epoch", run_id) == [("start", "crashed"), ("resume", "crashed"),
-                                                                      ("resume", "exited")]  # fmt: skip
+    assert rows(
+        server.state_dir,
+        "SELECT launch_command, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
+        run_id,
+    ) == [("start", "crashed"), ("resume", "crashed"), ("resume", "exited")]
     check_state(server.state_dir)
 
 
@@ -307,9 +340,16 @@ def test_a_paused_interactive_run_keeps_its_session_and_a_restart_needs_it_free(
 
     def start_interactive(name: str, input_value=None):
         with server.client() as client:
-            return client.request("run.start", {"projectPath": str(project), "workflowName": name,
-                                                "input": input_value or {}, "executionMode": "interactive",
-                                                "originSessionId": "session-1"})  # fmt: skip
+            return client.request(
+                "run.start",
+                {
+                    "projectPath": str(project),
+                    "workflowName": name,
+                    "input": input_value or {},
+                    "executionMode": "interactive",
+                    "originSessionId": "session-1",
+                },
+            )
 
     finished = start_interactive("tenstep").receipt["runId"]
     done = wait_status(server, finished, "completed")
@@ -348,8 +388,14 @@ def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, s
     assert replay.outcome == "adopted" and replay.receipt == first.receipt
     # The replay commits nothing, so the live runner and its node attempt are untouched (the bug: the runner
     # is killed, the attempt ends 'interrupted'/'runnerExited', the run parks 'shutdown' and a third runner starts).
-    stays(lambda: live_workers(server.state_dir, run_id) == live and not _gone(live[0][1])
-          and view(server, run_id)["display"]["status"] == "running", what="the new runner alive")  # fmt: skip
+    stays(
+        lambda: (
+            live_workers(server.state_dir, run_id) == live
+            and not _gone(live[0][1])
+            and view(server, run_id)["display"]["status"] == "running"
+        ),
+        what="the new runner alive",
+    )
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
     assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [
@@ -420,9 +466,14 @@ def test_cancel_racing_completion_has_exactly_one_winner(server, project):
             if threshold is None:
                 wait_status(server, run_id, "completed")
             else:
-                wait_until(lambda run_id=run_id, threshold=threshold: attempts_started(server.state_dir, run_id)
-                           >= threshold or run_row(server.state_dir, run_id)[0] == "completed", interval=0.001,
-                           what=f"{threshold} attempts")  # fmt: skip
+                wait_until(
+                    lambda run_id=run_id, threshold=threshold: (
+                        attempts_started(server.state_dir, run_id) >= threshold
+                        or run_row(server.state_dir, run_id)[0] == "completed"
+                    ),
+                    interval=0.001,
+                    what=f"{threshold} attempts",
+                )
             cancel = client.request("run.cancel", {}, run_id=run_id)
         after_cancel = view(server, run_id)  # the writer is serial: this view is at or after the winner
         outcomes.append(cancel.outcome)
@@ -463,8 +514,13 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
     assert first.outcome == "accepted", first
     child = first.receipt["runId"]
     assert child != root
-    assert first.receipt == {"runId": child, "parentRunId": root, "rootRunId": root, "restartNumber": 1,
-                             "status": "queued"}  # fmt: skip
+    assert first.receipt == {
+        "runId": child,
+        "parentRunId": root,
+        "rootRunId": root,
+        "restartNumber": 1,
+        "status": "queued",
+    }
     retry = control(server, "run.restart", root, key="restart-1", revision=failed["runRevision"])
     assert retry.outcome == "adopted" and retry.receipt == first.receipt
     stale = control(server, "run.restart", root, key="restart-2", revision=failed["runRevision"])
@@ -477,18 +533,27 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
     assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
     assert done["input"] == {"flag": str(flag)} and done["definitionDigest"] == failed["definitionDigest"]
     assert (done["run"]["lineage"], done["run"]["parentRunId"], done["run"]["restartNumber"]) == ("restart", root, 1)
-    assert rows(server.state_dir, "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs "
-                                  "WHERE run_id = ?", child) == [("restart", root, root, 1)]  # fmt: skip
+    assert rows(
+        server.state_dir, "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs WHERE run_id = ?", child
+    ) == [("restart", root, root, 1)]
     assert view(server, root)["display"]["status"] == "failed"  # the parent keeps its outcome
 
     second = control(server, "run.restart", child, revision=done["runRevision"])
     assert second.outcome == "accepted", second
     grandchild = second.receipt["runId"]
-    assert second.receipt == {"runId": grandchild, "parentRunId": child, "rootRunId": root, "restartNumber": 2,
-                              "status": "queued"}  # fmt: skip
+    assert second.receipt == {
+        "runId": grandchild,
+        "parentRunId": child,
+        "rootRunId": root,
+        "restartNumber": 2,
+        "status": "queued",
+    }
     assert wait_status(server, grandchild, "completed", "failed")["display"]["status"] == "completed"
-    assert rows(server.state_dir, "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs "
-                                  "WHERE run_id = ?", grandchild) == [("restart", child, root, 2)]  # fmt: skip
+    assert rows(
+        server.state_dir,
+        "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs WHERE run_id = ?",
+        grandchild,
+    ) == [("restart", child, root, 2)]
     check_state(server.state_dir)
 
 
@@ -541,10 +606,16 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
         for run_id in run_ids[:2]:
             done = wait_status(server, run_id, "completed", "failed")
             assert done["display"]["status"] == "completed", done["error"]
-            assert [s["status"] for s in done["steps"]["items"]] == ["completed", "interrupted", "completed",
-                                                                     "completed"]  # fmt: skip
-        stays(lambda: view(server, held)["display"]["status"] == "paused" and runner_count(server.state_dir, held) == 1,
-              what="the paused run held")  # fmt: skip
+            assert [s["status"] for s in done["steps"]["items"]] == [
+                "completed",
+                "interrupted",
+                "completed",
+                "completed",
+            ]
+        stays(
+            lambda: view(server, held)["display"]["status"] == "paused" and runner_count(server.state_dir, held) == 1,
+            what="the paused run held",
+        )
         assert control(server, "run.resume", held).receipt == {"runId": held, "status": "queued", "paused": False}
         done = wait_status(server, held, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
@@ -615,8 +686,9 @@ def test_the_cli_pauses_resumes_and_restarts(tmp_path, server, project):
     child = restarted.stdout.strip()
     assert child.startswith("run-") and child != run_id
     assert wait_status(server, child, "completed", "failed")["display"]["status"] == "completed"
-    assert rows(server.state_dir, "SELECT lineage, parent_run_id, restart_number FROM runs WHERE run_id = ?",
-                child) == [("restart", run_id, 1)]  # fmt: skip
+    assert rows(
+        server.state_dir, "SELECT lineage, parent_run_id, restart_number FROM runs WHERE run_id = ?", child
+    ) == [("restart", run_id, 1)]
     missing = cli(server, home, "run", "pause", "run-nope")
     assert missing.returncode == 1 and "runNotFound" in missing.stderr
     check_state(server.state_dir)

@@ -73,7 +73,8 @@ def test_damage_found_at_run_time_refuses_every_write_and_answers_reads(tmp_path
         writer = server.child_pid("writer")
         with server.client(retry_for=0) as client:
             assert client.request("run.start", {"projectPath": "/", "workflowName": "builtin:demo"}).outcome == (
-                "accepted")  # fmt: skip
+                "accepted"
+            )
         damage_pages(paths.database, INDEX)
         dry_run = server.cli("state", "prune", "--before", "2030-01-01T00:00:00Z", "--dry-run")
         assert dry_run.returncode == 1 and "databaseCorrupt" in dry_run.stderr, dry_run.stderr

@@ -17,8 +17,18 @@ pytestmark = pytest.mark.timeout(400)
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_a_short_crash_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int):
-    command = [sys.executable, "-m", "stress.crash", "--seconds", "25", "--seed", str(seed),
-               "--state-dir", str(tmp_path / "state"), "--json"]  # default targets and fault points: all  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "stress.crash",
+        "--seconds",
+        "25",
+        "--seed",
+        str(seed),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--json",
+    ]  # default targets and fault points: all
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=380)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0 and report["ok"], json.dumps(report, indent=1) + done.stderr[-4000:]

@@ -73,8 +73,11 @@ def test_an_epoch_claim_that_expired_while_nothing_committed_is_replaced_in_plac
     """Claims live 1 s and are renewed every 300 ms; about 3 s of failed groups outlive the epoch
     claim. The server takes a new epoch by itself and a run started before goes on."""
     write(project, "tenstep", TENSTEP)
-    env = {"PI_WORKFLOWS_CLAIM_TTL_MS": "1000", "PIW_FAULTS": "writer.before_commit=enospc@8-18",
-           "PI_WORKFLOWS_OUTBOX_WORKERS": "0"}  # fmt: skip
+    env = {
+        "PI_WORKFLOWS_CLAIM_TTL_MS": "1000",
+        "PIW_FAULTS": "writer.before_commit=enospc@8-18",
+        "PI_WORKFLOWS_OUTBOX_WORKERS": "0",
+    }
     server = ServerProcess(tmp_path / "s", env=env).start()
     try:
         wait_until(lambda: status(server)["epoch"] == 2, timeout=60, what="a new server epoch")
@@ -114,8 +117,10 @@ def test_log_lines_that_cannot_be_written_are_counted_not_fatal(tmp_path: Path, 
     try:
         writer = server.child_pid("writer")
         os.kill(writer, signal.SIGKILL)
-        wait_until(lambda: server.child_pid("writer") not in (None, writer) and status(server)["state"] == "running",
-                   what="the writer back")  # fmt: skip
+        wait_until(
+            lambda: server.child_pid("writer") not in (None, writer) and status(server)["state"] == "running",
+            what="the writer back",
+        )
         run_id = start(server, project, "tenstep")
         assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
     finally:
@@ -141,8 +146,9 @@ def test_a_start_that_cannot_write_host_json_fails_clearly(tmp_path: Path):
 def small_disk(tmp_path: Path):
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     yield mount
@@ -202,8 +208,12 @@ def test_server_stop_works_on_a_full_tmpfs(small_disk: Path, project: Path):
     write(project, "tenstep", TENSTEP)
     server = ServerProcess(small_disk / "s").start()
     fill(small_disk)
-    wait_until(lambda: run_start(server, project)["outcome"] == "unavailable", timeout=120, interval=0,
-               what="a refused write group")  # fmt: skip
+    wait_until(
+        lambda: run_start(server, project)["outcome"] == "unavailable",
+        timeout=120,
+        interval=0,
+        what="a refused write group",
+    )
     stopped = server.cli("server", "stop")
     assert stopped.returncode == 0, stopped.stderr
     assert server.popen.wait(30) == 0

@@ -143,17 +143,23 @@ def query(server: ServerProcess, sql: str, *params: Any) -> list[tuple]:
 
 def run_phases(server: ServerProcess, run_id: str) -> tuple[str, str | None, str]:
     """(runs.status, runs.park_reason, run_queue.queue_status)."""
-    rows = query(server, "SELECT r.status, r.park_reason, q.queue_status FROM runs r JOIN run_queue q USING (run_id) "
-                         "WHERE run_id = ?", run_id)  # fmt: skip
+    rows = query(
+        server,
+        "SELECT r.status, r.park_reason, q.queue_status FROM runs r JOIN run_queue q USING (run_id) WHERE run_id = ?",
+        run_id,
+    )
     assert len(rows) == 1, rows
     return rows[0]
 
 
 def effect_row(server: ServerProcess, run_id: str) -> dict[str, Any]:
     """The run's only outside effect (its node's; local ones such as a queue settlement are the writer's)."""
-    rows = query(server, "SELECT effect_id, effect_type, idempotency_key, effect_status, recovery_policy, "
-                         "attempt_count, error_code FROM effects WHERE run_id = ? AND effect_class = 'external'",
-                 run_id)  # fmt: skip
+    rows = query(
+        server,
+        "SELECT effect_id, effect_type, idempotency_key, effect_status, recovery_policy, "
+        "attempt_count, error_code FROM effects WHERE run_id = ? AND effect_class = 'external'",
+        run_id,
+    )
     assert len(rows) == 1, rows
     keys = ("effectId", "type", "key", "status", "policy", "attempts", "errorCode")
     return dict(zip(keys, rows[0], strict=True))
@@ -161,22 +167,34 @@ def effect_row(server: ServerProcess, run_id: str) -> dict[str, Any]:
 
 def effect_result(server: ServerProcess, run_id: str) -> Any:
     """The stored result of the run's outside effect (a JSON blob)."""
-    rows = query(server, "SELECT b.media_type, b.bytes FROM effects e JOIN blobs b ON b.digest = e.result_digest "
-                         "WHERE e.run_id = ? AND e.effect_class = 'external'", run_id)  # fmt: skip
+    rows = query(
+        server,
+        "SELECT b.media_type, b.bytes FROM effects e JOIN blobs b ON b.digest = e.result_digest "
+        "WHERE e.run_id = ? AND e.effect_class = 'external'",
+        run_id,
+    )
     assert len(rows) == 1 and rows[0][0] == "application/json", rows
     return json.loads(rows[0][1])
 
 
 def effect_attempts(server: ServerProcess, run_id: str) -> list[tuple[int, str]]:
-    return query(server, "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a "
-                         "JOIN effects e USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' "
-                         "ORDER BY a.attempt_number",
-                 run_id)  # fmt: skip
+    return query(
+        server,
+        "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a "
+        "JOIN effects e USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' "
+        "ORDER BY a.attempt_number",
+        run_id,
+    )
 
 
 def node_attempts(server: ServerProcess, run_id: str, node_path: str) -> list[tuple[int, str]]:
-    return query(server, "SELECT attempt_number, attempt_status FROM node_attempts WHERE run_id = ? "
-                         "AND node_path = ? ORDER BY visit_number, attempt_number", run_id, node_path)  # fmt: skip
+    return query(
+        server,
+        "SELECT attempt_number, attempt_status FROM node_attempts WHERE run_id = ? "
+        "AND node_path = ? ORDER BY visit_number, attempt_number",
+        run_id,
+        node_path,
+    )
 
 
 def commands(server: ServerProcess) -> list[int]:
@@ -240,7 +258,9 @@ def test_shell_output_reaches_the_next_node_and_the_effect_is_applied_once(serve
     assert (say["stdout"], say["stderr"], say["exitCode"], say["signal"]) == ("out-hi\n", "err\n", 0, None)
     assert isinstance(say["durationMs"], int) and say["durationMs"] >= 0
     assert [(s["nodePath"], s["nodeKind"], s["status"]) for s in done["steps"]["items"]] == [
-        ("say", "shell", "completed"), ("after", "compute", "completed")]  # fmt: skip
+        ("say", "shell", "completed"),
+        ("after", "compute", "completed"),
+    ]
 
     effect = effect_row(server, run_id)
     assert effect["type"] == "test.echo" and effect["policy"] == "idempotent"
@@ -258,14 +278,18 @@ def test_a_non_zero_exit_fails_the_run_and_rejects_the_effect(server, project):
     assert done["run"]["errorCode"] == "nonZeroExit"
     assert done["error"] == "node 'fail': the command failed (exit code 3): broken"  # the run's error names it
     assert [(s["nodePath"], s["status"], s["errorCode"]) for s in done["steps"]["items"]] == [
-        ("fail", "failed", "nonZeroExit")]  # fmt: skip
+        ("fail", "failed", "nonZeroExit")
+    ]
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 1, "nonZeroExit")
     assert effect_attempts(server, run_id) == [(1, "rejected")]
     # The failed node keeps the command's output (the rejected effect's result), its error the node's own text.
-    output, error = query(server, "SELECT o.bytes, e.bytes FROM node_attempts a JOIN blobs o ON o.digest = "
-                                  "a.output_digest JOIN blobs e ON e.digest = a.error_digest WHERE a.run_id = ?",
-                          run_id)[0]  # fmt: skip
+    output, error = query(
+        server,
+        "SELECT o.bytes, e.bytes FROM node_attempts a JOIN blobs o ON o.digest = "
+        "a.output_digest JOIN blobs e ON e.digest = a.error_digest WHERE a.run_id = ?",
+        run_id,
+    )[0]
     assert json.loads(output)["stdout"] == "partial\n" and json.loads(output)["exitCode"] == 3
     assert error.decode() == "the command failed (exit code 3): broken"
     assert effect_result(server, run_id)["output"]["stderr"] == "broken\n"
@@ -300,7 +324,8 @@ def test_an_idempotent_timeout_kills_the_command_and_times_the_run_out(server, p
     done = wait_status(server, run_id, "completed", "failed", "timed_out")
     assert done["display"]["status"] == "timed_out"
     assert [(s["nodePath"], s["status"], s["outcome"]) for s in done["steps"]["items"]] == [
-        ("nap", "timed_out", "timed_out")]  # fmt: skip
+        ("nap", "timed_out", "timed_out")
+    ]
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"]) == ("applied", 1)
     assert effect_attempts(server, run_id) == [(1, "applied")]
@@ -375,13 +400,18 @@ def test_kill_9_of_the_worker_retries_an_idempotent_command_under_the_same_key(s
     os.kill(performer_of(first), signal.SIGKILL)
     wait_until(lambda: group_gone(first), what="the first command's group killed")
     # Pending again at a backoff time, then claimed by a (restarted) worker: attempt 2, a new command.
-    wait_until(lambda: effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applying")],
-               what="effect attempt 2 applying")  # fmt: skip
+    wait_until(
+        lambda: effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applying")], what="effect attempt 2 applying"
+    )
     second = wait_until(lambda: [p for p in commands(server) if p != first], what="the second command")[0]
     assert first not in commands(server)
     assert not ledger.exists()  # the first attempt never got past the flag
-    retry = query(server, "SELECT a.retry_at - a.ended_at, a.error_code FROM effect_attempts a JOIN effects e "
-                          "USING (effect_id) WHERE e.run_id = ? AND a.attempt_number = 1", run_id)  # fmt: skip
+    retry = query(
+        server,
+        "SELECT a.retry_at - a.ended_at, a.error_code FROM effect_attempts a JOIN effects e "
+        "USING (effect_id) WHERE e.run_id = ? AND a.attempt_number = 1",
+        run_id,
+    )
     assert retry[0][1] == "uncertainAttempt" and 0 <= retry[0][0] <= 100  # base 100 ms: drawn from [50, 100]
 
     flag.write_text("go")
@@ -407,8 +437,10 @@ def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, projec
 
     os.kill(performer_of(first), signal.SIGKILL)
     wait_until(lambda: group_gone(first), what="the command's group killed")
-    parked = wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
-                        what="run parked effectAmbiguous")  # fmt: skip
+    parked = wait_until(
+        lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
+        what="run parked effectAmbiguous",
+    )
     assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == "effectAmbiguous"
     assert parked["display"]["controls"] == ["review"]
 
@@ -435,11 +467,16 @@ def test_kill_9_of_a_runner_awaiting_its_command_adopts_the_settled_result(serve
     runner = live_runner_pid(server, run_id)
 
     os.kill(runner, signal.SIGKILL)
-    wait_until(lambda: query(server, "SELECT outcome FROM run_workers WHERE run_id = ?", run_id) == [("crashed",)],
-               what="the runner's exit recorded")  # fmt: skip
+    wait_until(
+        lambda: query(server, "SELECT outcome FROM run_workers WHERE run_id = ?", run_id) == [("crashed",)],
+        what="the runner's exit recorded",
+    )
     assert not group_gone(command)  # the worker's command goes on: the runner only waited for it
-    stays(lambda: query(server, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id) == [(1,)], 0.5,
-          "no second runner while the effect applies under a live claim")  # fmt: skip
+    stays(
+        lambda: query(server, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id) == [(1,)],
+        0.5,
+        "no second runner while the effect applies under a live claim",
+    )
 
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")

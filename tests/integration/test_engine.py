@@ -39,11 +39,19 @@ def test_a_ten_node_workflow_completes_with_its_output(server, project):
 
 
 def test_failures_and_routing_errors_fail_the_run(server, project):
-    write(project, "boom", 'from piworkflows.workflows import *\n'
-                           'workflow = define_workflow("boom", "a", {"a": compute(lambda ctx: 1 / 0)})\n')  # fmt: skip
-    write(project, "lost", 'from piworkflows.workflows import *\n'
-                           'workflow = define_workflow("lost", "a", {"a": compute(lambda ctx: {"r": "x"}), '
-                           '"b": compute(lambda ctx: 1)}, [switch("a", on="$.r", cases={"y": "b"})])\n')  # fmt: skip
+    write(
+        project,
+        "boom",
+        "from piworkflows.workflows import *\n"
+        'workflow = define_workflow("boom", "a", {"a": compute(lambda ctx: 1 / 0)})\n',
+    )
+    write(
+        project,
+        "lost",
+        "from piworkflows.workflows import *\n"
+        'workflow = define_workflow("lost", "a", {"a": compute(lambda ctx: {"r": "x"}), '
+        '"b": compute(lambda ctx: 1)}, [switch("a", on="$.r", cases={"y": "b"})])\n',
+    )
     boom = wait_status(server, start(server, project, "boom"), "completed", "failed")
     assert boom["display"]["status"] == "failed" and "ZeroDivisionError" in boom["error"]
     lost = wait_status(server, start(server, project, "lost"), "completed", "failed")
@@ -52,10 +60,14 @@ def test_failures_and_routing_errors_fail_the_run(server, project):
 
 
 def test_max_steps_fails_a_looping_run(server, project):
-    write(project, "loop", 'from piworkflows.workflows import *\n'
-                           'workflow = define_workflow("loop", "a", {"a": compute(lambda ctx: 1), '
-                           '"b": compute(lambda ctx: 2)}, [edge("a", "b"), edge("b", "a")], '
-                           'max_steps=5)\n')  # fmt: skip
+    write(
+        project,
+        "loop",
+        "from piworkflows.workflows import *\n"
+        'workflow = define_workflow("loop", "a", {"a": compute(lambda ctx: 1), '
+        '"b": compute(lambda ctx: 2)}, [edge("a", "b"), edge("b", "a")], '
+        "max_steps=5)\n",
+    )
     done = wait_status(server, start(server, project, "loop"), "completed", "failed")
     assert done["run"]["errorCode"] == "maxStepsExceeded" and len(done["steps"]["items"]) == 5
 
@@ -73,8 +85,7 @@ def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path
         done = wait_status(server, run_id, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
         nodes = [(s["nodePath"], s["status"]) for s in done["steps"]["items"]]
-        assert nodes == [("first", "completed"), ("wait", "interrupted"), ("wait", "completed"),
-                         ("last", "completed")]  # fmt: skip
+        assert nodes == [("first", "completed"), ("wait", "interrupted"), ("wait", "completed"), ("last", "completed")]
     finally:
         server.stop()
     check_database(server.state_dir)
@@ -91,8 +102,12 @@ def test_kill_9_of_the_supervisor_mid_run_resumes_without_repeating_finished_nod
     server = ServerProcess(tmp_path / "s", env=FAST).start()
     try:
         # The takeover ended the old runner's process group (its identity matched).
-        wait_until(lambda: not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status()
-                   == psutil.STATUS_ZOMBIE, what="old runner gone")  # fmt: skip
+        wait_until(
+            lambda: (
+                not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
+            ),
+            what="old runner gone",
+        )
         flag.write_text("go")
         done = wait_status(server, run_id, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
@@ -114,8 +129,9 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
         second = start(server, project, "tenstep")  # queued: the only runner slot is busy
         write(project, "tenstep", TENSTEP + "\n# edited after the run started\n")
         flag.write_text("go")
-        parked = wait_until(lambda: (v := view(server, second))["run"]["parkReason"] == "workflowSourceChanged" and v,
-                            what="parked")  # fmt: skip
+        parked = wait_until(
+            lambda: (v := view(server, second))["run"]["parkReason"] == "workflowSourceChanged" and v, what="parked"
+        )
         assert parked["display"]["status"] == "queued" and parked["steps"]["items"] == []
         assert wait_status(server, first, "completed")["display"]["status"] == "completed"
     finally:
@@ -138,8 +154,9 @@ def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, 
     with server.client() as client:
         first = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
         second = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": False}}, run_id=run_id)
-        repeat = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id,
-                                idempotency_key="k-1")  # fmt: skip
+        repeat = client.request(
+            "checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id, idempotency_key="k-1"
+        )
     assert first.outcome == "accepted" and first.receipt["status"] == "queued"
     assert second.outcome == "conflict" and second.receipt["code"] == "winnerDecided"
     assert repeat.outcome == "conflict"
@@ -157,14 +174,42 @@ def test_the_cli_answers_a_checkpoint(server, project):
     write(project, "ask", CHECKPOINT)
     run_id = start(server, project, "ask")
     wait_status(server, run_id, "waiting")
-    result = subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "answer",
-                             run_id, "ask", '{"go": false}'], capture_output=True, text=True, timeout=60,
-                            env=server.env)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "piworkflows.cli",
+            "--state-dir",
+            str(server.state_dir),
+            "answer",
+            run_id,
+            "ask",
+            '{"go": false}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server.env,
+    )
     assert result.returncode == 0, result.stderr
     assert wait_status(server, run_id, "completed")["output"] == {"answered": False}
-    again = subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "answer",
-                            run_id, "ask", '{"go": true}'], capture_output=True, text=True, timeout=60,
-                           env=server.env)  # fmt: skip
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "piworkflows.cli",
+            "--state-dir",
+            str(server.state_dir),
+            "answer",
+            run_id,
+            "ask",
+            '{"go": true}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server.env,
+    )
     assert again.returncode == 1 and "winnerDecided" in again.stderr
 
 
@@ -172,8 +217,13 @@ def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "piworkflows.demo", "--who", "tests"], capture_output=True,
-                            text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "piworkflows.demo", "--who", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'completed: output {"kind":"final","message":"demo finished: 2 words"}' in result.stdout
     assert "summary/describe [compute] completed" in result.stdout
@@ -194,8 +244,12 @@ def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project)
         assert cancelled.outcome == "accepted" and cancelled.receipt == {"runId": run_id, "status": "cancelled"}
         assert repeat.outcome == "adopted" and repeat.receipt == cancelled.receipt
         assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
-        wait_until(lambda: not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status()
-                   == psutil.STATUS_ZOMBIE, what="runner group stopped")  # fmt: skip
+        wait_until(
+            lambda: (
+                not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
+            ),
+            what="runner group stopped",
+        )
         done = view(server, run_id)
         assert done["display"]["status"] == "cancelled"
         assert [s["status"] for s in done["steps"]["items"]] == ["completed", "cancelled"]

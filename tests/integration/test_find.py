@@ -76,9 +76,17 @@ def test_runs_filters_and_pages_through_600_runs(server: ServerProcess, tmp_path
         ("--project", str(projects[1])): lambda r, p, w, c: p == projects[1],
         ("--since", since): lambda r, p, w, c: created[r] >= middle,
         ("--since", "2h"): lambda r, p, w, c: True,
-        ("--project", str(projects[0]), "--workflow", "demo", "--status", "queued", "--since", since):
-            lambda r, p, w, c: p == projects[0] and w == "demo" and not c and created[r] >= middle,
-    }  # fmt: skip
+        (
+            "--project",
+            str(projects[0]),
+            "--workflow",
+            "demo",
+            "--status",
+            "queued",
+            "--since",
+            since,
+        ): lambda r, p, w, c: p == projects[0] and w == "demo" and not c and created[r] >= middle,
+    }
     for args, keep in cases.items():
         found = [item["runId"] for item in listed(server, *args)]
         assert found == expect(keep) and found, args
@@ -113,14 +121,22 @@ def test_runs_says_so_when_nothing_matches(server: ServerProcess):
 # --- workflows and workflow show ----------------------------------------------------------------
 
 BROKEN = {  # a module that fails to load: its source, the line to report, and what the report must say
-    "syntax": ("from piworkflows.workflows import *\nworkflow = define_workflow(\n    'syntax', 'a',\n",
-               2, ["SyntaxError: '(' was never closed", "    workflow = define_workflow(\n", "^"]),
-    "imports": ("import os\nimport no_such_module_for_piw\n", 2,
-                ["ModuleNotFoundError", "the missing module: no_such_module_for_piw", "import no_such_module_for_piw"]),
-    "raises": ("def helper():\n    return {}['key']\n\n\nhelper()\n", 2,
-               ["KeyError: 'key'", ", line 5, in <module>", "      helper()", ", line 2, in helper",
-                "      return {}['key']"]),
-}  # fmt: skip
+    "syntax": (
+        "from piworkflows.workflows import *\nworkflow = define_workflow(\n    'syntax', 'a',\n",
+        2,
+        ["SyntaxError: '(' was never closed", "    workflow = define_workflow(\n", "^"],
+    ),
+    "imports": (
+        "import os\nimport no_such_module_for_piw\n",
+        2,
+        ["ModuleNotFoundError", "the missing module: no_such_module_for_piw", "import no_such_module_for_piw"],
+    ),
+    "raises": (
+        "def helper():\n    return {}['key']\n\n\nhelper()\n",
+        2,
+        ["KeyError: 'key'", ", line 5, in <module>", "      helper()", ", line 2, in helper", "      return {}['key']"],
+    ),
+}
 
 
 @pytest.fixture
@@ -162,9 +178,10 @@ def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_se
     by_key = {(item["name"], item["origin"]): item for item in receipt["items"]}
     assert by_key["hello", "project"]["description"] == "Says hello from the project."
     assert by_key["hello", "project"]["source"] == {
-        "kind": "file", "path": str(sources["project"] / "hello.workflow.py"),
+        "kind": "file",
+        "path": str(sources["project"] / "hello.workflow.py"),
         "sha256": hashlib.sha256((sources["project"] / "hello.workflow.py").read_bytes()).hexdigest(),
-    }  # fmt: skip
+    }
     assert by_key["demo", "builtin"]["source"] == {"kind": "builtin", "id": "builtin:demo", "revision": "4"}
     assert by_key["demo", "builtin"]["description"].startswith("Every node kind")
     error = by_key["syntax", "project"]["error"]
@@ -176,11 +193,15 @@ def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_se
     assert (
         lines[0] == f"project workflows: {sources['project']}" and lines[1] == f"user workflows:    {sources['user']}"
     )
-    assert any(line.split() == ["demo", "builtin", "builtin:demo", "revision", "4,", "shadowed", "by", "user"]
-               for line in lines)  # fmt: skip
+    assert any(
+        line.split() == ["demo", "builtin", "builtin:demo", "revision", "4,", "shadowed", "by", "user"]
+        for line in lines
+    )
     assert "    Says hello from the project." in lines
-    assert f"    does not load: {sources['user'] / 'imports.workflow.py'}, line 2: ModuleNotFoundError: No module " \
-           "named 'no_such_module_for_piw'" in lines  # fmt: skip
+    assert (
+        f"    does not load: {sources['user'] / 'imports.workflow.py'}, line 2: ModuleNotFoundError: No module "
+        "named 'no_such_module_for_piw'" in lines
+    )
 
 
 def test_workflow_show_prints_the_graph_and_json_the_definition_snapshot(user_server, project):
@@ -191,9 +212,15 @@ def test_workflow_show_prints_the_graph_and_json_the_definition_snapshot(user_se
     assert (
         "  input: not declared (define_workflow takes no input schema; the description says what it expects)" in lines
     )
-    for expected in ["  greet [compute] -> progress", "  hook [compute] switch on $.post", "      true -> post",
-                     "      false -> summary/count", "  summary/describe [compute] -> ask", "  stop [notify] (end)",
-                     "  summary/ is the included workflow demo-summary"]:  # fmt: skip
+    for expected in [
+        "  greet [compute] -> progress",
+        "  hook [compute] switch on $.post",
+        "      true -> post",
+        "      false -> summary/count",
+        "  summary/describe [compute] -> ask",
+        "  stop [notify] (end)",
+        "  summary/ is the included workflow demo-summary",
+    ]:
         assert expected in lines, expected
     assert lines.index("  greet [compute] -> progress") < lines.index("  ask [checkpoint] switch on $.continue")
 
@@ -204,8 +231,11 @@ def test_workflow_show_prints_the_graph_and_json_the_definition_snapshot(user_se
     assert receipt["definitionDigest"] == started.receipt["definitionDigest"]  # the definition run start stores
     snapshot = receipt["snapshot"]
     assert snapshot["schema"] == "pi-workflows.definition-snapshot.v1"
-    assert (snapshot["startAt"], snapshot["nodes"], snapshot["edges"]) == (graph["startAt"], graph["nodes"],
-                                                                          graph["edges"])  # fmt: skip
+    assert (snapshot["startAt"], snapshot["nodes"], snapshot["edges"]) == (
+        graph["startAt"],
+        graph["nodes"],
+        graph["edges"],
+    )
     assert receipt["origin"] == "builtin" and receipt["source"]["id"] == "builtin:demo"
 
     shadowing = json_lines(user_server.cli("workflow", "show", "demo", "--project", str(project), "--json"))[0]
@@ -241,10 +271,20 @@ def test_a_module_that_fails_to_load_is_reported_with_file_and_line_everywhere(u
 def complete(state_dir: Path, env: dict[str, str], *words: str) -> subprocess.CompletedProcess[str]:
     """What bash's completion function asks ``pi-workflows`` for: the candidates for the last word."""
     line = ["pi-workflows", "--state-dir", str(state_dir), *words]
-    env = {**env, "_PI_WORKFLOWS_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(line),
-           "COMP_CWORD": str(len(line) - 1)}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "piworkflows.cli"], capture_output=True, text=True, timeout=60,
-                          env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **env,
+        "_PI_WORKFLOWS_COMPLETE": "bash_complete",
+        "COMP_WORDS": " ".join(line),
+        "COMP_CWORD": str(len(line) - 1),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "piworkflows.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def candidates(result: subprocess.CompletedProcess[str]) -> list[str]:
@@ -262,8 +302,10 @@ def test_completion_prints_the_script_for_each_shell(tmp_path: Path, shell: str)
 
 def test_completion_offers_run_ids_workflow_names_and_checkpoints_from_the_running_server(user_server, project):
     with user_server.client() as client:
-        run_ids = [client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
-                   .receipt["runId"] for _ in range(2)]  # fmt: skip
+        run_ids = [
+            client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"}).receipt["runId"]
+            for _ in range(2)
+        ]
     state, env = user_server.state_dir, user_server.env
     assert sorted(candidates(complete(state, env, "run", "status", ""))) == sorted(run_ids)
     assert candidates(complete(state, env, "run", "cancel", run_ids[0][:12])) == [
@@ -277,8 +319,13 @@ def test_completion_offers_run_ids_workflow_names_and_checkpoints_from_the_runni
 
 
 def test_completion_offers_the_node_a_run_waits_at(tmp_path: Path, project: Path):
-    write(project, "two", CHECKPOINT.replace('"ask", "prepare"', '"two", "prepare"').replace(
-        '"no": compute', '"again": checkpoint(summary="again?"), "no": compute'))  # fmt: skip
+    write(
+        project,
+        "two",
+        CHECKPOINT.replace('"ask", "prepare"', '"two", "prepare"').replace(
+            '"no": compute', '"again": checkpoint(summary="again?"), "no": compute'
+        ),
+    )
     server = ServerProcess(tmp_path / "s").start()
     try:
         run_id = start(server, project, "two")

@@ -117,8 +117,13 @@ def test_512_levels_are_answered_513_are_closed_without_a_traceback(stopped_clea
 def test_thousands_of_malformed_connections_leave_the_startup_line_in_a_small_log(
     stopped_cleanly, tmp_path: Path
 ) -> None:
-    proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_LOG_MAX_BYTES="16384", PI_WORKFLOWS_LOG_BACKUPS="1",
-                       PI_WORKFLOWS_CONNECTION_LOG_INTERVAL_MS="1000")  # fmt: skip
+    proc, path = start(
+        stopped_cleanly,
+        tmp_path,
+        PI_WORKFLOWS_LOG_MAX_BYTES="16384",
+        PI_WORKFLOWS_LOG_BACKUPS="1",
+        PI_WORKFLOWS_CONNECTION_LOG_INTERVAL_MS="1000",
+    )
     frames = [b"[]\n", b"[" * 5_000 + b"\n"]  # not an object; nested too deep (a RecursionError before)
     count = 2_000
     with Conn(path) as witness:
@@ -180,8 +185,9 @@ def test_1_mib_without_a_newline_is_closed_by_the_frame_timeout(stopped_cleanly,
 
 
 def test_the_partial_bytes_of_all_connections_are_bounded(stopped_cleanly, tmp_path: Path) -> None:
-    proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_CLIENT_PARTIAL_BYTES_MAX=str(MIB),
-                       PI_WORKFLOWS_FRAME_TIMEOUT_MS="60000")  # fmt: skip
+    proc, path = start(
+        stopped_cleanly, tmp_path, PI_WORKFLOWS_CLIENT_PARTIAL_BYTES_MAX=str(MIB), PI_WORKFLOWS_FRAME_TIMEOUT_MS="60000"
+    )
     frame, part = _padded(700 * 1024), 600 * 1024
     with Conn(path) as first, Conn(path) as second, Conn(path) as witness:
         first.send(frame[:part])
@@ -216,8 +222,11 @@ def test_an_idle_connection_is_closed_and_one_with_a_request_in_flight_is_not(
     write(project, "slowload", SLOW_TO_LOAD.format(flag=str(flag)))
     proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_IDLE_TIMEOUT_MS="500", PI_WORKFLOWS_MAX_RUNNERS="0")
     with Conn(path) as busy:
-        busy.send(request_line("run.start", payload={"projectPath": str(project), "workflowName": "slowload"},
-                               request_id="slow"))  # fmt: skip
+        busy.send(
+            request_line(
+                "run.start", payload={"projectPath": str(project), "workflowName": "slowload"}, request_id="slow"
+            )
+        )
         for _ in range(2):  # the second idle one opened after the first closed: busy was silent longer
             with Conn(path) as idle:
                 assert idle.read_until_closed() == b""
@@ -267,8 +276,12 @@ def test_beyond_max_connections_one_refusal_line_then_close(stopped_cleanly, tmp
         with Conn(path, read_hello=False) as sixth:
             line = sixth.read_line()
             assert is_canonical(line)
-            assert json.loads(line) == {"code": "tooManyConnections", "error": TOO_MANY_CONNECTIONS,
-                                        "schema": client_v1.SCHEMA, "type": "refused"}  # fmt: skip
+            assert json.loads(line) == {
+                "code": "tooManyConnections",
+                "error": TOO_MANY_CONNECTIONS,
+                "schema": client_v1.SCHEMA,
+                "type": "refused",
+            }
             assert sixth.read_until_closed() == b""
         wait_until(lambda: "refused a connection: 5 connections are open" in server_log(proc))
         assert server_log(proc).count("refused a connection") == 1

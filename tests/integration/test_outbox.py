@@ -66,9 +66,12 @@ workflow = define_workflow("lambdaauth", "fetch", {
 
 
 def http_workflow(
-    project: Path, name: str, effect: str = 'idempotent_effect("test.http")', timeout_ms: int = 5000,
+    project: Path,
+    name: str,
+    effect: str = 'idempotent_effect("test.http")',
+    timeout_ms: int = 5000,
     headers: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     write(project, name, HTTP.format(name=name, effect=effect, timeout_ms=timeout_ms, headers=repr(headers or {})))
 
 
@@ -106,17 +109,24 @@ def server(tmp_path: Path, config_dir: Path, request: pytest.FixtureRequest) -> 
 
 def attempt_rows(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
     """The run's outside effect's numbered attempts, with what each recorded."""
-    rows = query(server, "SELECT a.attempt_number, a.attempt_status, a.error_code, a.retry_at, a.started_at, "
-                         "a.ended_at FROM effect_attempts a JOIN effects e USING (effect_id) "
-                         "WHERE e.run_id = ? AND e.effect_class = 'external' ORDER BY a.attempt_number",
-                 run_id)  # fmt: skip
+    rows = query(
+        server,
+        "SELECT a.attempt_number, a.attempt_status, a.error_code, a.retry_at, a.started_at, "
+        "a.ended_at FROM effect_attempts a JOIN effects e USING (effect_id) "
+        "WHERE e.run_id = ? AND e.effect_class = 'external' ORDER BY a.attempt_number",
+        run_id,
+    )
     keys = ("n", "status", "errorCode", "retryAt", "startedAt", "endedAt")
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def effect_error(server: ServerProcess, run_id: str) -> str:
-    rows = query(server, "SELECT b.bytes FROM effects e JOIN blobs b ON b.digest = e.error_digest "
-                         "WHERE e.run_id = ? AND e.effect_class = 'external'", run_id)  # fmt: skip
+    rows = query(
+        server,
+        "SELECT b.bytes FROM effects e JOIN blobs b ON b.digest = e.error_digest "
+        "WHERE e.run_id = ? AND e.effect_class = 'external'",
+        run_id,
+    )
     assert len(rows) == 1, rows
     return bytes(rows[0][0]).decode()
 
@@ -146,15 +156,19 @@ def hanging_request(server: ServerProcess, ledger: LedgerServer, run_id: str, pa
     """Wait until the run's request hangs at the ledger under attempt 1; returns the worker sending it."""
     wait_until(lambda: len(requests_to(ledger, path)) == 1, what="the request at the ledger")
     wait_until(lambda: effect_attempts(server, run_id) == [(1, "applying")], what="effect attempt 1 applying")
-    performers = wait_until(lambda: [p for p in outbox_workers(server) if talking_to(p, port_of(ledger))],
-                            what="the worker connected to the ledger")  # fmt: skip
+    performers = wait_until(
+        lambda: [p for p in outbox_workers(server) if talking_to(p, port_of(ledger))],
+        what="the worker connected to the ledger",
+    )
     assert len(performers) == 1, performers
     return performers[0]
 
 
 def parked_ambiguous(server: ServerProcess, run_id: str) -> dict[str, Any]:
-    return wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
-                      what="run parked effectAmbiguous")  # fmt: skip
+    return wait_until(
+        lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
+        what="run parked effectAmbiguous",
+    )
 
 
 def request(server: ServerProcess, op: str, payload: Any, **kwargs: Any) -> Any:
@@ -177,26 +191,35 @@ def test_a_flaky_server_is_retried_under_the_same_key_until_it_answers(ledger, s
     effect = effect_row(server, run_id)
     key = effect["key"]
     assert (effect["status"], effect["policy"], effect["attempts"], effect["errorCode"]) == (
-        "applied", "idempotent", 3, None)  # fmt: skip
+        "applied",
+        "idempotent",
+        3,
+        None,
+    )
     call = done["output"]["call"]
     assert (call["status"], call["body"]) == (200, {"ok": True, "key": key, "n": 3})
     assert call["headers"]["content-type"] == "application/json"
     # Three requests reached the outside world, all under the effect's key, with the same body.
     sent = requests_to(ledger, "/flaky")
     assert [(r["method"], r["idempotencyKey"], json.loads(r["body"])) for r in sent] == [
-        ("POST", key, {"order": 1})] * 3  # fmt: skip
+        ("POST", key, {"order": 1})
+    ] * 3
     assert ledger.count(key) == 3
 
     attempts = attempt_rows(server, run_id)
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempts] == [
-        (1, "failed", "httpServerError"), (2, "failed", "httpServerError"), (3, "applied", None)]  # fmt: skip
+        (1, "failed", "httpServerError"),
+        (2, "failed", "httpServerError"),
+        (3, "applied", None),
+    ]
     first, second, last = attempts
     assert first["endedAt"] <= first["retryAt"] < second["retryAt"]
     assert second["endedAt"] <= second["retryAt"]
     assert first["retryAt"] <= second["startedAt"] and second["retryAt"] <= last["startedAt"]  # none came early
     assert last["retryAt"] is None
     assert query(server, "SELECT available_at FROM effects WHERE effect_id = ?", effect["effectId"]) == [
-        (second["retryAt"],)]  # fmt: skip
+        (second["retryAt"],)
+    ]
     assert node_attempts(server, run_id, "call") == [(1, "completed")]  # the runner only waited
 
 
@@ -209,12 +232,14 @@ def test_a_4xx_answer_rejects_the_effect_and_fails_the_run(ledger, server, proje
     assert done["run"]["errorCode"] == "httpClientError"
     assert "404" in done["error"]
     assert [(s["nodePath"], s["status"], s["errorCode"]) for s in done["steps"]["items"]] == [
-        ("call", "failed", "httpClientError")]  # fmt: skip
+        ("call", "failed", "httpClientError")
+    ]
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 1, "httpClientError")
     assert "404" in effect_error(server, run_id)
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempt_rows(server, run_id)] == [
-        (1, "rejected", "httpClientError")]  # fmt: skip
+        (1, "rejected", "httpClientError")
+    ]
     assert len(ledger.requests) == 1 and ledger.keys() == [effect["key"]]
 
 
@@ -227,7 +252,9 @@ def test_retries_exhausted_rejects_the_effect_after_max_attempts(ledger, server,
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 2, "retriesExhausted")
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempt_rows(server, run_id)] == [
-        (1, "failed", "httpServerError"), (2, "rejected", "httpServerError")]  # fmt: skip
+        (1, "failed", "httpServerError"),
+        (2, "rejected", "httpServerError"),
+    ]
     assert attempt_rows(server, run_id)[1]["retryAt"] is None  # no third attempt is planned
     assert ledger.keys() == [effect["key"]] * 2
     stays(lambda: len(ledger.requests) == 2, 0.5, "two requests")
@@ -245,7 +272,11 @@ def test_a_manual_effect_answered_5xx_is_rejected_without_a_retry(ledger, server
     assert "500" in done["error"]
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"], effect["errorCode"]) == (
-        "rejected", "manual", 1, "httpServerError")  # fmt: skip
+        "rejected",
+        "manual",
+        1,
+        "httpServerError",
+    )
     assert effect_attempts(server, run_id) == [(1, "rejected")]
     stays(lambda: len(ledger.requests) == 1, 0.5, "one request")
 
@@ -260,7 +291,11 @@ def test_a_manual_request_without_an_answer_parks_the_run_until_confirmed(ledger
     assert run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"], effect["errorCode"]) == (
-        "ambiguous", "manual", 1, "noAnswer")  # fmt: skip
+        "ambiguous",
+        "manual",
+        1,
+        "noAnswer",
+    )
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
     assert ledger.keys() == [effect["key"]]
 
@@ -268,7 +303,11 @@ def test_a_manual_request_without_an_answer_parks_the_run_until_confirmed(ledger
     assert listed.outcome == "accepted", listed
     [item] = listed.receipt["items"]
     assert (item["effectId"], item["effectType"], item["status"], item["runId"]) == (
-        effect["effectId"], "test.http", "ambiguous", run_id)  # fmt: skip
+        effect["effectId"],
+        "test.http",
+        "ambiguous",
+        run_id,
+    )
     assert (item["nodePath"], item["visit"], item["attempts"], item["maxAttempts"]) == ("call", 1, 1, 1)
     assert (item["nextAttemptAt"], item["errorCode"]) == (None, "noAnswer")
 
@@ -334,7 +373,9 @@ def test_kill_9_of_the_worker_retries_an_idempotent_request_under_the_same_key(l
     assert done["output"]["call"]["body"] == {"ok": True, "key": effect["key"], "n": 2}
     attempts = attempt_rows(server, run_id)
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempts] == [
-        (1, "ambiguous", "uncertainAttempt"), (2, "applied", None)]  # fmt: skip
+        (1, "ambiguous", "uncertainAttempt"),
+        (2, "applied", None),
+    ]
     assert attempts[0]["endedAt"] <= attempts[0]["retryAt"] <= attempts[1]["startedAt"]
     assert ledger.keys() == [effect["key"]] * 2
     assert (effect["status"], effect["attempts"]) == ("applied", 2)
@@ -355,7 +396,8 @@ def test_kill_9_of_the_worker_parks_a_manual_request_as_ambiguous(ledger, server
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"]) == ("ambiguous", "manual", 1)
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempt_rows(server, run_id)] == [
-        (1, "ambiguous", "uncertainAttempt")]  # fmt: skip
+        (1, "ambiguous", "uncertainAttempt")
+    ]
 
     def still_parked() -> bool:
         return len(ledger.requests) == 1 and run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
@@ -455,7 +497,8 @@ def test_a_literal_authorization_header_from_a_lambda_fails_the_node_before_anyt
     assert done["display"]["status"] == "failed"
     assert "Authorization" in done["error"]
     assert query(server, "SELECT count(*) FROM effects WHERE run_id = ? AND effect_class = 'external'", run_id) == [
-        (0,)]  # fmt: skip
+        (0,)
+    ]
     assert ledger.requests == []
 
 
@@ -483,8 +526,11 @@ def cancel_hanging_request(server: ServerProcess, ledger: LedgerServer, project:
 
 
 def finishes_soon(server: ServerProcess, run_id: str, seconds: float) -> dict[str, Any]:
-    return wait_until(lambda: (v := view(server, run_id))["display"]["status"] in ("completed", "failed") and v,
-                      timeout=seconds, what=f"run {run_id} finished")  # fmt: skip
+    return wait_until(
+        lambda: (v := view(server, run_id))["display"]["status"] in ("completed", "failed") and v,
+        timeout=seconds,
+        what=f"run {run_id} finished",
+    )
 
 
 def test_cancel_while_a_request_hangs_makes_its_effect_ambiguous(ledger, server, project):
@@ -530,7 +576,12 @@ def test_the_cli_lists_and_confirms_an_ambiguous_request(ledger, server, project
     assert len(items) == 1, listed.stdout
     [item] = items
     assert (item["effectId"], item["effectType"], item["status"], item["runId"], item["attempts"]) == (
-        effect_id, "test.http", "ambiguous", run_id, 1)  # fmt: skip
+        effect_id,
+        "test.http",
+        "ambiguous",
+        run_id,
+        1,
+    )
     by_run = server.cli("effects", "--json", "--all", "--run", run_id)
     assert by_run.returncode == 0, by_run.stderr
     assert [json.loads(line)["effectId"] for line in by_run.stdout.splitlines()] == [effect_id]

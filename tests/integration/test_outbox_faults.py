@@ -73,8 +73,12 @@ def test_a_manual_effect_whose_worker_died_after_sending_is_ambiguous_and_an_ope
     parked_ambiguous(server, run_id)
     effect = effect_row(server, run_id)
     assert ledger.keys() == [effect["key"]]  # it reached the outside: the operator sees it there
-    confirmed = request(server, "effect.confirm", {"effectId": effect["effectId"], "note": "in the ledger",
-                                                   "output": {"status": 200}}, idempotency_key="confirm-1")  # fmt: skip
+    confirmed = request(
+        server,
+        "effect.confirm",
+        {"effectId": effect["effectId"], "note": "in the ledger", "output": {"status": 200}},
+        idempotency_key="confirm-1",
+    )
     assert confirmed.outcome == "accepted", confirmed
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "completed", done["error"]

@@ -73,8 +73,14 @@ def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, 
             with server.client() as client:
                 run_ids = []
                 for n in range(RUNS):
-                    started = client.request("run.start", {"projectPath": str(project), "workflowName": "posts",
-                                                           "input": {"url": ledger.url + "/post", "n": n}})  # fmt: skip
+                    started = client.request(
+                        "run.start",
+                        {
+                            "projectPath": str(project),
+                            "workflowName": "posts",
+                            "input": {"url": ledger.url + "/post", "n": n},
+                        },
+                    )
                     assert started.outcome == "accepted", started
                     run_ids.append(started.receipt["runId"])
                 thread = threading.Thread(target=killer, daemon=True)
@@ -85,11 +91,13 @@ def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, 
                     listed = client.request("effect.list", {"statuses": ["ambiguous"]})
                     assert listed.outcome == "accepted", listed
                     for item in listed.receipt["items"]:
-                        (key,) = query(server, "SELECT idempotency_key FROM effects WHERE effect_id = ?",
-                                       item["effectId"])[0]  # fmt: skip
+                        (key,) = query(
+                            server, "SELECT idempotency_key FROM effects WHERE effect_id = ?", item["effectId"]
+                        )[0]
                         if ledger.count(key) > operator_retries[key]:
-                            answer = client.request("effect.confirm", {"effectId": item["effectId"],
-                                                                       "note": "the ledger has it"})  # fmt: skip
+                            answer = client.request(
+                                "effect.confirm", {"effectId": item["effectId"], "note": "the ledger has it"}
+                            )
                         else:
                             operator_retries[key] += 1
                             answer = client.request("effect.retry", {"effectId": item["effectId"]})
@@ -102,10 +110,16 @@ def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, 
                 try:
                     wait_until(review, timeout=200, interval=0.2, what="every run completed")
                 except AssertionError:
-                    stuck = query(server, "SELECT r.run_id, r.status, r.park_reason, q.queue_status FROM runs r "
-                                          "JOIN run_queue q USING (run_id) WHERE r.status != 'completed'")  # fmt: skip
-                    effects = query(server, "SELECT run_id, effect_status, recovery_policy, attempt_count "
-                                            "FROM effects WHERE effect_status != 'applied'")  # fmt: skip
+                    stuck = query(
+                        server,
+                        "SELECT r.run_id, r.status, r.park_reason, q.queue_status FROM runs r "
+                        "JOIN run_queue q USING (run_id) WHERE r.status != 'completed'",
+                    )
+                    effects = query(
+                        server,
+                        "SELECT run_id, effect_status, recovery_policy, attempt_count "
+                        "FROM effects WHERE effect_status != 'applied'",
+                    )
                     raise AssertionError(
                         f"kills {len(kills)}; runs {stuck}; effects {effects}; log {server.output()[-3000:]}"
                     ) from None
@@ -115,8 +129,10 @@ def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, 
         check_state(server.state_dir)
 
         assert len(kills) >= 5, kills  # the kills really happened
-        effects = query(server, "SELECT idempotency_key, recovery_policy, effect_status FROM effects "
-                                "WHERE performer = 'http.request'")  # fmt: skip
+        effects = query(
+            server,
+            "SELECT idempotency_key, recovery_policy, effect_status FROM effects WHERE performer = 'http.request'",
+        )
         assert len(effects) == RUNS * NODES
         assert {status for _, _, status in effects} == {"applied"}  # none stuck pending or applying
         counts = Counter(ledger.keys())

@@ -238,8 +238,11 @@ VALID = canonical_line(envelope())
 
 INVALID_FRAMES: list[tuple[str, bytes, bool]] = [
     # (label, bytes, half-close after sending)
-    ("envelope keys not sorted", json.dumps({"type": "request", **envelope()}, separators=(",", ":")).encode() + b"\n",
-     False),
+    (
+        "envelope keys not sorted",
+        json.dumps({"type": "request", **envelope()}, separators=(",", ":")).encode() + b"\n",
+        False,
+    ),
     ("whitespace", VALID.replace(b'"type":', b'"type": '), False),
     ("trailing CR", VALID[:-1] + b"\r\n", False),
     ("1e+20", canonical_line(envelope(payload={"n": 0})).replace(b'"n":0', b'"n":1e+20'), False),
@@ -252,8 +255,11 @@ INVALID_FRAMES: list[tuple[str, bytes, bool]] = [
     ("invalid UTF-8", VALID.replace(b'"req-1"', b'"req-\xff"'), False),
     ("duplicate key", VALID.replace(b'"clientId":"client-test",', b'"clientId":"a","clientId":"b",'), False),
     ("NaN", canonical_line(envelope(payload={"n": 0})).replace(b'"n":0', b'"n":NaN'), False),
-    ("index key not first in payload",
-     canonical_line(envelope(payload={})).replace(b'"payload":{}', b'"payload":{"a":1,"1":2}'), False),
+    (
+        "index key not first in payload",
+        canonical_line(envelope(payload={})).replace(b'"payload":{}', b'"payload":{"a":1,"1":2}'),
+        False,
+    ),
     ("not JSON", b"hello server\n", False),
     ("empty line", b"\n", False),
     ("JSON array", b"[]\n", False),
@@ -267,7 +273,7 @@ INVALID_FRAMES: list[tuple[str, bytes, bool]] = [
     ("2 MiB with newline", _padded(2 * MIB), False),
     ("over 1 MiB without newline", b"x" * (MIB + 1), False),
     ("2 MiB without newline", b'{"' + b"x" * (2 * MIB), False),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("label", "data", "half_close"), INVALID_FRAMES, ids=[f[0] for f in INVALID_FRAMES])
@@ -351,9 +357,14 @@ def test_protocol_schema_is_served(path: str) -> None:
 
 @pytest.mark.parametrize(
     ("operation", "payload"),
-    [("server.status", {"x": "secret-value"}), ("server.status", ["secret-value"]), ("server.status", "secret-value"),
-     ("protocol.schema", {"x": "secret-value"}), ("protocol.schema", [1])],
-)  # fmt: skip
+    [
+        ("server.status", {"x": "secret-value"}),
+        ("server.status", ["secret-value"]),
+        ("server.status", "secret-value"),
+        ("protocol.schema", {"x": "secret-value"}),
+        ("protocol.schema", [1]),
+    ],
+)
 def test_invalid_payload_for_a_served_operation_is_rejected(
     path: str, witness: Conn, operation: str, payload: Any
 ) -> None:
@@ -380,8 +391,7 @@ def test_every_unserved_operation_is_rejected_not_available_and_not_stored(serve
     client_id = "client-unserved-" + uuid.uuid4().hex
     with Conn(path) as conn:
         for op in unserved:
-            response = conn.request(op, payload={"b": 1, "a": [2]}, client_id=client_id, key=f"k-{op}",
-                                    run_id="run-1")  # fmt: skip
+            response = conn.request(op, payload={"b": 1, "a": [2]}, client_id=client_id, key=f"k-{op}", run_id="run-1")
             assert_refusal(response, "rejected", "notAvailable")
             assert op in response["error"]
             assert set(response) == {"schema", "type", "requestId", "outcome", "receipt", "error"}
@@ -414,8 +424,11 @@ def test_sender_payload_order_is_accepted_over_the_socket(path: str) -> None:
 
 def test_pipelined_requests_are_all_answered_by_request_id(path: str) -> None:
     with Conn(path) as conn:
-        conn.send(request_line(request_id="one") + request_line("protocol.schema", request_id="two")
-                  + request_line("resourceManager.list", request_id="three"))  # fmt: skip
+        conn.send(
+            request_line(request_id="one")
+            + request_line("protocol.schema", request_id="two")
+            + request_line("resourceManager.list", request_id="three")
+        )
         responses = {m["requestId"]: m for m in (conn.read_message() for _ in range(3))}
     assert set(responses) == {"one", "two", "three"}
     assert responses["one"]["outcome"] == "accepted"
@@ -606,8 +619,11 @@ def test_server_stop_idempotency_across_a_restart(tmp_path: Path) -> None:
             epoch = assert_status_ok(conn)["receipt"]["epoch"]
             assert epoch >= 1
             # an invalid payload is refused by the model before anything is stored; no stop
-            assert_refusal(conn.request("server.stop", payload={"reason": "x"}, client_id=client, key=key),
-                           "rejected", "validationFailed")  # fmt: skip
+            assert_refusal(
+                conn.request("server.stop", payload={"reason": "x"}, client_id=client, key=key),
+                "rejected",
+                "validationFailed",
+            )
             assert_status_ok(conn)
             stop = conn.request("server.stop", client_id=client, key=key)
             assert stop["outcome"] == "accepted", stop

@@ -76,14 +76,21 @@ def rows(state_dir: Path, query: str, *params) -> list[tuple]:
 
 
 def running_node(state_dir: Path, run_id: str) -> str | None:
-    found = rows(state_dir, "SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'running'",
-                 run_id)  # fmt: skip
+    found = rows(
+        state_dir, "SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'running'", run_id
+    )
     return found[0][0] if found else None
 
 
 def applying(state_dir: Path, run_id: str) -> bool:
-    return bool(rows(state_dir, "SELECT 1 FROM effect_attempts a JOIN effects e USING (effect_id) "
-                                "WHERE e.run_id = ? AND a.attempt_status = 'applying'", run_id))  # fmt: skip
+    return bool(
+        rows(
+            state_dir,
+            "SELECT 1 FROM effect_attempts a JOIN effects e USING (effect_id) "
+            "WHERE e.run_id = ? AND a.attempt_status = 'applying'",
+            run_id,
+        )
+    )
 
 
 def command_running(server: ServerProcess) -> int:
@@ -100,8 +107,11 @@ def settled(server: ServerProcess, run_id: str, *statuses: str) -> dict:
 
 def no_output_twice(state_dir: Path) -> None:
     """A node visit completes at most once, whatever was killed."""
-    twice = rows(state_dir, "SELECT run_id, node_path, visit_number FROM node_attempts "
-                            "WHERE attempt_status = 'completed' GROUP BY 1, 2, 3 HAVING count(*) > 1")  # fmt: skip
+    twice = rows(
+        state_dir,
+        "SELECT run_id, node_path, visit_number FROM node_attempts "
+        "WHERE attempt_status = 'completed' GROUP BY 1, 2, 3 HAVING count(*) > 1",
+    )
     assert twice == []
 
 
@@ -113,9 +123,12 @@ def gone(pid: int) -> bool:
 
 
 def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, project: Path):
-    for name, source in (("blocking", BLOCKING), ("asking", CHECKPOINT),
-                         ("idem", SHELL.format(name="idem", policy="idempotent_effect")),
-                         ("manual", SHELL.format(name="manual", policy="manual_effect"))):  # fmt: skip
+    for name, source in (
+        ("blocking", BLOCKING),
+        ("asking", CHECKPOINT),
+        ("idem", SHELL.format(name="idem", policy="idempotent_effect")),
+        ("manual", SHELL.format(name="manual", policy="manual_effect")),
+    ):
         write(project, name, source)
     flag = tmp_path / "flag"
     ledgers = {name: tmp_path / f"{name}.txt" for name in ("idem", "manual")}
@@ -130,9 +143,16 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
             "idem": start(server, project, "idem", {"flag": str(flag), "ledger": str(ledgers["idem"])}),
             "manual": start(server, project, "manual", {"flag": str(flag), "ledger": str(ledgers["manual"])}),
         }
-        wait_until(lambda: all(running_node(state_dir, runs[k]) == "wait" for k in ("blocking-1", "blocking-2"))
-                   and applying(state_dir, runs["idem"]) and applying(state_dir, runs["manual"])
-                   and command_running(server) == 2, timeout=60, what="four runs in flight")  # fmt: skip
+        wait_until(
+            lambda: (
+                all(running_node(state_dir, runs[k]) == "wait" for k in ("blocking-1", "blocking-2"))
+                and applying(state_dir, runs["idem"])
+                and applying(state_dir, runs["manual"])
+                and command_running(server) == 2
+            ),
+            timeout=60,
+            what="four runs in flight",
+        )
     except BaseException:
         server.stop()
         raise
@@ -140,8 +160,10 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
     assert {c["role"] for c in old} == {"runner", "command", "outbox"}
     server.kill()
     # Outbox workers see their supervisor gone (stdin ends): they kill their command group and exit.
-    wait_until(lambda: all(gone(c["pid"]) for c in old if c["role"] in ("outbox", "command")),
-               what="the workers and their commands ended by themselves")  # fmt: skip
+    wait_until(
+        lambda: all(gone(c["pid"]) for c in old if c["role"] in ("outbox", "command")),
+        what="the workers and their commands ended by themselves",
+    )
     server = ServerProcess(state_dir, env=FAST).start()  # the takeover ends the old groups before it serves
     try:
         assert all(gone(c["pid"]) for c in old), old
@@ -150,20 +172,26 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
             done = settled(server, runs[key], "completed", "failed", "ambiguous")
             assert done["display"]["status"] == "completed", (key, done["error"])
         # The idempotent command ran again under the same key: attempt 2, one line in the ledger.
-        assert rows(state_dir, "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a JOIN effects e "
-                               "USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' ORDER BY 1",
-                    runs["idem"]) == [
-            (1, "ambiguous"), (2, "applied")]  # fmt: skip
+        assert rows(
+            state_dir,
+            "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a JOIN effects e "
+            "USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' ORDER BY 1",
+            runs["idem"],
+        ) == [(1, "ambiguous"), (2, "applied")]
         assert ledgers["idem"].read_text() == "done\n"
         # The manual one may have acted: ambiguous, parked for an operator, never repeated.
         parked = settled(server, runs["manual"], "ambiguous")
         assert parked["display"]["reason"] == "effectAmbiguous" and parked["display"]["controls"] == ["review"]
-        assert rows(state_dir, "SELECT e.effect_status, a.attempt_number, a.attempt_status FROM effects e "
-                               "JOIN effect_attempts a USING (effect_id) "
-                               "WHERE e.run_id = ? AND e.effect_class = 'external'", runs["manual"]) == [
-            ("ambiguous", 1, "ambiguous")]  # fmt: skip
+        assert rows(
+            state_dir,
+            "SELECT e.effect_status, a.attempt_number, a.attempt_status FROM effects e "
+            "JOIN effect_attempts a USING (effect_id) "
+            "WHERE e.run_id = ? AND e.effect_class = 'external'",
+            runs["manual"],
+        ) == [("ambiguous", 1, "ambiguous")]
         assert rows(state_dir, "SELECT status, park_reason FROM runs WHERE run_id = ?", runs["manual"]) == [
-            ("running", "effectAmbiguous")]  # fmt: skip
+            ("running", "effectAmbiguous")
+        ]
         assert not ledgers["manual"].exists()
         # The checkpoint still waits, exactly as committed; its answer completes it in the same run.
         assert settled(server, asking, "waiting")["display"]["controls"] == ["pause", "cancel", "answer"]
@@ -183,8 +211,10 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
     try:
         run_id = start(server, project, "quitter")
         parked = settled(server, run_id, "queued")  # parked: not restarted automatically
-        wait_until(lambda: (v := view(server, run_id))["display"]["reason"] == "runnerNoProgress" and v,
-                   what="parked runnerNoProgress")  # fmt: skip
+        wait_until(
+            lambda: (v := view(server, run_id))["display"]["reason"] == "runnerNoProgress" and v,
+            what="parked runnerNoProgress",
+        )
         assert parked["display"]["controls"] == ["pause", "cancel"]
         workers = "SELECT outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch"
         assert rows(server.state_dir, workers, run_id) == [("crashed",)]
@@ -194,9 +224,13 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
             resumed = client.request("run.resume", {}, run_id=run_id)
         assert resumed.outcome == "accepted" and resumed.receipt["status"] == "queued", resumed
         twice = [("crashed",), ("crashed",)]
-        wait_until(lambda: rows(server.state_dir, workers, run_id) == twice
-                   and view(server, run_id)["display"]["reason"] == "runnerNoProgress",
-                   what="parked again")  # fmt: skip
+        wait_until(
+            lambda: (
+                rows(server.state_dir, workers, run_id) == twice
+                and view(server, run_id)["display"]["reason"] == "runnerNoProgress"
+            ),
+            what="parked again",
+        )
         with server.client() as client:
             assert client.request("server.status").receipt["activeRunners"] == 0
         assert rows(server.state_dir, workers, run_id) == twice
@@ -259,35 +293,77 @@ def test_a_stale_generation_cannot_write_through_the_writer_process(tmp_path: Pa
         assert writer.link.request("run.create", run_create("run-1").body, timeout=30).outcome == "accepted"
 
         def claim(token: str, ttl_ms: int):
-            body = {"actor": {"actor_class": "server"}, "run_id": "run-1", "server_epoch": 1, "owner_id": "server-1",
-                    "claim_token_hash": token_hash(token), "ttl_ms": ttl_ms, "launch_command": "start"}  # fmt: skip
+            body = {
+                "actor": {"actor_class": "server"},
+                "run_id": "run-1",
+                "server_epoch": 1,
+                "owner_id": "server-1",
+                "claim_token_hash": token_hash(token),
+                "ttl_ms": ttl_ms,
+                "launch_command": "start",
+            }
             return writer.link.request("run.claim", body, timeout=30)
 
         first = claim("old", 1)
         assert first.outcome == "accepted" and first.receipt["leaseGeneration"] == 1
         # The first runner never reports: its one-millisecond claim expires; the run is claimable again.
-        wait_until(lambda: writer.link.request("runner.exited", {
-            "actor": {"actor_class": "server"}, "run_id": "run-1", "runner_epoch": first.receipt["runnerEpoch"],
-            "outcome": "timedOut", "stopped_by_server": True}, timeout=30).outcome == "accepted")  # fmt: skip
+        wait_until(
+            lambda: (
+                writer.link.request(
+                    "runner.exited",
+                    {
+                        "actor": {"actor_class": "server"},
+                        "run_id": "run-1",
+                        "runner_epoch": first.receipt["runnerEpoch"],
+                        "outcome": "timedOut",
+                        "stopped_by_server": True,
+                    },
+                    timeout=30,
+                ).outcome
+                == "accepted"
+            )
+        )
         second = claim("new", 30_000)
         assert second.outcome == "accepted" and second.receipt["leaseGeneration"] == 2
 
         def start_node(token: str, generation: int, revision: int):
-            body = {"actor": {"actor_class": "runner"}, "run_id": "run-1", "expected_revision": revision,
-                    "claim": {"server_epoch": 1, "owner_id": "server-1", "claim_token_hash": token_hash(token),
-                              "lease_generation": generation, "ttl_ms": 30_000},
-                    "node_path": "greet", "node_kind": "compute", "visit_number": 1}  # fmt: skip
+            body = {
+                "actor": {"actor_class": "runner"},
+                "run_id": "run-1",
+                "expected_revision": revision,
+                "claim": {
+                    "server_epoch": 1,
+                    "owner_id": "server-1",
+                    "claim_token_hash": token_hash(token),
+                    "lease_generation": generation,
+                    "ttl_ms": 30_000,
+                },
+                "node_path": "greet",
+                "node_kind": "compute",
+                "visit_number": 1,
+            }
             return writer.link.request("node.start", body, timeout=30)
 
         stale = start_node("old", 1, second.revision)
         assert stale.outcome == "claimLost" and stale.receipt["code"] == "staleGeneration", stale
         live = start_node("new", 2, second.revision)
         assert live.outcome == "accepted", live
-        finish = {"actor": {"actor_class": "runner"}, "run_id": "run-1", "expected_revision": live.revision,
-                  "claim": {"server_epoch": 1, "owner_id": "server-1", "claim_token_hash": token_hash("old"),
-                            "lease_generation": 1, "ttl_ms": 30_000},
-                  "attempt_id": live.receipt["attemptId"], "outcome": "ok",
-                  "output": BlobValue.of_json({"late": True}).model_dump(), "end_status": "completed"}  # fmt: skip
+        finish = {
+            "actor": {"actor_class": "runner"},
+            "run_id": "run-1",
+            "expected_revision": live.revision,
+            "claim": {
+                "server_epoch": 1,
+                "owner_id": "server-1",
+                "claim_token_hash": token_hash("old"),
+                "lease_generation": 1,
+                "ttl_ms": 30_000,
+            },
+            "attempt_id": live.receipt["attemptId"],
+            "outcome": "ok",
+            "output": BlobValue.of_json({"late": True}).model_dump(),
+            "end_status": "completed",
+        }
         refused = writer.link.request("node.finish", finish, timeout=30)
         assert refused.outcome == "claimLost", refused
     finally:

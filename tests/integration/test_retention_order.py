@@ -50,8 +50,9 @@ async def sweep_with_probes(paths: StatePaths) -> tuple[bool, list[tuple], list[
     child = WriterChild(paths, settings, on_spawn=lambda identity: None)
     await child.start()
     writer = LoggedWriter(child)
-    supervisor = SimpleNamespace(settings=settings, writer=writer, state="running",
-                                 scheduler=SimpleNamespace(active={}))  # fmt: skip
+    supervisor = SimpleNamespace(
+        settings=settings, writer=writer, state="running", scheduler=SimpleNamespace(active={})
+    )
     sweep = asyncio.create_task(Retention(supervisor)._sweep())
     probes = []
     try:

@@ -78,8 +78,10 @@ def test_a_repeated_run_delete_request_adopts_its_answer(tmp_path: Path, project
             first = client.request("run.delete", {}, run_id=root, idempotency_key="delete-1")
             second = client.request("run.delete", {}, run_id=root, idempotency_key="delete-1")
         assert first.outcome == "accepted" and second.outcome == "adopted" and second.receipt == first.receipt
-        assert first.receipt == {"runId": root, "deleted": {"trees": 1, "runs": 1, "blobs": first.receipt["deleted"]
-                                                             ["blobs"]}}  # fmt: skip
+        assert first.receipt == {
+            "runId": root,
+            "deleted": {"trees": 1, "runs": 1, "blobs": first.receipt["deleted"]["blobs"]},
+        }
         assert first.receipt["deleted"]["blobs"] >= 1  # the run's own input at least
     finally:
         assert server.stop() == 0, server.output()

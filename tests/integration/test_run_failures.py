@@ -93,8 +93,10 @@ def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, pr
     assert status.returncode == 0 and "failed" in status.stdout and "routingError" in status.stdout
     assert "node 'ask': no case for $.go = maybe" in status.stdout
     # The answered checkpoint stays answered; nothing else ran.
-    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("prepare", "completed"),
-                                                                              ("ask", "completed")]  # fmt: skip
+    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [
+        ("prepare", "completed"),
+        ("ask", "completed"),
+    ]
     check_state(server.state_dir)
 
 
@@ -131,8 +133,10 @@ def test_an_include_input_that_raises_fails_the_run_naming_the_node(server, proj
     failed = view(server, result.stdout.splitlines()[0])
     assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "inputFailed"
     assert failed["error"] == "node 'sub/c1': the input function of include 'sub' failed: KeyError: 'missing'"
-    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("prep", "completed"),
-                                                                              ("sub/c1", "failed")]  # fmt: skip
+    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [
+        ("prep", "completed"),
+        ("sub/c1", "failed"),
+    ]
     check_state(server.state_dir)
 
 
@@ -142,15 +146,15 @@ def test_a_checkpoint_whose_summary_raises_fails_the_node_and_follows_its_outcom
     assert result.returncode == 0 and " completed" in result.stdout, result.stdout + result.stderr
     done = view(server, result.stdout.splitlines()[0])
     assert done["output"] == {"asked": False}
-    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("ask", "failed"),
-                                                                            ("sorry", "completed")]  # fmt: skip
+    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("ask", "failed"), ("sorry", "completed")]
 
 
 def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(server, project):
     write(project, "dying", DIES_IN_RUNNER)
     result = server.cli("run", "start", "dying", "--project", str(project), "--wait")
     assert result.returncode == 1 and "parked: the runner exited before it saved progress" in result.stdout, (
-        result.stdout + result.stderr)  # fmt: skip
+        result.stdout + result.stderr
+    )
     run_id = result.stdout.splitlines()[0]
     parked = wait_until(lambda: (v := view(server, run_id))["piworkflows"]["parkDetail"] and v, what="park detail")
     assert parked["run"]["parkReason"] == "runnerNoProgress"
@@ -188,8 +192,9 @@ def test_a_resolver_that_dies_leaves_its_stderr_in_server_log(server, project):
 
 
 def _shell_check(server: ServerProcess, project: Path, check: dict) -> tuple[int, str, dict]:
-    result = server.cli("run", "start", "builtin:shell-check", "--project", str(project), "--input",
-                        json.dumps(check), "--wait")  # fmt: skip
+    result = server.cli(
+        "run", "start", "builtin:shell-check", "--project", str(project), "--input", json.dumps(check), "--wait"
+    )
     return result.returncode, result.stdout, view(server, result.stdout.splitlines()[0])
 
 
@@ -203,10 +208,17 @@ def test_a_failing_shell_check_fails_its_run_naming_the_node_and_exit_code(serve
     check = {"command": "sh", "args": ["-c", "echo yes; echo no >&2; exit 3"]}
     code, out, failed = _shell_check(server, project, check)
     assert code == 1 and "error (nonZeroExit): node 'check': the command failed (exit code 3): no" in out, out
-    (output,) = query(server, "SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.output_digest "
-                              "WHERE a.run_id = ?", failed["runId"])[0]  # fmt: skip
+    (output,) = query(
+        server,
+        "SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.output_digest WHERE a.run_id = ?",
+        failed["runId"],
+    )[0]
     assert {k: v for k, v in json.loads(output).items() if k != "durationMs"} == {  # the failed node keeps it
-        "stdout": "yes\n", "stderr": "no\n", "exitCode": 3, "signal": None}  # fmt: skip
+        "stdout": "yes\n",
+        "stderr": "no\n",
+        "exitCode": 3,
+        "signal": None,
+    }
     code, out, failed = _shell_check(server, project, {"command": "/nonexistent/pi-workflows-no-such-binary"})
     assert code == 1 and "node 'check': the command failed (exit code 127)" in out, out
     assert "pi-workflows-no-such-binary" in failed["error"]  # the shell's own complaint, from stderr

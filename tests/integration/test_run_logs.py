@@ -86,8 +86,12 @@ def stream_digests(server: ServerProcess, run_id: str) -> set[str]:
     """The stream blobs the run's steps name, from ``run logs --json``."""
     shown = server.cli("run", "logs", run_id, "--json")
     assert shown.returncode == 0, shown.stderr
-    return {reference["digest"].removeprefix("sha256:") for line in shown.stdout.splitlines()
-            for reference in (json.loads(line)["streams"] or {}).values() if reference["digest"]}  # fmt: skip
+    return {
+        reference["digest"].removeprefix("sha256:")
+        for line in shown.stdout.splitlines()
+        for reference in (json.loads(line)["streams"] or {}).values()
+        if reference["digest"]
+    }
 
 
 def test_run_logs_prints_a_5_mb_stdout_completely_and_identically(server, project):
@@ -117,9 +121,12 @@ def test_run_logs_prints_a_5_mb_stdout_completely_and_identically(server, projec
     step = json.loads(line)
     assert (step["stdout"], step["stderr"]) == (expected.stdout.decode(), expected.stderr.decode())
     assert step["streams"]["stdout"] == {
-        "digest": "sha256:" + hashlib.sha256(expected.stdout).hexdigest(), "mediaType": "text/plain;charset=utf-8",
-        "byteLength": len(expected.stdout), "keptBytes": len(expected.stdout), "seenBytes": len(expected.stdout),
-    }  # fmt: skip
+        "digest": "sha256:" + hashlib.sha256(expected.stdout).hexdigest(),
+        "mediaType": "text/plain;charset=utf-8",
+        "byteLength": len(expected.stdout),
+        "keptBytes": len(expected.stdout),
+        "seenBytes": len(expected.stdout),
+    }
     # the blobs are linked to the run, which keeps them as long as it exists
     linked = query(server, "SELECT byte_length FROM run_view_content WHERE run_id = ? ORDER BY byte_length", run_id)
     assert linked == [(len(expected.stderr),), (len(expected.stdout),)]
@@ -149,8 +156,9 @@ class Follower:
 
     def __init__(self, server: ServerProcess, run_id: str) -> None:
         command = server.cli_command("run", "logs", run_id, "--follow")
-        self.proc = subprocess.Popen(command, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            command, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -207,10 +215,12 @@ def test_prune_of_a_run_takes_its_stream_blobs_and_leaves_another_runs(server, p
     # a content read names the run, the digest and the media type of a link: anything else is notFound
     digest = "sha256:" + next(iter(first_streams))
     with server.client() as client:
-        other_run = client.request("run.logs", {"content": {"digest": digest, "mediaType": "text/plain;charset=utf-8"}},
-                                   run_id=second)  # fmt: skip
-        other_type = client.request("run.logs", {"content": {"digest": digest, "mediaType": "application/json"}},
-                                    run_id=first)  # fmt: skip
+        other_run = client.request(
+            "run.logs", {"content": {"digest": digest, "mediaType": "text/plain;charset=utf-8"}}, run_id=second
+        )
+        other_type = client.request(
+            "run.logs", {"content": {"digest": digest, "mediaType": "application/json"}}, run_id=first
+        )
     for refused in (other_run, other_type):
         assert (refused.outcome, refused.receipt["code"]) == ("notFound", "contentNotFound"), refused
 
@@ -219,8 +229,9 @@ def test_prune_of_a_run_takes_its_stream_blobs_and_leaves_another_runs(server, p
 
     before = blobs()
     assert first_streams | second_streams <= before
-    pruned = server.cli("state", "prune", "--before", cutoff, "--backup", str(tmp_path / "b" / "before.sqlite"),
-                        "--apply", "--json")  # fmt: skip
+    pruned = server.cli(
+        "state", "prune", "--before", cutoff, "--backup", str(tmp_path / "b" / "before.sqlite"), "--apply", "--json"
+    )
     assert pruned.returncode == 0, pruned.stderr
     receipt = json.loads(pruned.stdout)
     assert receipt["eligible"] == [first] and receipt["deleted"]["runs"] == 1

@@ -103,8 +103,11 @@ def test_a_retry_is_adopted_even_after_its_workflow_changed_or_vanished(server: 
 
 
 def test_invalid_definitions_fail_before_anything_is_written(server: ServerProcess, project: Path):
-    write_workflow(project, "broken", 'workflow = define_workflow("broken", "a", {"a": compute(lambda c: 1)}, '
-                                      '[edge("a", "missing")])\n')  # fmt: skip
+    write_workflow(
+        project,
+        "broken",
+        'workflow = define_workflow("broken", "a", {"a": compute(lambda c: 1)}, [edge("a", "missing")])\n',
+    )
     response = start(server, {"projectPath": str(project), "workflowName": "broken"})
     assert response.outcome == "rejected" and response.receipt["code"] == "invalidDefinition"
     assert "missing" in response.error and "a -> missing" in response.error
@@ -140,21 +143,53 @@ def test_workflow_code_that_prints_or_hangs_cannot_harm_the_server(server: Serve
 
 def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: Path):
     result = subprocess.run(
-        [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "start",
-         "builtin:shell-check", "--project", str(project), "--input", '{"command": "true"}'],
-        capture_output=True, text=True, timeout=60, env=server.env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "piworkflows.cli",
+            "--state-dir",
+            str(server.state_dir),
+            "run",
+            "start",
+            "builtin:shell-check",
+            "--project",
+            str(project),
+            "--input",
+            '{"command": "true"}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server.env,
+    )
     assert result.returncode == 0, result.stderr
     assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
 
 
 def test_ctrl_c_while_the_cli_waits_exits_130_and_the_run_goes_on(server: ServerProcess, project: Path):
     """No runners: the run stays queued while `run start --wait` polls; SIGINT as a terminal's Ctrl-C sends it."""
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "start",
-               "builtin:demo", "--project", str(project), "--wait"]  # fmt: skip
-    waiting = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=server.env,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "piworkflows.cli",
+        "--state-dir",
+        str(server.state_dir),
+        "run",
+        "start",
+        "builtin:demo",
+        "--project",
+        str(project),
+        "--wait",
+    ]
+    waiting = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server.env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         run_id = waiting.stdout.readline().strip()  # printed once the run is stored; then it waits
         assert run_id.startswith("run-"), waiting.stderr.read() if waiting.poll() is not None else run_id

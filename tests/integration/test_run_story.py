@@ -131,8 +131,10 @@ def test_an_answer_for_another_node_names_the_node_that_waits(server, project):
     assert wrong.returncode == 1 and f"run {run_id} waits at node 'ask', not 'prepare'" in wrong.stderr
     with server.client() as client:
         refused = client.request("checkpoint.answer", {"nodePath": "prepare", "answer": {}}, run_id=run_id)
-        assert client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}},
-                              run_id=run_id).outcome == "accepted"  # fmt: skip
+        assert (
+            client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id).outcome
+            == "accepted"
+        )
     assert refused.outcome == "conflict"
     assert refused.receipt == {"code": "notWaiting", "nodePath": "prepare", "waitingNode": "ask"}
     wait_status(server, run_id, "completed")
@@ -182,9 +184,17 @@ def test_run_watch_prints_step_lines_in_order_and_the_question(server, project):
     waits = server.cli("run", "start", "story", "--project", str(project), "--wait")
     assert waits.returncode == 1, waits.stderr
     run_id = waits.stdout.splitlines()[0]
-    expected = ["say (shell) started", "say (shell) completed", "count (compute) started", "count (compute) completed",
-                "ask (checkpoint) started", f"{run_id} waits at ask", "question: 2 lines: go on?", "answer it",
-                f"{run_id} waiting"]  # fmt: skip
+    expected = [
+        "say (shell) started",
+        "say (shell) completed",
+        "count (compute) started",
+        "count (compute) completed",
+        "ask (checkpoint) started",
+        f"{run_id} waits at ask",
+        "question: 2 lines: go on?",
+        "answer it",
+        f"{run_id} waiting",
+    ]
     for output in (waits.stdout, (watched := server.cli("run", "watch", run_id)).stdout):
         positions = [output.find(text) for text in expected]
         assert -1 not in positions and positions == sorted(positions), (positions, output)
@@ -193,8 +203,13 @@ def test_run_watch_prints_step_lines_in_order_and_the_question(server, project):
     events = json_lines((as_json := server.cli("run", "watch", run_id, "--json")).stdout)
     assert as_json.returncode == 1
     assert [(e.get("event"), e.get("nodePath")) for e in events[:-1]] == [
-        ("stepStarted", "say"), ("stepFinished", "say"), ("stepStarted", "count"), ("stepFinished", "count"),
-        ("stepStarted", "ask"), ("waiting", "ask")]  # fmt: skip
+        ("stepStarted", "say"),
+        ("stepFinished", "say"),
+        ("stepStarted", "count"),
+        ("stepFinished", "count"),
+        ("stepStarted", "ask"),
+        ("waiting", "ask"),
+    ]
     assert events[-2]["request"] == {"summary": "2 lines: go on?", "details": {"lines": 2}}
     assert events[1]["status"] == "completed" and events[1]["durationMs"] >= 0
     assert events[-1]["schema"] == "pi-workflows.run-view.v1" and events[-1]["display"]["status"] == "waiting"
@@ -213,9 +228,15 @@ def test_ctrl_c_while_watching_exits_130_and_the_run_goes_on(server, project, tm
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
     command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "watch", run_id]
-    watching = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=server.env,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    watching = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server.env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         while "wait (compute) started" not in (line := watching.stdout.readline()):
             assert line, watching.stderr.read()  # it printed the step before it went on polling
@@ -249,8 +270,14 @@ def test_human_output_is_readable_at_80_columns(server, project):
     env = {**server.env, "PI_WORKFLOWS_STATE_DIR": str(server.state_dir)}  # commands without --state-dir
 
     def cli(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "piworkflows.cli", *args], capture_output=True, text=True,
-                                timeout=60, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "piworkflows.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         assert "Traceback" not in result.stderr, result.stderr
         return result.stdout
 

@@ -169,17 +169,27 @@ class Cleanup:
         self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [PIW, *args], env={**self.env, **(env or {})}, cwd=cwd or ROOT, capture_output=True, text=True,
-            timeout=timeout, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [PIW, *args],
+            env={**self.env, **(env or {})},
+            cwd=cwd or ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def module(
         self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "piworkflows.supervisor", *args], env={**self.env, **(env or {})},
-            cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [sys.executable, "-m", "piworkflows.supervisor", *args],
+            env={**self.env, **(env or {})},
+            cwd=cwd or ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def close(self) -> None:
         for server in self.servers:
@@ -304,7 +314,7 @@ def test_cli_start_status_stop_and_status_when_stopped(cleanup: Cleanup, tmp_pat
         "reset-relative",
         "empty-run-id",
         "note-too-long",
-    ],  # fmt: skip
+    ],
 )
 def test_cli_usage_errors_exit_2(cleanup: Cleanup, tmp_path: Path, args: tuple[str, ...], fix: str):
     """Whatever the CLI can check itself is a usage error with the fix, before anything is sent."""
@@ -639,8 +649,12 @@ def test_stop_committed_before_a_writer_crash_is_adopted(cleanup: Cleanup, tmp_p
     """Commit 1 is the epoch; commit 2 is the server.stop, and the writer dies after COMMIT, before replying."""
     state_dir = tmp_path / "s"
     # No outbox pool and no retention: their startup recovery, claims and sweep would be commits too.
-    env = {"PIW_FAULTS": "writer.after_commit=crash@2", "PI_WORKFLOWS_CLAIM_RENEW_MS": "60000",
-           "PI_WORKFLOWS_OUTBOX_WORKERS": "0", "PI_WORKFLOWS_RETENTION": "false"}  # fmt: skip
+    env = {
+        "PIW_FAULTS": "writer.after_commit=crash@2",
+        "PI_WORKFLOWS_CLAIM_RENEW_MS": "60000",
+        "PI_WORKFLOWS_OUTBOX_WORKERS": "0",
+        "PI_WORKFLOWS_RETENTION": "false",
+    }
     server = cleanup.server(state_dir, env=env).start()  # readiness only connects: no command, no commit
     old_writer = writer_entry(state_dir)
     assert old_writer is not None
@@ -714,8 +728,15 @@ def raw_exchange(state_dir: Path, line: bytes) -> list[bytes]:
 
 
 def envelope(**fields: Any) -> dict[str, Any]:
-    base = {"schema": client_v1.SCHEMA, "type": "request", "requestId": "req-1", "clientId": "client-log",
-            "operation": "server.status", "idempotencyKey": "key-1", "payload": {}}  # fmt: skip
+    base = {
+        "schema": client_v1.SCHEMA,
+        "type": "request",
+        "requestId": "req-1",
+        "clientId": "client-log",
+        "operation": "server.status",
+        "idempotencyKey": "key-1",
+        "payload": {},
+    }
     return {**base, **fields}
 
 
@@ -862,11 +883,18 @@ def test_status_and_stop_kill_act_only_on_recorded_processes_whose_identity_matc
     reaper = threading.Thread(target=matching.wait, daemon=True)  # our child: reaped as soon as it dies
     reaper.start()
     reused = psutil.Process(wrong_time.pid).create_time() + 7
-    write_registry(state_dir, {"serverEpoch": 1, "supervisor": None, "children": [
-        identity_entry("writer", matching.pid, "piworkflows.writer"),
-        identity_entry("writer", wrong_time.pid, "piworkflows.writer", reused),
-        identity_entry("writer", no_marker.pid, "piworkflows.writer"),
-    ]})  # fmt: skip
+    write_registry(
+        state_dir,
+        {
+            "serverEpoch": 1,
+            "supervisor": None,
+            "children": [
+                identity_entry("writer", matching.pid, "piworkflows.writer"),
+                identity_entry("writer", wrong_time.pid, "piworkflows.writer", reused),
+                identity_entry("writer", no_marker.pid, "piworkflows.writer"),
+            ],
+        },
+    )
 
     status = cleanup.cli("--state-dir", str(state_dir), "server", "status", "--json")
     assert status.returncode == 1

@@ -39,7 +39,10 @@ def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert "integrity_check ok, foreign_key_check ok" in verified.stdout
         assert json.loads(server.cli("state", "verify", "--json").stdout) == {
-            "ok": True, "integrity": [], "violations": {}}  # fmt: skip
+            "ok": True,
+            "integrity": [],
+            "violations": {},
+        }
         assert server.cli("state", "verify", "--bogus").returncode == 2
     finally:
         assert server.stop() == 0, server.output()
@@ -64,8 +67,9 @@ def test_a_backup_while_runs_start_keeps_commands_flowing_and_verifies(tmp_path:
 
         def backup(key: str) -> None:
             with server.client(client_id="operator") as client:
-                answers.append(client.request("state.backup", {"destination": str(backups / "b1.sqlite")},
-                                              idempotency_key=key))  # fmt: skip
+                answers.append(
+                    client.request("state.backup", {"destination": str(backups / "b1.sqlite")}, idempotency_key=key)
+                )
 
         threads = [threading.Thread(target=backup, args=("backup-1",)) for _ in range(2)]  # one key, twice
         for thread in threads:
@@ -181,8 +185,11 @@ def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project
 
 def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_rest(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
-    env = {"PI_WORKFLOWS_RETENTION_AGE_MS": "1500", "PI_WORKFLOWS_RETENTION_INTERVAL_MS": "200",
-           "PI_WORKFLOWS_RETENTION_IDLE_RETRY_MS": "200"}  # fmt: skip
+    env = {
+        "PI_WORKFLOWS_RETENTION_AGE_MS": "1500",
+        "PI_WORKFLOWS_RETENTION_INTERVAL_MS": "200",
+        "PI_WORKFLOWS_RETENTION_IDLE_RETRY_MS": "200",
+    }
     server = ServerProcess(tmp_path / "s", env=env).start()
     try:
         finished = start(server, project, "tenstep")
@@ -210,8 +217,9 @@ def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_
 def test_a_backup_while_four_clients_write_holds_every_run_acknowledged_before_it(tmp_path: Path, project: Path):
     """4 client threads start runs continuously; every start acknowledged before the backup was
     sent is in the verified copy."""
-    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_BACKUP_STEP_PAGES": "4",
-                                                "PI_WORKFLOWS_MAX_RUNNERS": "0"}).start()  # fmt: skip
+    server = ServerProcess(
+        tmp_path / "s", env={"PI_WORKFLOWS_BACKUP_STEP_PAGES": "4", "PI_WORKFLOWS_MAX_RUNNERS": "0"}
+    ).start()
     stop = threading.Event()
     acknowledged: list[tuple[float, str]] = []
 

@@ -28,8 +28,11 @@ def script(blocks: list[str]) -> str:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         expected = int(found[1]) if (found := EXITS.search(line)) else 0
-        lines += [line, f'rc=$?; [ "$rc" -eq {expected} ] || {{ echo "tutorial command {number} exited $rc, '
-                        f'not {expected}: "{shlex.quote(line)} >&2; exit 90; }}']  # fmt: skip
+        lines += [
+            line,
+            f'rc=$?; [ "$rc" -eq {expected} ] || {{ echo "tutorial command {number} exited $rc, '
+            f'not {expected}: "{shlex.quote(line)} >&2; exit 90; }}',
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -42,17 +45,32 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, private_home: Path):
     work.mkdir()
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / "pi-workflows").exists(), "the package's console script (pip install -e .)"
-    env = {**os.environ, **FAST_ENV, "HOME": str(home), "PI_WORKFLOWS_STATE_DIR": str(tmp_path / "s"),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    env = {
+        **os.environ,
+        **FAST_ENV,
+        "HOME": str(home),
+        "PI_WORKFLOWS_STATE_DIR": str(tmp_path / "s"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }
     # The file the tutorial says to save, written once its first block made the project directory.
     first, rest = bash[0], bash[1:]
     save = f"mkdir -p .pi/workflows && cat > .pi/workflows/first.workflow.py <<'PYTHON'\n{python[0]}PYTHON\n"
     try:
-        done = subprocess.run(["bash", "-c", script([first]) + save + script(rest)], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=200)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-c", script([first]) + save + script(rest)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
     finally:
-        subprocess.run([str(bin_dir / "pi-workflows"), "server", "stop", "--timeout", "20", "--kill"], env=env,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [str(bin_dir / "pi-workflows"), "server", "stop", "--timeout", "20", "--kill"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "first" in out and "List the Python files" in out  # workflows

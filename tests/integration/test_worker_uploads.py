@@ -35,8 +35,13 @@ class Supervisor:
 
     def __init__(self) -> None:
         env = {**os.environ, "PI_WORKFLOWS_WRITER_RESTART_MIN_MS": "10"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "piworkflows.outbox"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "piworkflows.outbox"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self.decoder = frames.FrameDecoder()
         self.waiting: list[dict[str, Any]] = []
 
@@ -73,10 +78,20 @@ def supervisor() -> Iterator[Supervisor]:
 
 
 def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_settlement(supervisor):
-    payload = shell.payload({"command": sys.executable, "args": ["-c", SCRIPT]}, max_output_chars=10,
-                            allow_non_zero_exit=False)  # fmt: skip
-    supervisor.send(PERFORM, 0, {"effectId": "effect-1", "performer": shell.PERFORMER, "idempotencyKey": "key-1",
-                                 "recoveryPolicy": "idempotent", "payload": payload})  # fmt: skip
+    payload = shell.payload(
+        {"command": sys.executable, "args": ["-c", SCRIPT]}, max_output_chars=10, allow_non_zero_exit=False
+    )
+    supervisor.send(
+        PERFORM,
+        0,
+        {
+            "effectId": "effect-1",
+            "performer": shell.PERFORMER,
+            "idempotencyKey": "key-1",
+            "recoveryPolicy": "idempotent",
+            "payload": payload,
+        },
+    )
     spawned = supervisor.receive()
     assert spawned["k"] == SPAWNED
     supervisor.send("reply", spawned["id"], {"accepted": True})  # its group recorded
@@ -107,9 +122,19 @@ def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_
     assert report["settlement"] == "applied" and report["result"]["output"]["stdout"] == "0123456789"
     stdout_digest, stderr_digest = hashlib.sha256(STDOUT).hexdigest(), hashlib.sha256(b"a warning\n").hexdigest()
     assert report["result"]["streams"] == {
-        "stdout": {"digest": "sha256:" + stdout_digest, "mediaType": "text/plain;charset=utf-8",
-                   "byteLength": len(STDOUT), "keptBytes": len(STDOUT), "seenBytes": len(STDOUT)},
-        "stderr": {"digest": "sha256:" + stderr_digest, "mediaType": "text/plain;charset=utf-8",
-                   "byteLength": 10, "keptBytes": 10, "seenBytes": 10},
-    }  # fmt: skip
+        "stdout": {
+            "digest": "sha256:" + stdout_digest,
+            "mediaType": "text/plain;charset=utf-8",
+            "byteLength": len(STDOUT),
+            "keptBytes": len(STDOUT),
+            "seenBytes": len(STDOUT),
+        },
+        "stderr": {
+            "digest": "sha256:" + stderr_digest,
+            "mediaType": "text/plain;charset=utf-8",
+            "byteLength": 10,
+            "keptBytes": 10,
+            "seenBytes": 10,
+        },
+    }
     assert report["viewContent"] == [stdout_digest, stderr_digest]

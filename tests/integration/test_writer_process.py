@@ -297,10 +297,18 @@ def test_a_refused_backup_or_prune_is_not_stored_so_the_same_key_is_checked_agai
     folder = tmp_path / "backups"
     folder.mkdir()
     os.chmod(folder, 0o755)  # not private: refused
-    backup = {"actor": client, "destination": str(folder / "b.sqlite"),
-              "client_receipt": client_receipt("backup-1", "b.sqlite", operation="state.backup")}  # fmt: skip
-    prune = {"actor": client, "before_ms": 1, "apply": True, "backup_path": str(folder / "p.sqlite"),
-             "client_receipt": client_receipt("prune-1", "p.sqlite", operation="state.prune")}  # fmt: skip
+    backup = {
+        "actor": client,
+        "destination": str(folder / "b.sqlite"),
+        "client_receipt": client_receipt("backup-1", "b.sqlite", operation="state.backup"),
+    }
+    prune = {
+        "actor": client,
+        "before_ms": 1,
+        "apply": True,
+        "backup_path": str(folder / "p.sqlite"),
+        "client_receipt": client_receipt("prune-1", "p.sqlite", operation="state.prune"),
+    }
 
     def stored_keys() -> list[str]:
         conn = sqlite3.connect(f"file:{paths.database}?mode=ro", uri=True)

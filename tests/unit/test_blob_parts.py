@@ -65,8 +65,12 @@ def test_parts_out_of_order_and_repeated_store_the_value_once_complete(executor)
     assert [r.receipt["complete"] for r in replies] == [False, False, False, True]
     received = len(last.data) + len(first.data)
     assert [r.receipt.get("receivedBytes") for r in replies[:3]] == [len(last.data), received, received]
-    assert replies[3].receipt == {"digest": hashlib.sha256(BIG).hexdigest(), "byteLength": len(BIG), "complete": True,
-                                  "created": True}  # fmt: skip
+    assert replies[3].receipt == {
+        "digest": hashlib.sha256(BIG).hexdigest(),
+        "byteLength": len(BIG),
+        "complete": True,
+        "created": True,
+    }
     assert stored(executor, first.digest) == (MEDIA_TEXT, BIG)
     # a part repeated after the value is stored is adopted, nothing stored twice
     (again,) = upload(executor, [middle])
@@ -86,8 +90,12 @@ def test_a_value_stored_already_is_adopted_at_its_first_part(executor):
     parts = parts_of(BIG, MEDIA_TEXT)
     upload(executor, parts)
     (adopted,) = upload(executor, [parts[1]])  # another uploader of the same stream
-    assert adopted.receipt == {"digest": parts[1].digest.hex(), "byteLength": len(BIG), "complete": True,
-                               "created": False}  # fmt: skip
+    assert adopted.receipt == {
+        "digest": parts[1].digest.hex(),
+        "byteLength": len(BIG),
+        "complete": True,
+        "created": False,
+    }
     assert executor.uploads.held_bytes == 0  # nothing held for it
 
 

@@ -36,34 +36,73 @@ pytestmark = pytest.mark.timeout(60)
 # The oracle: the operation list of ../shared/PROTOCOL.md ("## Operations"), copied verbatim.
 PROTOCOL_OPERATIONS = [
     # Run control
-    "run.start", "run.pause", "run.resume", "run.cancel", "run.restart", "run.changeSettings", "run.status",
+    "run.start",
+    "run.pause",
+    "run.resume",
+    "run.cancel",
+    "run.restart",
+    "run.changeSettings",
+    "run.status",
     "run.list",
     # Answers and agent work
-    "checkpoint.answer", "decision.answer", "interaction.submit", "interaction.assistant", "interaction.update",
+    "checkpoint.answer",
+    "decision.answer",
+    "interaction.submit",
+    "interaction.assistant",
+    "interaction.update",
     # Origin-session reports
-    "workflowMessage.reportBranch", "workflowTurn.report", "sessionView.clearTerminal", "followUp.queue",
-    "followUp.remove", "session.record",
+    "workflowMessage.reportBranch",
+    "workflowTurn.report",
+    "sessionView.clearTerminal",
+    "followUp.queue",
+    "followUp.remove",
+    "session.record",
     # Channels
-    "channel.status", "channel.reload", "channel.recover",
+    "channel.status",
+    "channel.reload",
+    "channel.recover",
     # Resource managers
-    "resourceManager.list", "resourceManager.get", "resourceManager.apply", "resourceManager.reconcile",
+    "resourceManager.list",
+    "resourceManager.get",
+    "resourceManager.apply",
+    "resourceManager.reconcile",
     "resourceManager.delete",
     # Server
-    "server.status", "server.stop",
+    "server.status",
+    "server.stop",
     # Views
-    "view.runs.watch", "view.runs.page", "view.run.get", "view.run.watch", "view.run.unwatch", "view.page",
-    "view.content", "view.session.watch",
+    "view.runs.watch",
+    "view.runs.page",
+    "view.run.get",
+    "view.run.watch",
+    "view.run.unwatch",
+    "view.page",
+    "view.content",
+    "view.session.watch",
     # Maintenance
-    "state.status", "state.verify", "state.backup", "state.prune",
+    "state.status",
+    "state.verify",
+    "state.backup",
+    "state.prune",
     # piworkflows additions
-    "effect.list", "effect.confirm", "effect.retry", "protocol.schema", "run.delete", "workflow.list",
-    "workflow.show", "run.logs",
-]  # fmt: skip
+    "effect.list",
+    "effect.confirm",
+    "effect.retry",
+    "protocol.schema",
+    "run.delete",
+    "workflow.list",
+    "workflow.show",
+    "run.logs",
+]
 
 PROTOCOL_SESSION_ANSWER_OPERATIONS = {
-    "interaction.submit", "interaction.assistant", "interaction.update", "checkpoint.answer", "decision.answer",
+    "interaction.submit",
+    "interaction.assistant",
+    "interaction.update",
+    "checkpoint.answer",
+    "decision.answer",
     "run.restart",
-}  # fmt: skip
+}
 
 
 def request(**overrides: Any) -> Request:
@@ -362,9 +401,17 @@ def test_brackets_inside_strings_do_not_count() -> None:
 
 @pytest.mark.parametrize(
     ("text", "depth"),
-    [(b"", 0), (b"1", 0), (b"[]", 1), (b'[{"k":[]}]', 3), (b'[[], [[]], []]', 3), (b'["[[[", "\\"[[", "\\\\", [1]]', 2),
-     (b'{"a":"\\\\\\"[["}', 1), (b'"unterminated [[[', 0)],
-)  # fmt: skip
+    [
+        (b"", 0),
+        (b"1", 0),
+        (b"[]", 1),
+        (b'[{"k":[]}]', 3),
+        (b"[[], [[]], []]", 3),
+        (b'["[[[", "\\"[[", "\\\\", [1]]', 2),
+        (b'{"a":"\\\\\\"[["}', 1),
+        (b'"unterminated [[[', 0),
+    ],
+)
 def test_nesting_depth_examples(text: bytes, depth: int) -> None:
     assert nesting_depth(text) == depth
 
@@ -504,8 +551,10 @@ def test_encode_event_keeps_payload_null() -> None:
 
 def test_encode_refused_is_one_canonical_line_and_not_an_outcome() -> None:
     line = encode(client_v1.Refused(code="tooManyConnections", error="busy; retry later"))
-    assert line == (b'{"code":"tooManyConnections","error":"busy; retry later","schema":"pi-workflows.client.v1",'
-                    b'"type":"refused"}\n')  # fmt: skip
+    assert line == (
+        b'{"code":"tooManyConnections","error":"busy; retry later","schema":"pi-workflows.client.v1",'
+        b'"type":"refused"}\n'
+    )
     assert "tooManyConnections" not in CODES
 
 
@@ -625,9 +674,24 @@ def test_read_only_operations() -> None:
         op for op in PROTOCOL_OPERATIONS if op.split(".")[-1] in ("status", "list", "get") or op.startswith("view.")
     } | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}  # verification reads and repairs nothing
     assert set(READ_ONLY_OPERATIONS) == expected
-    for op in ("server.status", "run.status", "run.list", "channel.status", "resourceManager.list",
-               "resourceManager.get", "view.run.get", "view.runs.page", "view.content", "state.status", "state.verify",
-               "effect.list", "protocol.schema", "workflow.list", "workflow.show", "run.logs"):  # fmt: skip
+    for op in (
+        "server.status",
+        "run.status",
+        "run.list",
+        "channel.status",
+        "resourceManager.list",
+        "resourceManager.get",
+        "view.run.get",
+        "view.runs.page",
+        "view.content",
+        "state.status",
+        "state.verify",
+        "effect.list",
+        "protocol.schema",
+        "workflow.list",
+        "workflow.show",
+        "run.logs",
+    ):
         assert op in READ_ONLY_OPERATIONS
     for op in ("server.stop", "run.start", "run.cancel", "checkpoint.answer", "state.backup", "effect.confirm"):
         assert op not in READ_ONLY_OPERATIONS

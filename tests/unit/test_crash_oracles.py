@@ -101,8 +101,9 @@ def test_a_run_left_stuck_is_reported(database, paths):
 
 
 @pytest.mark.parametrize("bug", ["lost", "duplicated", "violations", "stuck"])
-def test_any_finding_fails_the_run_with_the_command_that_repeats_it(database, paths, tmp_path, monkeypatch, capsys,
-                                                                    bug):  # fmt: skip
+def test_any_finding_fails_the_run_with_the_command_that_repeats_it(
+    database, paths, tmp_path, monkeypatch, capsys, bug
+):
     options = Options(seconds=1, seed=5, state_dir=paths.state_dir)
     findings = {"lost": [], "duplicated": [], "violations": [], "stuck": [], bug: ["planted"]}
     report = Harness(options)._report(evidence(), snapshot.read(paths.database, 10), findings)

@@ -32,13 +32,17 @@ def test_admission_is_not_a_contradiction(executor, conn, clock):
     [
         ("terminalQueueMismatch", ["UPDATE runs SET status = 'completed', finished_at = 1"]),
         ("settledQueueOfLiveRun", ["UPDATE run_queue SET queue_status = 'done'"]),
-        ("waitingRunWithoutResponse", ["UPDATE runs SET status = 'waiting'",
-                                       "UPDATE run_queue SET queue_status = 'parked'"]),
-        ("runningQueueWithoutRunner", ["UPDATE runs SET status = 'running'",
-                                       "UPDATE run_queue SET queue_status = 'running'"]),
+        (
+            "waitingRunWithoutResponse",
+            ["UPDATE runs SET status = 'waiting'", "UPDATE run_queue SET queue_status = 'parked'"],
+        ),
+        (
+            "runningQueueWithoutRunner",
+            ["UPDATE runs SET status = 'running'", "UPDATE run_queue SET queue_status = 'running'"],
+        ),
         ("claimOrRunnerOfIdleRun", ["INSERT INTO leases VALUES ('run-1', 1, 'o', zeroblob(32), 0, 0, 9e15)"]),
     ],
-)  # fmt: skip
+)
 def test_each_planted_violation_is_reported_with_its_run(conn, clock, name, plant):
     for statement in plant:
         conn.execute(statement)

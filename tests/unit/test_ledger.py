@@ -157,8 +157,11 @@ def test_runs_as_a_process(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-m", "stress.ledger", "--ledger", str(path), "--script", '{"/s": ["201"]}'],
-        stdout=subprocess.PIPE, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

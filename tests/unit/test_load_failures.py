@@ -99,8 +99,9 @@ def test_reports_are_bounded_one_line_messages(project: Path, user: Path) -> Non
     found = failure(project, "long", "raise ValueError('x' * 100_000 + '\\nsecond line')\n")
     assert len(found.message) <= failures.MAX_MESSAGE and "\n" not in found.message
     assert len(found.text) <= failures.MAX_TEXT
-    unprintable = failure(project, "unprintable", "class E(Exception):\n    def __str__(self):\n        raise "
-                                                   "TypeError\n\nraise E()\n")  # fmt: skip
+    unprintable = failure(
+        project, "unprintable", "class E(Exception):\n    def __str__(self):\n        raise TypeError\n\nraise E()\n"
+    )
     assert unprintable.message == "E: (its message cannot be printed)" and unprintable.line == 5
 
 
@@ -119,9 +120,15 @@ def test_the_listing_marks_shadowed_names_and_lists_broken_modules_with_their_er
     rows = [
         (item.name, item.origin, item.shadowed_by, item.error.line if item.error else "ok") for item in listing.items
     ]
-    assert rows == [("demo", "user", None, "ok"), ("demo", "builtin", "user", "ok"), ("exits", "user", None, 2),
-                    ("hello", "project", None, "ok"), ("hello", "user", "project", "ok"),
-                    ("not a name", "project", None, None), ("shell-check", "builtin", None, "ok")]  # fmt: skip
+    assert rows == [
+        ("demo", "user", None, "ok"),
+        ("demo", "builtin", "user", "ok"),
+        ("exits", "user", None, 2),
+        ("hello", "project", None, "ok"),
+        ("hello", "user", "project", "ok"),
+        ("not a name", "project", None, None),
+        ("shell-check", "builtin", None, "ok"),
+    ]
     assert listing.items[3].description == "From the project." and listing.items[4].description is None
     assert listing.items[2].error.message == "SystemExit: 3"
     assert listing.items[5].source is None and "is not a workflow name" in listing.items[5].error.text
@@ -161,7 +168,8 @@ def test_run_start_gets_the_report_for_a_module_and_for_a_title_that_fail(projec
     broken = resolver.resolve(ResolveRequest(project_path=str(project), workflow_name="broken"))
     assert (broken.ok, broken.code) == (False, "invalidDefinition")
     assert broken.message.startswith("the workflow module failed to load: ") and "broken.workflow.py, line 1: " in (
-        broken.message)  # fmt: skip
+        broken.message
+    )
     title = 'title=lambda ctx: ctx.input["who"]'
     write(project / ".pi" / "workflows", "titled", GOOD.format(name="titled", extra=", " + title))
     failed = resolver.resolve(ResolveRequest(project_path=str(project), workflow_name="titled", input={}))

@@ -17,21 +17,39 @@ RUNNER = {"actor_class": "runner"}
 
 
 def run_claim(generation=1, token="tok"):
-    return {"server_epoch": 1, "owner_id": "server-1", "claim_token_hash": token_hash(token),
-            "lease_generation": generation, "ttl_ms": 10_000}  # fmt: skip
+    return {
+        "server_epoch": 1,
+        "owner_id": "server-1",
+        "claim_token_hash": token_hash(token),
+        "lease_generation": generation,
+        "ttl_ms": 10_000,
+    }
 
 
 def start(revision, node="greet", visit=1, generation=1, message=None):
-    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(generation), "expected_revision": revision,
-            "node_path": node, "node_kind": "compute", "visit_number": visit}  # fmt: skip
+    body = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": run_claim(generation),
+        "expected_revision": revision,
+        "node_path": node,
+        "node_kind": "compute",
+        "visit_number": visit,
+    }
     if message:
         body["worker_message"] = message
     return submitted("node.start", body)
 
 
 def finish(revision, attempt_id, outcome="ok", output=None, next_node=None, end=None, error=None):
-    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(), "expected_revision": revision,
-            "attempt_id": attempt_id, "outcome": outcome}  # fmt: skip
+    body = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": run_claim(),
+        "expected_revision": revision,
+        "attempt_id": attempt_id,
+        "outcome": outcome,
+    }
     if output is not None:
         body["output"] = BlobValue.of_json(output).model_dump()
     if error is not None:
@@ -61,7 +79,10 @@ def test_a_run_walks_its_nodes_to_completion(claimed):
     assert last.receipt["runStatus"] == "completed"
     conn = claimed.conn
     assert conn.execute("SELECT status, finished_at IS NOT NULL, output_digest FROM runs").fetchone() == (
-        "completed", 1, hashlib.sha256(b'{"final":1}').digest())  # fmt: skip
+        "completed",
+        1,
+        hashlib.sha256(b'{"final":1}').digest(),
+    )
     assert conn.execute("SELECT owner_id FROM leases").fetchone() == (None,)  # claim released with the end
     attempts = conn.execute("SELECT node_path, attempt_status, outcome FROM node_attempts ORDER BY node_path")
     assert attempts.fetchall() == [("greet", "completed", "ok"), ("progress", "completed", "ok")]
@@ -75,12 +96,15 @@ def test_a_run_walks_its_nodes_to_completion(claimed):
 
 def test_a_failed_node_fails_the_run_with_its_error(claimed):
     (started,) = run_group(claimed, start(2))
-    (failed,) = run_group(claimed, finish(3, started.receipt["attemptId"], outcome="failed", error="boom",
-                                          end="failed"))  # fmt: skip
+    (failed,) = run_group(
+        claimed, finish(3, started.receipt["attemptId"], outcome="failed", error="boom", end="failed")
+    )
     assert failed.receipt["runStatus"] == "failed"
     assert state(claimed) == (("failed", "failed", False, False), None)
     assert claimed.conn.execute("SELECT status, error_digest FROM runs").fetchone() == (
-        "failed", hashlib.sha256(b"boom").digest())  # fmt: skip
+        "failed",
+        hashlib.sha256(b"boom").digest(),
+    )
 
 
 def test_node_transitions_are_fenced(claimed, clock):
@@ -97,8 +121,13 @@ def test_node_transitions_are_fenced(claimed, clock):
 
 
 def test_a_repeated_runner_message_is_harmless(claimed):
-    key = {"sender_scope": "run-1", "message_id": "greet:1:start", "fingerprint": token_hash("greet:1:start"),
-           "message_kind": "node.start", "run_id": "run-1"}  # fmt: skip
+    key = {
+        "sender_scope": "run-1",
+        "message_id": "greet:1:start",
+        "fingerprint": token_hash("greet:1:start"),
+        "message_kind": "node.start",
+        "run_id": "run-1",
+    }
     (first,) = run_group(claimed, start(2, message=key))
     (again,) = run_group(claimed, start(2, message=key))
     assert (first.outcome, again.outcome) == ("accepted", "adopted") and first.receipt == again.receipt
@@ -129,8 +158,13 @@ def test_cancel_settles_everything_in_one_commit(claimed):
     (started,) = run_group(claimed, start(2))
     # Two effects of the run: one stays pending, one is being applied by a worker.
     effects = [effect_request("k-pending"), effect_request("k-applying")]
-    body = {"actor": RUNNER, "source_resource_id": "run-1", "expected_revision": 3, "claim": run_claim(),
-            "effects": effects}  # fmt: skip
+    body = {
+        "actor": RUNNER,
+        "source_resource_id": "run-1",
+        "expected_revision": 3,
+        "claim": run_claim(),
+        "effects": effects,
+    }
     reserve = submitted("effect.reserve", body)
     (reserved,) = run_group(claimed, reserve)
     pending_id, applying_id = reserved.receipt["effectIds"]
@@ -143,13 +177,16 @@ def test_cancel_settles_everything_in_one_commit(claimed):
     conn = claimed.conn
     statuses = dict(conn.execute("SELECT effect_id, effect_status FROM effects WHERE effect_class = 'external'"))
     assert statuses == {pending_id: "cancelled", applying_id: "ambiguous"}
-    assert conn.execute("SELECT attempt_status FROM effect_attempts WHERE effect_id = ?",
-                        (applying_id,)).fetchall() == [("ambiguous",)]  # fmt: skip
+    assert conn.execute(
+        "SELECT attempt_status FROM effect_attempts WHERE effect_id = ?", (applying_id,)
+    ).fetchall() == [("ambiguous",)]
     # the queue settlement: a local effect the writer applied right after the cancel's commit
-    assert conn.execute("SELECT effect_type, effect_status, attempt_count FROM effects "
-                        "WHERE effect_class = 'local'").fetchall() == [("run.settle_queue", "applied", 1)]  # fmt: skip
-    assert conn.execute("SELECT attempt_status, outcome FROM node_attempts WHERE attempt_id = ?",
-                        (started.receipt["attemptId"],)).fetchone() == ("cancelled", "cancelled")  # fmt: skip
+    assert conn.execute(
+        "SELECT effect_type, effect_status, attempt_count FROM effects WHERE effect_class = 'local'"
+    ).fetchall() == [("run.settle_queue", "applied", 1)]
+    assert conn.execute(
+        "SELECT attempt_status, outcome FROM node_attempts WHERE attempt_id = ?", (started.receipt["attemptId"],)
+    ).fetchone() == ("cancelled", "cancelled")
     assert state(claimed) == (("cancelled", "cancelled", False, False), None)
     (late,) = run_group(claimed, cancel)
     assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
@@ -162,14 +199,20 @@ def test_queue_settlement_is_a_local_effect_applied_right_after_the_commit(claim
     assert replies[0][1].outcome == "accepted"
     conn = claimed.conn
     assert conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id)").fetchone() == (
-        "completed", "running")  # fmt: skip
+        "completed",
+        "running",
+    )
     assert conn.execute("SELECT effect_type, effect_status FROM effects").fetchall() == [
-        ("run.settle_queue", "pending")]  # fmt: skip
+        ("run.settle_queue", "pending")
+    ]
     assert violations(conn, 0) == {}  # a pending settlement explains the unsettled queue
     assert claimed.apply_local_effects() == 1
     assert conn.execute("SELECT queue_status FROM run_queue").fetchone() == ("done",)
     assert conn.execute("SELECT effect_status, attempt_count, settled_at IS NOT NULL FROM effects").fetchone() == (
-        "applied", 1, True)  # fmt: skip
+        "applied",
+        1,
+        True,
+    )
     assert conn.execute("SELECT attempt_status FROM effect_attempts").fetchall() == [("applied",)]
     lease = conn.execute("SELECT owner_id FROM leases WHERE resource_id IN (SELECT effect_id FROM effects)")
     assert lease.fetchall() == [(None,)]  # the writer's own claim, released with the settlement
@@ -186,8 +229,12 @@ def test_a_finish_starts_the_next_attempt_in_the_same_commit(claimed):
     (started,) = run_group(claimed, start(2))
     (done,) = run_group(claimed, finish_and_start(3, started.receipt["attemptId"], "progress"))
     assert done.outcome == "accepted" and done.revision == 4
-    assert done.receipt == {"attemptId": started.receipt["attemptId"], "nextNode": "progress",
-                            "nextAttemptId": done.receipt["nextAttemptId"], "stepIndex": 1}  # fmt: skip
+    assert done.receipt == {
+        "attemptId": started.receipt["attemptId"],
+        "nextNode": "progress",
+        "nextAttemptId": done.receipt["nextAttemptId"],
+        "stepIndex": 1,
+    }
     attempts = claimed.conn.execute(
         "SELECT node_path, attempt_status FROM node_attempts ORDER BY started_at, node_path"
     )
@@ -202,16 +249,24 @@ def test_a_finish_with_no_step_left_for_the_next_node_ends_the_run(claimed):
     (started,) = run_group(claimed, start(2))
     (ended,) = run_group(claimed, finish_and_start(3, started.receipt["attemptId"], "progress"))
     assert ended.outcome == "accepted"
-    assert ended.receipt == {"attemptId": started.receipt["attemptId"], "runStatus": "failed",
-                             "errorCode": "maxStepsExceeded"}  # fmt: skip
+    assert ended.receipt == {
+        "attemptId": started.receipt["attemptId"],
+        "runStatus": "failed",
+        "errorCode": "maxStepsExceeded",
+    }
     assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
     assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
     assert state(claimed) == (("failed", "failed", False, False), None)
 
 
 def run_finish(revision, end="failed", code="loadFailed", text="the module failed", output=None, generation=1):
-    body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(generation), "expected_revision": revision,
-            "end_status": end}  # fmt: skip
+    body = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": run_claim(generation),
+        "expected_revision": revision,
+        "end_status": end,
+    }
     if end == "completed":
         body["output"] = BlobValue.of_json(output).model_dump()
     else:
@@ -225,11 +280,16 @@ def test_run_finish_ends_a_run_where_no_node_is_active(claimed):
     assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "failed", "errorCode": "loadFailed"}
     conn = claimed.conn
     assert conn.execute("SELECT status, error_code, error_digest, output_digest FROM runs").fetchone() == (
-        "failed", "loadFailed", hashlib.sha256(b"the module failed").digest(), None)  # fmt: skip
+        "failed",
+        "loadFailed",
+        hashlib.sha256(b"the module failed").digest(),
+        None,
+    )
     assert state(claimed) == (("failed", "failed", False, False), None)
     assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
-    events = conn.execute("SELECT event_type, actor_class FROM events WHERE resource_id = 'run-1' "
-                          "ORDER BY resource_revision DESC LIMIT 1").fetchall()  # fmt: skip
+    events = conn.execute(
+        "SELECT event_type, actor_class FROM events WHERE resource_id = 'run-1' ORDER BY resource_revision DESC LIMIT 1"
+    ).fetchall()
     assert events == [("run.finished", "runner")]
     assert violations(conn, 0) == {}
 
@@ -240,7 +300,9 @@ def test_run_finish_completes_an_answered_checkpoint_that_ends_the_workflow(clai
     (ended,) = run_group(claimed, run_finish(3, end="completed", output={"answer": 1}))
     assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "completed"}
     assert claimed.conn.execute("SELECT status, output_digest FROM runs").fetchone() == (
-        "completed", hashlib.sha256(b'{"answer":1}').digest())  # fmt: skip
+        "completed",
+        hashlib.sha256(b'{"answer":1}').digest(),
+    )
     assert state(claimed) == (("completed", "done", False, False), None)
 
 
@@ -276,6 +338,10 @@ def test_a_successful_node_carries_no_error_only_its_run_does(claimed):
     (failed,) = run_group(claimed, routed)
     assert failed.outcome == "accepted"
     assert claimed.conn.execute("SELECT error_code, error_digest FROM runs").fetchone() == (
-        "routingError", hashlib.sha256(b"node 'greet': no route").digest())  # fmt: skip
+        "routingError",
+        hashlib.sha256(b"node 'greet': no route").digest(),
+    )
     assert claimed.conn.execute("SELECT attempt_status, error_digest FROM node_attempts").fetchone() == (
-        "completed", None)  # fmt: skip
+        "completed",
+        None,
+    )

@@ -38,7 +38,11 @@ def digest(path: Path) -> str:
 def test_a_consistent_backup_verifies_ok_and_stays_untouched(backup, paths):
     before = digest(backup)
     assert offline.verify_backup(backup, paths.database, NOW) == {
-        "ok": True, "schema": None, "integrity": [], "violations": {}}  # fmt: skip
+        "ok": True,
+        "schema": None,
+        "integrity": [],
+        "violations": {},
+    }
     assert digest(backup) == before
     assert sorted(p.name for p in backup.parent.iterdir()) == [backup.name]  # no -wal, no -shm
 
@@ -85,8 +89,12 @@ def test_a_file_with_a_wal_beside_it_or_a_missing_one_is_refused(backup, paths):
 
 def test_the_cli_exits_0_for_a_good_backup_and_2_for_the_active_database(backup, paths):
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "piworkflows.cli", "--state-dir", str(paths.state_dir),
-                               "state", "verify", *args], capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(paths.state_dir), "state", "verify", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     good = cli(str(backup))
     assert good.returncode == 0, good.stderr

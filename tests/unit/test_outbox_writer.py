@@ -67,8 +67,13 @@ def pool_claim(
 
 
 def claim_body(token: str, generation: int, owner: str = POOL_OWNER, epoch: int = 1, ttl_ms: int = 10_000):
-    return {"server_epoch": epoch, "owner_id": owner, "claim_token_hash": token_hash(token),
-            "lease_generation": generation, "ttl_ms": ttl_ms}  # fmt: skip
+    return {
+        "server_epoch": epoch,
+        "owner_id": owner,
+        "claim_token_hash": token_hash(token),
+        "lease_generation": generation,
+        "ttl_ms": ttl_ms,
+    }
 
 
 def pool_settle(effect_id: str, revision: int, token: str, generation: int, settlement: str = "applied", **extra):
@@ -83,8 +88,10 @@ def abandon(effect_id: str, token: str, generation: int, retry_at: int | None = 
 
 
 def renew(effect_id: str, token: str, generation: int, ttl_ms: int = 10_000) -> Submitted:
-    return submitted("claim.renew", {"actor": SERVER, "resource_id": effect_id,
-                                     "claim": claim_body(token, generation, ttl_ms=ttl_ms)})  # fmt: skip
+    return submitted(
+        "claim.renew",
+        {"actor": SERVER, "resource_id": effect_id, "claim": claim_body(token, generation, ttl_ms=ttl_ms)},
+    )
 
 
 def recover() -> Submitted:
@@ -176,8 +183,9 @@ def test_next_due_claim_hands_out_only_the_asked_pool_performers(epoch):
     conn = epoch.conn
     runner_req = effect_request("act", performer="runner")
     http_req = effect_request("h", payload={"url": "https://example.invalid", "n": 1})
-    shell_req = effect_request("s", payload={"argv": ["true"]}, policy="manual", effect_type="shell.run",
-                               performer="shell.exec")  # fmt: skip
+    shell_req = effect_request(
+        "s", payload={"argv": ["true"]}, policy="manual", effect_type="shell.run", performer="shell.exec"
+    )
     runner_id, http_id, shell_id = reserved(epoch, runner_req, http_req, shell_req)
 
     shell = claimed_ok(epoch, "t1", performers=["shell.exec"])
@@ -199,7 +207,10 @@ def test_next_due_claim_hands_out_only_the_asked_pool_performers(epoch):
 
     http = claimed_ok(epoch, "t3")  # the default performers: both pool performers
     assert (http["effectId"], http["performer"], http["payload"]) == (
-        http_id, "http.request", {"url": "https://example.invalid", "n": 1})  # fmt: skip
+        http_id,
+        "http.request",
+        {"url": "https://example.invalid", "n": 1},
+    )
     assert (http["recoveryPolicy"], http["idempotencyKey"], http["attemptNumber"]) == ("idempotent", "h", 1)
 
     # The runner's effect is pending and due, yet never handed to the pool, and it does not
@@ -215,8 +226,15 @@ def test_the_writer_performs_exactly_the_local_effects():
     with pytest.raises(ValueError, match="the writer performs exactly the local effects"):
         effect_request("local", performer="writer")  # external, yet the writer's
     with pytest.raises(ValueError, match="the writer performs exactly the local effects"):
-        EffectRequest(effect_type="t", idempotency_key="k", payload=BlobValue.of_json({}), effect_class="local",
-                      performer="http.request", recovery_policy="idempotent", owner_scope="server")  # fmt: skip
+        EffectRequest(
+            effect_type="t",
+            idempotency_key="k",
+            payload=BlobValue.of_json({}),
+            effect_class="local",
+            performer="http.request",
+            recovery_policy="idempotent",
+            owner_scope="server",
+        )
 
 
 def test_a_named_claim_takes_a_runner_effect_without_its_payload(epoch):
@@ -236,8 +254,9 @@ def test_future_effects_are_not_due_and_next_due_at_names_the_earliest_of_those_
     # Each is claimed and settled for a retry at its own time.
     for effect_id, delay in ((late_id, 5_000), (soon_id, 2_000), (shell_id, 1_000)):
         got = claimed_ok(epoch, f"tok-{effect_id}", effect_id)
-        (reply,) = run_group(epoch, pool_settle(effect_id, 2, f"tok-{effect_id}", got["leaseGeneration"], "retry",
-                                                retry_at=now + delay))  # fmt: skip
+        (reply,) = run_group(
+            epoch, pool_settle(effect_id, 2, f"tok-{effect_id}", got["leaseGeneration"], "retry", retry_at=now + delay)
+        )
         assert reply.outcome == "accepted" and reply.receipt["effectStatus"] == "pending"
     (http_none,) = run_group(epoch, pool_claim("x", performers=["http.request"]))
     assert http_none.receipt == {"code": "nothingDue", "nextDueAt": now + 2_000}
@@ -268,16 +287,24 @@ def test_settle_retry_reschedules_then_exhausts(epoch, clock):
     t0 = clock.now_ms()
     claimed_ok(epoch, "t1")
     error = BlobValue.of_text("503 from upstream")
-    (first,) = run_group(epoch, pool_settle(effect_id, 2, "t1", 1, "retry", retry_at=t0 + 700, error_code="http503",
-                                            error=error.model_dump()))  # fmt: skip
+    (first,) = run_group(
+        epoch,
+        pool_settle(effect_id, 2, "t1", 1, "retry", retry_at=t0 + 700, error_code="http503", error=error.model_dump()),
+    )
     assert first.outcome == "accepted" and first.revision == 3
     assert first.receipt == {"effectId": effect_id, "effectStatus": "pending", "errorCode": "http503"}
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["available_at"], row["attempt_count"], row["error_code"], row["settled_at"]) == (
-        "pending", t0 + 700, 1, "http503", None)  # fmt: skip
+        "pending",
+        t0 + 700,
+        1,
+        "http503",
+        None,
+    )
     assert attempts(conn, effect_id) == [(1, 1, POOL_OWNER, "failed", "http503", t0 + 700, t0)]
     assert conn.execute("SELECT error_digest FROM effect_attempts WHERE effect_id = ?", (effect_id,)).fetchone() == (
-        error.digest,)  # fmt: skip
+        error.digest,
+    )
     assert lease(conn, effect_id)[:2] == (1, None)  # released, generation kept
 
     (early,) = run_group(epoch, pool_claim("t2"))
@@ -285,17 +312,27 @@ def test_settle_retry_reschedules_then_exhausts(epoch, clock):
     clock.advance(700)
     second = claimed_ok(epoch, "t2")
     assert (second["effectId"], second["attemptNumber"], second["leaseGeneration"]) == (effect_id, 2, 2)
-    (last,) = run_group(epoch, pool_settle(effect_id, 4, "t2", 2, "retry", retry_at=clock.now_ms() + 700,
-                                           error_code="http503"))  # fmt: skip
+    (last,) = run_group(
+        epoch, pool_settle(effect_id, 4, "t2", 2, "retry", retry_at=clock.now_ms() + 700, error_code="http503")
+    )
     assert last.outcome == "accepted"
     assert last.receipt == {"effectId": effect_id, "effectStatus": "rejected", "errorCode": "retriesExhausted"}
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["error_code"], row["settled_at"], row["attempt_count"]) == (
-        "rejected", "retriesExhausted", clock.now_ms(), 2)  # fmt: skip
+        "rejected",
+        "retriesExhausted",
+        clock.now_ms(),
+        2,
+    )
     # the ended attempt keeps the performer's own code; no next attempt is scheduled
     assert attempts(conn, effect_id)[1] == (2, 2, POOL_OWNER, "rejected", "http503", None, clock.now_ms())
     assert [e[1] for e in events(conn, effect_id)] == [
-        "effect.reserved", "effect.applying", "effect.pending", "effect.applying", "effect.rejected"]  # fmt: skip
+        "effect.reserved",
+        "effect.applying",
+        "effect.pending",
+        "effect.applying",
+        "effect.rejected",
+    ]
     (nothing,) = run_group(epoch, pool_claim("t3"))
     assert nothing.receipt == {"code": "nothingDue", "nextDueAt": None}
 
@@ -314,7 +351,11 @@ def test_abandon_of_an_idempotent_effect_schedules_the_next_attempt_at_retry_at(
     assert attempts(conn, effect_id) == [(1, 1, POOL_OWNER, "ambiguous", "uncertainAttempt", now + 900, now)]
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["available_at"], row["error_code"], row["settled_at"]) == (
-        "pending", now + 900, "uncertainAttempt", None)  # fmt: skip
+        "pending",
+        now + 900,
+        "uncertainAttempt",
+        None,
+    )
     assert lease(conn, effect_id)[:2] == (1, None)
     assert events(conn, effect_id)[-1] == (3, "effect.pending", "server")
     (early,) = run_group(epoch, pool_claim("t2"))
@@ -354,15 +395,19 @@ def test_abandon_after_the_last_attempt_rejects_and_needs_the_live_claim(epoch, 
     claimed_ok(epoch, "t1")
     (wrong,) = run_group(epoch, abandon(effect_id, "other", 1))
     assert wrong.outcome == "claimLost" and wrong.receipt["code"] == "claimTokenMismatch"
-    (not_server,) = run_group(epoch, submitted("effect.abandon", {**abandon(effect_id, "t1", 1).body,
-                                                                   "actor": {"actor_class": "outbox"}}))  # fmt: skip
+    (not_server,) = run_group(
+        epoch, submitted("effect.abandon", {**abandon(effect_id, "t1", 1).body, "actor": {"actor_class": "outbox"}})
+    )
     assert not_server.outcome == "rejected" and not_server.receipt["code"] == "actorNotAllowed"
     assert effect_row(conn, effect_id)["effect_status"] == "applying"
     (reply,) = run_group(epoch, abandon(effect_id, "t1", 1))
     assert reply.receipt == {"effectId": effect_id, "effectStatus": "rejected"}
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["error_code"], row["settled_at"]) == (
-        "rejected", "retriesExhausted", clock.now_ms())  # fmt: skip
+        "rejected",
+        "retriesExhausted",
+        clock.now_ms(),
+    )
     assert attempts(conn, effect_id)[0][3:6] == ("ambiguous", "uncertainAttempt", None)
 
 
@@ -397,7 +442,9 @@ def test_recover_ends_dead_pool_claims_and_leaves_live_ones(epoch, clock):
     assert (row["effect_status"], row["available_at"], row["error_code"]) == ("pending", now, "uncertainAttempt")
     assert effect_row(conn, manual)["effect_status"] == "ambiguous"
     assert (effect_row(conn, exhausted)["effect_status"], effect_row(conn, exhausted)["error_code"]) == (
-        "rejected", "retriesExhausted")  # fmt: skip
+        "rejected",
+        "retriesExhausted",
+    )
     for effect_id, status in ((expiring, "pending"), (manual, "ambiguous"), (exhausted, "rejected")):
         assert lease(conn, effect_id)[:2] == (1, None)
         assert revision(conn, effect_id) == 3
@@ -438,8 +485,9 @@ def test_recover_after_a_new_server_epoch_ends_live_claims_of_the_old_one(epoch,
 
 def ambiguous_effect(executor, key: str = "m", max_attempts: int = 5, performer: str = "http.request") -> str:
     """A server-scoped manual effect whose only attempt ended ambiguous (effect revision 3)."""
-    (effect_id,) = reserved(executor, effect_request(key, policy="manual", max_attempts=max_attempts,
-                                                     performer=performer))  # fmt: skip
+    (effect_id,) = reserved(
+        executor, effect_request(key, policy="manual", max_attempts=max_attempts, performer=performer)
+    )
     claimed_ok(executor, f"tok-{key}", effect_id)
     (reply,) = run_group(executor, pool_settle(effect_id, 2, f"tok-{key}", 1, "ambiguous"))
     assert reply.receipt["effectStatus"] == "ambiguous"
@@ -457,17 +505,23 @@ def test_confirm_turns_ambiguous_into_applied_and_a_repeat_is_adopted(epoch, clo
     assert reply.receipt == {"effectId": effect_id, "effectStatus": "applied"}
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["settled_at"]) == ("applied", clock.now_ms())
-    expected = {"output": {"status": 201}, "nodeOutcome": "ok", "confirmedBy": "operator",
-                "note": "seen in the remote log"}  # fmt: skip
+    expected = {
+        "output": {"status": 201},
+        "nodeOutcome": "ok",
+        "confirmedBy": "operator",
+        "note": "seen in the remote log",
+    }
     assert records.read_json(conn, row["result_digest"]) == expected
     assert row["result_digest"] == BlobValue.of_json(expected).digest
     assert events(conn, effect_id)[-1] == (4, "effect.confirmed", "operator")
-    assert conn.execute("SELECT payload_digest FROM events WHERE resource_id = ? AND resource_revision = 4",
-                        (effect_id,)).fetchone() == (row["result_digest"],)  # fmt: skip
+    assert conn.execute(
+        "SELECT payload_digest FROM events WHERE resource_id = ? AND resource_revision = 4", (effect_id,)
+    ).fetchone() == (row["result_digest"],)
     assert attempts(conn, effect_id)[0][3] == "ambiguous"  # the attempt's history is not rewritten
 
-    (again,) = run_group(epoch, confirm(effect_id, note="seen in the remote log", output={"status": 201},
-                                        receipt=receipt))  # fmt: skip
+    (again,) = run_group(
+        epoch, confirm(effect_id, note="seen in the remote log", output={"status": 201}, receipt=receipt)
+    )
     assert again.outcome == "adopted" and (again.revision, again.receipt) == (reply.revision, reply.receipt)
     assert revision(conn, effect_id) == 4
     (decided,) = run_group(epoch, confirm(effect_id, note="twice"))
@@ -496,7 +550,11 @@ def test_retry_makes_ambiguous_pending_and_due_now_and_the_next_claim_is_attempt
     assert reply.receipt == {"effectId": effect_id, "effectStatus": "pending"}
     row = effect_row(conn, effect_id)
     assert (row["effect_status"], row["available_at"], row["error_code"], row["settled_at"]) == (
-        "pending", clock.now_ms(), None, None)  # fmt: skip
+        "pending",
+        clock.now_ms(),
+        None,
+        None,
+    )
     assert (row["attempt_count"], row["max_attempts"]) == (1, 2)
     assert events(conn, effect_id)[-1] == (4, "effect.retried", "client")
     (again,) = run_group(epoch, retry(effect_id, actor=CLIENT, receipt=receipt))
@@ -510,8 +568,10 @@ def test_retry_makes_ambiguous_pending_and_due_now_and_the_next_claim_is_attempt
 
     got = claimed_ok(epoch, "next")
     assert (got["effectId"], got["attemptNumber"], got["leaseGeneration"]) == (effect_id, 2, 2)
-    assert [a[:4] for a in attempts(conn, effect_id)] == [(1, 1, POOL_OWNER, "ambiguous"),
-                                                          (2, 2, POOL_OWNER, "applying")]  # fmt: skip
+    assert [a[:4] for a in attempts(conn, effect_id)] == [
+        (1, 1, POOL_OWNER, "ambiguous"),
+        (2, 2, POOL_OWNER, "applying"),
+    ]
     (applying,) = run_group(epoch, confirm(effect_id))
     assert applying.outcome == "rejected" and applying.receipt["status"] == "applying"
 
@@ -547,25 +607,47 @@ class RunBuilder:
         return revision(self.executor.conn, "run-1")
 
     def start_action(self, node: str) -> None:
-        body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(), "expected_revision": self.rev,
-                "node_path": node, "node_kind": "action", "visit_number": 1}  # fmt: skip
+        body = {
+            "actor": RUNNER,
+            "run_id": "run-1",
+            "claim": run_claim(),
+            "expected_revision": self.rev,
+            "node_path": node,
+            "node_kind": "action",
+            "visit_number": 1,
+        }
         if self.attempt_id is None:
             (reply,) = run_group(self.executor, submitted("node.start", body))
             assert reply.outcome == "accepted", reply
             self.attempt_id = reply.receipt["attemptId"]
         else:  # finish the previous node and start this one in one commit
-            finish = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(), "expected_revision": self.rev,
-                      "attempt_id": self.attempt_id, "outcome": "ok",
-                      "output": BlobValue.of_json({"done": True}).model_dump(), "next_node": node,
-                      "start_next": {"node_kind": "action", "visit_number": 1}}  # fmt: skip
+            finish = {
+                "actor": RUNNER,
+                "run_id": "run-1",
+                "claim": run_claim(),
+                "expected_revision": self.rev,
+                "attempt_id": self.attempt_id,
+                "outcome": "ok",
+                "output": BlobValue.of_json({"done": True}).model_dump(),
+                "next_node": node,
+                "start_next": {"node_kind": "action", "visit_number": 1},
+            }
             (reply,) = run_group(self.executor, submitted("node.finish", finish))
             assert reply.outcome == "accepted", reply
             self.attempt_id = reply.receipt["nextAttemptId"]
 
     def reserve_effect(self, policy: str = "manual", performer: str = "shell.exec") -> str:
-        body = {"actor": RUNNER, "run_id": "run-1", "claim": run_claim(), "expected_revision": self.rev,
-                "attempt_id": self.attempt_id, "effect_type": "shell.run", "recovery_policy": policy,
-                "performer": performer, "payload": BlobValue.of_json({"argv": ["deploy"]}).model_dump()}  # fmt: skip
+        body = {
+            "actor": RUNNER,
+            "run_id": "run-1",
+            "claim": run_claim(),
+            "expected_revision": self.rev,
+            "attempt_id": self.attempt_id,
+            "effect_type": "shell.run",
+            "recovery_policy": policy,
+            "performer": performer,
+            "payload": BlobValue.of_json({"argv": ["deploy"]}).model_dump(),
+        }
         (reply,) = run_group(self.executor, submitted("node.reserve_effect", body))
         assert reply.outcome == "accepted" and reply.receipt["effectStatus"] == "pending", reply
         return reply.receipt["effectId"]
@@ -574,8 +656,9 @@ class RunBuilder:
         self.start_action(node)
         effect_id = self.reserve_effect()
         got = claimed_ok(self.executor, f"tok-{node}", effect_id)
-        (reply,) = run_group(self.executor, pool_settle(effect_id, 2, f"tok-{node}", got["leaseGeneration"],
-                                                        "ambiguous"))  # fmt: skip
+        (reply,) = run_group(
+            self.executor, pool_settle(effect_id, 2, f"tok-{node}", got["leaseGeneration"], "ambiguous")
+        )
         assert reply.receipt["effectStatus"] == "ambiguous", reply
         return effect_id
 
@@ -605,9 +688,11 @@ def test_review_of_the_only_ambiguous_effect_queues_the_parked_run(executor, clo
     assert reply.outcome == "accepted"
     assert run_facts(conn) == ("queued", None, 0, "queued", rev + 1, presentation + 1)
     assert state(executor) == (("queued", "queued", False, False), None)
-    assert conn.execute("SELECT event_type, actor_class, committed_at FROM events WHERE resource_id = 'run-1' "
-                        "AND resource_revision = ?", (rev + 1,)).fetchone() == (
-        "run.effectReviewed", "operator", clock.now_ms())  # fmt: skip
+    assert conn.execute(
+        "SELECT event_type, actor_class, committed_at FROM events WHERE resource_id = 'run-1' "
+        "AND resource_revision = ?",
+        (rev + 1,),
+    ).fetchone() == ("run.effectReviewed", "operator", clock.now_ms())
     assert violations(conn, clock.now_ms()) == {}
     (claimable,) = run_group(executor, submitted("run.claimable", {"actor": SERVER}))
     assert claimable.receipt["runIds"] == ["run-1"]
@@ -672,8 +757,14 @@ def test_a_runner_asking_to_park_for_an_ambiguity_already_reviewed_queues_the_ru
     effect_id = run.ambiguous("greet")
     (reply,) = run_group(executor, confirm(effect_id))
     assert reply.outcome == "accepted"
-    body = {"actor": SERVER, "run_id": "run-1", "runner_epoch": 1, "outcome": "exited", "stopped_by_server": False,
-            "park_reason": "effectAmbiguous"}  # fmt: skip
+    body = {
+        "actor": SERVER,
+        "run_id": "run-1",
+        "runner_epoch": 1,
+        "outcome": "exited",
+        "stopped_by_server": False,
+        "park_reason": "effectAmbiguous",
+    }
     (exited_reply,) = run_group(executor, submitted("runner.exited", body))
     assert exited_reply.receipt == {"runId": "run-1", "placement": "requeued"}, exited_reply
     assert run_facts(executor.conn)[:4] == ("queued", None, 0, "queued")
@@ -698,8 +789,7 @@ def test_retry_of_an_effect_of_a_finished_run_is_refused_and_confirm_still_recor
     receipt = client_receipt("retry-late", ("retry", effect_id), operation="effect.retry")
     (refused,) = run_group(executor, retry(effect_id, actor=CLIENT, receipt=receipt))
     assert refused.outcome == "conflict", refused
-    assert refused.receipt == {"code": "runFinished", "effectId": effect_id, "runId": "run-1",
-                               "runStatus": "cancelled"}  # fmt: skip
+    assert refused.receipt == {"code": "runFinished", "effectId": effect_id, "runId": "run-1", "runStatus": "cancelled"}
     assert "run-1" in refused.error and "cancelled" in refused.error
     assert effect_row(conn, effect_id)["effect_status"] == "ambiguous" and revision(conn, effect_id) == before
     (again,) = run_group(executor, retry(effect_id, actor=CLIENT, receipt=receipt))
@@ -719,10 +809,16 @@ def test_retry_of_an_effect_of_a_running_run_or_one_not_run_scoped_is_accepted(e
     (reply,) = run_group(executor, retry(effect_id))
     assert reply.outcome == "accepted" and reply.receipt == {"effectId": effect_id, "effectStatus": "pending"}
     # An effect that outlives its run by design (not run-scoped) is retried after the run ended.
-    outliving = EffectRequest(effect_type="channel.edit", idempotency_key="settle-edit",
-                              payload=BlobValue.of_json({"edit": 1}), effect_class="external",
-                              performer="http.request", recovery_policy="manual", owner_scope="channel",
-                              run_id="run-1").model_dump()  # fmt: skip
+    outliving = EffectRequest(
+        effect_type="channel.edit",
+        idempotency_key="settle-edit",
+        payload=BlobValue.of_json({"edit": 1}),
+        effect_class="external",
+        performer="http.request",
+        recovery_policy="manual",
+        owner_scope="channel",
+        run_id="run-1",
+    ).model_dump()
     (channel_effect,) = reserved(executor, outliving)
     claimed_ok(executor, "tok-edit", channel_effect)
     (ambiguous,) = run_group(executor, pool_settle(channel_effect, 2, "tok-edit", 1, "ambiguous"))
@@ -758,8 +854,10 @@ def test_list_shows_unsettled_effects_newest_first_without_payloads(executor, cl
     failed = reserved(executor, effect_request("failed", max_attempts=3))[0]
     claimed_ok(executor, "c", failed)
     error = BlobValue.of_text("s3cret-error").model_dump()
-    run_group(executor, pool_settle(failed, 2, "c", 1, "retry", retry_at=clock.now_ms() + 1_000, error_code="http500",
-                                    error=error))  # fmt: skip
+    run_group(
+        executor,
+        pool_settle(failed, 2, "c", 1, "retry", retry_at=clock.now_ms() + 1_000, error_code="http500", error=error),
+    )
     clock.advance(10)
     ambiguous = ambiguous_effect(executor)
     clock.advance(10)
@@ -776,19 +874,41 @@ def test_list_shows_unsettled_effects_newest_first_without_payloads(executor, cl
         assert secret not in text
     by_id = {i["effectId"]: i for i in items}
     assert by_id[pending] == {
-        "effectId": pending, "effectType": "test.effect", "status": "pending", "recoveryPolicy": "idempotent",
-        "performer": "http.request", "runId": None, "nodePath": None, "visit": None, "attempts": 0,
-        "maxAttempts": 5, "nextAttemptAt": t_pending, "errorCode": None, "createdAt": t_pending,
-        "updatedAt": t_pending, "settledAt": None,
-    }  # fmt: skip
+        "effectId": pending,
+        "effectType": "test.effect",
+        "status": "pending",
+        "recoveryPolicy": "idempotent",
+        "performer": "http.request",
+        "runId": None,
+        "nodePath": None,
+        "visit": None,
+        "attempts": 0,
+        "maxAttempts": 5,
+        "nextAttemptAt": t_pending,
+        "errorCode": None,
+        "createdAt": t_pending,
+        "updatedAt": t_pending,
+        "settledAt": None,
+    }
     assert (by_id[failed]["status"], by_id[failed]["nextAttemptAt"], by_id[failed]["errorCode"]) == (
-        "pending", clock.now_ms() - 20 + 1_000, "http500")  # fmt: skip
+        "pending",
+        clock.now_ms() - 20 + 1_000,
+        "http500",
+    )
     assert (by_id[applying]["status"], by_id[applying]["attempts"], by_id[applying]["nextAttemptAt"]) == (
-        "applying", 1, None)  # fmt: skip
+        "applying",
+        1,
+        None,
+    )
     assert (by_id[ambiguous]["status"], by_id[ambiguous]["nextAttemptAt"]) == ("ambiguous", None)
     node = by_id[node_effect]
     assert (node["runId"], node["nodePath"], node["visit"], node["effectType"], node["performer"]) == (
-        "run-1", "greet", 1, "shell.run", "shell.exec")  # fmt: skip
+        "run-1",
+        "greet",
+        1,
+        "shell.run",
+        "shell.exec",
+    )
     key = executor.conn.execute("SELECT idempotency_key FROM effects WHERE effect_id = ?", (node_effect,)).fetchone()
     assert key == (canonical.dumps(["run-1", "shell.run", "greet", 1]),)
 
@@ -818,8 +938,12 @@ ARENA_EFFECTS = {"e0": ("idempotent", 50), "e1": ("idempotent", 3), "e2": ("manu
 
 CLAIM = st.tuples(st.just("claim"), st.sampled_from(CLAIMANTS))
 # who's applying claim lapses, recovery ends it, the other claims until it wins that effect, then who settles
-STEAL = st.tuples(st.just("steal"), st.sampled_from(CLAIMANTS), st.integers(0, 3),
-                  st.sampled_from(["retry", "applied", "ambiguous", "rejected"]))  # fmt: skip
+STEAL = st.tuples(
+    st.just("steal"),
+    st.sampled_from(CLAIMANTS),
+    st.integers(0, 3),
+    st.sampled_from(["retry", "applied", "ambiguous", "rejected"]),
+)
 step_strategy = st.one_of(
     CLAIM,
     CLAIM,
@@ -829,7 +953,7 @@ step_strategy = st.one_of(
         st.sampled_from(CLAIMANTS),
         st.integers(0, 3),
         st.sampled_from(["retry", "retry", "retry", "applied", "ambiguous", "rejected"]),
-    ),  # fmt: skip
+    ),
     st.tuples(st.just("settle"), st.sampled_from(CLAIMANTS), st.integers(0, 3), st.just("retry")),
     st.tuples(st.just("renew"), st.sampled_from(CLAIMANTS), st.integers(0, 3)),
     st.tuples(st.just("abandon"), st.sampled_from(CLAIMANTS), st.integers(0, 3)),
@@ -908,8 +1032,11 @@ class Arena:
             "(SELECT count(*) FROM effect_attempts a WHERE a.effect_id = e.effect_id) "
             "FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id WHERE e.effect_status = 'pending'"
         ).fetchall()
-        due = sorted((at, eid, gen or 0, n) for eid, at, gen, owner, exp, n in rows
-                     if at <= now and (owner is None or exp <= now))  # fmt: skip
+        due = sorted(
+            (at, eid, gen or 0, n)
+            for eid, at, gen, owner, exp, n in rows
+            if at <= now and (owner is None or exp <= now)
+        )
         reply = self.run(pool_claim(f"claimant-{who}", ttl_ms=TTL))
         if not due:
             assert reply.outcome == "notFound", reply
@@ -918,7 +1045,10 @@ class Arena:
         _, effect_id, generation, n = due[0]
         assert reply.outcome == "accepted", reply
         assert (reply.receipt["effectId"], reply.receipt["leaseGeneration"], reply.receipt["attemptNumber"]) == (
-            effect_id, generation + 1, n + 1)  # fmt: skip
+            effect_id,
+            generation + 1,
+            n + 1,
+        )
         self.held[who][effect_id] = generation + 1
 
     def fenced(self, who: str, index: int, kind: str, settlement: str = "retry", chosen=None) -> None:
@@ -1054,8 +1184,13 @@ class Arena:
 
     def check(self) -> None:
         conn, now = self.conn, self.now()
-        assert conn.execute("SELECT effect_id FROM effect_attempts WHERE attempt_status = 'applying' "
-                            "GROUP BY effect_id HAVING count(*) > 1").fetchall() == []  # fmt: skip
+        assert (
+            conn.execute(
+                "SELECT effect_id FROM effect_attempts WHERE attempt_status = 'applying' "
+                "GROUP BY effect_id HAVING count(*) > 1"
+            ).fetchall()
+            == []
+        )
         for effect_id in self.effects:
             status, count, _, _ = self.status(effect_id)
             current = records.get_lease(conn, effect_id)
@@ -1099,8 +1234,9 @@ def test_a_superseded_claimant_cannot_settle_renew_or_abandon(tmp_path) -> None:
     arena = Arena(str(tmp_path / "state"))
     try:
         effect_id = arena.effects[0]  # idempotent; the other two are planted far in the future
-        arena.conn.execute("UPDATE effects SET available_at = available_at + 1000000000 WHERE effect_id != ?",
-                           (effect_id,))  # fmt: skip
+        arena.conn.execute(
+            "UPDATE effects SET available_at = available_at + 1000000000 WHERE effect_id != ?", (effect_id,)
+        )
         arena.step(("claim", "A"))
         assert arena.held["A"] == {effect_id: 1}
         arena.step(("advance", TTL))
@@ -1112,8 +1248,10 @@ def test_a_superseded_claimant_cannot_settle_renew_or_abandon(tmp_path) -> None:
         for kind in ("settle", "renew", "abandon"):
             arena.fenced("A", 0, kind, "applied")
         assert arena.superseded_settles == 1
-        assert [a[:4] for a in attempts(arena.conn, effect_id)] == [(1, 1, POOL_OWNER, "ambiguous"),
-                                                                    (2, 2, POOL_OWNER, "applying")]  # fmt: skip
+        assert [a[:4] for a in attempts(arena.conn, effect_id)] == [
+            (1, 1, POOL_OWNER, "ambiguous"),
+            (2, 2, POOL_OWNER, "applying"),
+        ]
         arena.fenced("B", 0, "settle", "applied")
         assert arena.status(effect_id)[0] == "applied"
         arena.check()

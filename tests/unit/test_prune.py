@@ -26,8 +26,13 @@ def finish(conn, run_id: str, at: int) -> None:
 
 @pytest.fixture
 def conn(executor):
-    run_group(executor, take_epoch(), run_create("run-old", input_value={"only": "old"}), run_create("run-new"),
-              run_create("run-live"))  # fmt: skip
+    run_group(
+        executor,
+        take_epoch(),
+        run_create("run-old", input_value={"only": "old"}),
+        run_create("run-new"),
+        run_create("run-live"),
+    )
     conn = executor.conn
     finish(conn, "run-old", 1_000)
     finish(conn, "run-new", 9_000)
@@ -43,13 +48,16 @@ def test_selection_lists_old_complete_trees_and_blocks_the_rest(conn, clock):
     "name, plant",
     [
         ("liveQueue", "UPDATE run_queue SET queue_status = 'parked' WHERE run_id = 'run-old'"),
-        ("recentRun", "INSERT INTO runs SELECT 'run-child', project_id, workflow_name, definition_digest, "
-                      "'completed', 0, NULL, execution_mode, NULL, NULL, input_digest, NULL, NULL, NULL, NULL, "
-                      "max_steps, 'restart', 'run-old', 'run-old', NULL, 1, NULL, NULL, 1, NULL, 8000, 1 "
-                      "FROM runs WHERE run_id = 'run-old'"),
+        (
+            "recentRun",
+            "INSERT INTO runs SELECT 'run-child', project_id, workflow_name, definition_digest, "
+            "'completed', 0, NULL, execution_mode, NULL, NULL, input_digest, NULL, NULL, NULL, NULL, "
+            "max_steps, 'restart', 'run-old', 'run-old', NULL, 1, NULL, NULL, 1, NULL, 8000, 1 "
+            "FROM runs WHERE run_id = 'run-old'",
+        ),
         ("activeLease", "INSERT INTO leases VALUES ('run-old', 1, 'o', zeroblob(32), 0, 0, 9e15)"),
     ],
-)  # fmt: skip
+)
 def test_a_blocker_keeps_the_tree(conn, clock, name, plant):
     if name == "recentRun":
         conn.execute("INSERT INTO resources VALUES ('run-child', 'run', 1, NULL, 0, 0)")
@@ -82,9 +90,12 @@ def test_blobs_referenced_through_a_cascade_go_and_a_blob_nothing_deleted_refere
     output, waiting = hashlib.sha256(b"output").digest(), hashlib.sha256(b"waiting").digest()
     for digest in (output, waiting):
         conn.execute("INSERT INTO blobs VALUES (?, 'application/json', 2, X'7B7D', 1)", (digest,))
-    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
-                 "attempt_status, outcome, lease_generation, output_digest, started_at, finished_at) VALUES "
-                 "('a-1', 'run-old', 'n', 'compute', 1, 1, 'completed', 'ok', 1, ?, 1, 2)", (output,))  # fmt: skip
+    conn.execute(
+        "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+        "attempt_status, outcome, lease_generation, output_digest, started_at, finished_at) VALUES "
+        "('a-1', 'run-old', 'n', 'compute', 1, 1, 'completed', 'ok', 1, ?, 1, 2)",
+        (output,),
+    )
     conn.execute("BEGIN")
     assert prune.delete_trees(conn, ["run-old"]) == {"trees": 1, "runs": 1, "blobs": 2}  # its input and the output
     conn.execute("COMMIT")
@@ -126,18 +137,24 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
     finish(conn, runs["failed"], 1_000)
     conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = 'run-failed'")
     run_group(executor, run_create("run-child"))  # its restart, still running
-    conn.execute("UPDATE runs SET lineage = 'restart', root_run_id = 'run-failed', parent_run_id = 'run-failed', "
-                 "restart_number = 1 WHERE run_id = 'run-child'")  # fmt: skip
+    conn.execute(
+        "UPDATE runs SET lineage = 'restart', root_run_id = 'run-failed', parent_run_id = 'run-failed', "
+        "restart_number = 1 WHERE run_id = 'run-child'"
+    )
     finish(conn, runs["effect"], 1_000)
-    run_group(executor, reserve(revision(conn, "run-effect"), effect_request("k", performer="http.request"),
-                                source="run-effect"))  # fmt: skip
+    run_group(
+        executor,
+        reserve(revision(conn, "run-effect"), effect_request("k", performer="http.request"), source="run-effect"),
+    )
     conn.execute("UPDATE effects SET run_id = 'run-effect', owner_scope = 'run'")
     finish(conn, runs["recent"], 9_000)
     conn.execute("UPDATE runs SET status = 'waiting' WHERE run_id = 'run-waiting'")
     conn.execute("UPDATE run_queue SET queue_status = 'parked' WHERE run_id = 'run-waiting'")
-    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
-                 "attempt_status, lease_generation, started_at) VALUES ('a-wait', 'run-waiting', 'ask', "
-                 "'checkpoint', 1, 1, 'waiting', 1, 1)")  # fmt: skip
+    conn.execute(
+        "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
+        "attempt_status, lease_generation, started_at) VALUES ('a-wait', 'run-waiting', 'ask', "
+        "'checkpoint', 1, 1, 'waiting', 1, 1)"
+    )
     inputs = dict(conn.execute("SELECT run_id, input_digest FROM runs").fetchall())
 
     def files() -> tuple[bytes, bytes]:
@@ -151,9 +168,19 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
     assert blocked == {"run-failed": "unfinishedRun", "run-effect": "unsettledEffect"}
 
     done = {"destination": "/backups/b.sqlite", "bytes": 1, "pages": 1}  # what the writer loop made first
-    (applied,) = run_group(executor, submitted("state.prune", {"actor": CLIENT, "before_ms": 5_000, "apply": True,
-                                                               "backup_path": "/backups/b.sqlite",
-                                                               "performed_backup": done}))  # fmt: skip
+    (applied,) = run_group(
+        executor,
+        submitted(
+            "state.prune",
+            {
+                "actor": CLIENT,
+                "before_ms": 5_000,
+                "apply": True,
+                "backup_path": "/backups/b.sqlite",
+                "performed_backup": done,
+            },
+        ),
+    )
     assert applied.outcome == "accepted", applied
     assert applied.receipt["deleted"] == {"trees": 1, "runs": 1, "blobs": 1}
     left = {row[0] for row in conn.execute("SELECT run_id FROM runs")}

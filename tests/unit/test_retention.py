@@ -38,8 +38,9 @@ class FakeWriter:
 
 def retention(trees: int) -> tuple[Retention, FakeWriter, SimpleNamespace]:
     writer = FakeWriter(trees)
-    supervisor = SimpleNamespace(settings=Settings(), writer=writer, state="running",
-                                 scheduler=SimpleNamespace(active={}))  # fmt: skip
+    supervisor = SimpleNamespace(
+        settings=Settings(), writer=writer, state="running", scheduler=SimpleNamespace(active={})
+    )
     return Retention(supervisor), writer, supervisor
 
 

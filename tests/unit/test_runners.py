@@ -36,14 +36,29 @@ def state(executor, run_id="run-1"):
 
 
 def claim(token="tok", run_id="run-1", epoch=1, command="start"):
-    body = {"actor": SERVER, "run_id": run_id, "server_epoch": epoch, "owner_id": f"server-{epoch}",
-            "claim_token_hash": token_hash(token), "ttl_ms": 10_000, "launch_command": command}  # fmt: skip
+    body = {
+        "actor": SERVER,
+        "run_id": run_id,
+        "server_epoch": epoch,
+        "owner_id": f"server-{epoch}",
+        "claim_token_hash": token_hash(token),
+        "ttl_ms": 10_000,
+        "launch_command": command,
+    }
     return submitted("run.claim", body)
 
 
 def exited(runner_epoch, outcome="exited", by_server=False, run_id="run-1"):
-    return submitted("runner.exited", {"actor": SERVER, "run_id": run_id, "runner_epoch": runner_epoch,
-                                       "outcome": outcome, "stopped_by_server": by_server})  # fmt: skip
+    return submitted(
+        "runner.exited",
+        {
+            "actor": SERVER,
+            "run_id": run_id,
+            "runner_epoch": runner_epoch,
+            "outcome": outcome,
+            "stopped_by_server": by_server,
+        },
+    )
 
 
 def claimable(executor):
@@ -86,9 +101,20 @@ def test_a_claim_names_the_current_epoch(queued):
 
 def test_runner_identity_is_recorded_under_the_live_claim(queued):
     run_group(queued, claim())
-    body = {"actor": SERVER, "run_id": "run-1", "runner_epoch": 1, "pid": 4242, "process_started_at": 5,
-            "claim": {"server_epoch": 1, "owner_id": "server-1", "claim_token_hash": token_hash("tok"),
-                      "lease_generation": 1, "ttl_ms": 10_000}}  # fmt: skip
+    body = {
+        "actor": SERVER,
+        "run_id": "run-1",
+        "runner_epoch": 1,
+        "pid": 4242,
+        "process_started_at": 5,
+        "claim": {
+            "server_epoch": 1,
+            "owner_id": "server-1",
+            "claim_token_hash": token_hash("tok"),
+            "lease_generation": 1,
+            "ttl_ms": 10_000,
+        },
+    }
     wrong = {**body, "claim": {**body["claim"], "claim_token_hash": token_hash("nope")}}
     (refused,) = run_group(queued, submitted("runner.spawned", wrong))
     assert refused.outcome == "claimLost" and refused.receipt["code"] == "claimTokenMismatch"
@@ -180,8 +206,9 @@ def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_
     died.body["park_detail"] = BlobValue.of_text("ValueError: x").model_dump()
     (reply,) = run_group(queued, died)
     assert reply.receipt["parkReason"] == "runnerNoProgress"
-    (payload,) = queued.conn.execute("SELECT b.bytes FROM events e JOIN blobs b ON b.digest = e.payload_digest "
-                                     "WHERE e.event_type = 'runner.exited'").fetchone()  # fmt: skip
+    (payload,) = queued.conn.execute(
+        "SELECT b.bytes FROM events e JOIN blobs b ON b.digest = e.payload_digest WHERE e.event_type = 'runner.exited'"
+    ).fetchone()
     assert payload == b"ValueError: x"
     (view,) = run_group(queued, submitted("run.get", {"actor": SERVER, "run_id": "run-1"}))
     assert view.receipt["piworkflows"]["parkDetail"] == "ValueError: x"

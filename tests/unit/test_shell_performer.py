@@ -14,8 +14,9 @@ from piworkflows.performers import Stream, shell
 @pytest.mark.parametrize(("policy", "settlement"), [("idempotent", "retry"), ("manual", "rejected")])
 def test_a_command_whose_group_cannot_be_recorded_never_runs(tmp_path: Path, policy: str, settlement: str):
     marker = tmp_path / "ran"
-    payload = shell.payload({"command": "touch", "args": [str(marker)]}, max_output_chars=100,
-                            allow_non_zero_exit=False)  # fmt: skip
+    payload = shell.payload(
+        {"command": "touch", "args": [str(marker)]}, max_output_chars=100, allow_non_zero_exit=False
+    )
     seen: list[int] = []
 
     def refuse(pid: int) -> bool:
@@ -34,10 +35,15 @@ def accept(pid: int) -> bool:
 
 def printing(stdout_bytes: int, max_output_chars: int) -> dict:
     """A command writing ``stdout_bytes`` of digits and lines to stdout and a line to stderr."""
-    script = f"import sys; sys.stdout.write(''.join(f'{{i:09d}}\\n' for i in range({stdout_bytes // 10}))); " \
-             "sys.stderr.write('done\\n')"  # fmt: skip
-    return shell.payload({"command": sys.executable, "args": ["-c", script]}, max_output_chars=max_output_chars,
-                         allow_non_zero_exit=False)  # fmt: skip
+    script = (
+        f"import sys; sys.stdout.write(''.join(f'{{i:09d}}\\n' for i in range({stdout_bytes // 10}))); "
+        "sys.stderr.write('done\\n')"
+    )
+    return shell.payload(
+        {"command": sys.executable, "args": ["-c", script]},
+        max_output_chars=max_output_chars,
+        allow_non_zero_exit=False,
+    )
 
 
 def expected_stdout(stdout_bytes: int) -> bytes:
@@ -45,8 +51,9 @@ def expected_stdout(stdout_bytes: int) -> bytes:
 
 
 def test_each_stream_is_kept_whole_up_to_the_cap_whatever_max_output_chars_is():
-    outcome = shell.ShellPerformer(stream_max_bytes=1 << 20).perform(printing(300_000, 50), "key-1", "idempotent",
-                                                                     accept)  # fmt: skip
+    outcome = shell.ShellPerformer(stream_max_bytes=1 << 20).perform(
+        printing(300_000, 50), "key-1", "idempotent", accept
+    )
     assert outcome.settlement == "applied"
     assert outcome.streams["stdout"] == Stream(expected_stdout(300_000), 300_000)
     assert outcome.streams["stderr"] == Stream(b"done\n", 5)
@@ -56,8 +63,9 @@ def test_each_stream_is_kept_whole_up_to_the_cap_whatever_max_output_chars_is():
 
 
 def test_beyond_the_cap_a_stream_is_read_to_its_end_and_the_cut_counted():
-    outcome = shell.ShellPerformer(stream_max_bytes=1000).perform(printing(300_000, 100_000), "key-1", "idempotent",
-                                                                  accept)  # fmt: skip
+    outcome = shell.ShellPerformer(stream_max_bytes=1000).perform(
+        printing(300_000, 100_000), "key-1", "idempotent", accept
+    )
     assert outcome.settlement == "applied" and outcome.result["output"]["exitCode"] == 0  # never blocked on a pipe
     assert outcome.streams["stdout"] == Stream(expected_stdout(300_000)[:1000], 300_000)
     assert outcome.result["output"]["stdout"] == expected_stdout(1000).decode()  # the cap bounds the output too

@@ -35,17 +35,34 @@ def test_blocks_wrap_within_80_columns_and_stop_after_a_few_lines():
 
 def step(index: int, status: str, kind: str = "compute") -> dict:
     done = status not in ("running", "waiting")
-    return {"stepIndex": index, "attemptId": f"attempt-{index}", "nodePath": f"n{index}", "nodeKind": kind,
-            "visit": 1, "attempt": 1, "status": status, "outcome": "ok" if done else None, "startedAt": 1000,
-            "finishedAt": 1005 if done else None, "durationMs": 5 if done else None, "errorCode": None,
-            "output": None, "error": None, "request": {"summary": "go?"} if kind == "checkpoint" else None}  # fmt: skip
+    return {
+        "stepIndex": index,
+        "attemptId": f"attempt-{index}",
+        "nodePath": f"n{index}",
+        "nodeKind": kind,
+        "visit": 1,
+        "attempt": 1,
+        "status": status,
+        "outcome": "ok" if done else None,
+        "startedAt": 1000,
+        "finishedAt": 1005 if done else None,
+        "durationMs": 5 if done else None,
+        "errorCode": None,
+        "output": None,
+        "error": None,
+        "request": {"summary": "go?"} if kind == "checkpoint" else None,
+    }
 
 
 def run_view(status: str, steps: list[dict], activity: str = "running", reason: str | None = None) -> dict:
     current = next((s for s in steps if s["status"] in ("running", "waiting")), None)
-    return {"runId": "run-1", "run": {"errorCode": None}, "steps": {"items": steps, "cursor": None},
-            "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
-            "piworkflows": {"currentStep": current, "ambiguousEffects": []}}  # fmt: skip
+    return {
+        "runId": "run-1",
+        "run": {"errorCode": None},
+        "steps": {"items": steps, "cursor": None},
+        "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
+        "piworkflows": {"currentStep": current, "ambiguousEffects": []},
+    }
 
 
 def test_the_follower_reports_each_start_end_wait_and_finish_once():
@@ -55,11 +72,19 @@ def test_the_follower_reports_each_start_end_wait_and_finish_once():
     assert names(run_view("running", [step(0, "running")])) == []
     # Missed in between: step 1 started and ended, step 2 started and waits.
     waiting = run_view("waiting", [step(0, "completed"), step(1, "completed"), step(2, "waiting", "checkpoint")])
-    assert names(waiting) == [("stepFinished", 0), ("stepStarted", 1), ("stepFinished", 1), ("stepStarted", 2),
-                              ("waiting", 2)]  # fmt: skip
+    assert names(waiting) == [
+        ("stepFinished", 0),
+        ("stepStarted", 1),
+        ("stepFinished", 1),
+        ("stepStarted", 2),
+        ("waiting", 2),
+    ]
     assert names(waiting) == [] and settled(waiting)
-    done = run_view("completed", [step(0, "completed"), step(1, "completed"), step(2, "completed", "checkpoint")],
-                    activity="finished")  # fmt: skip
+    done = run_view(
+        "completed",
+        [step(0, "completed"), step(1, "completed"), step(2, "completed", "checkpoint")],
+        activity="finished",
+    )
     assert names(done) == [("stepFinished", 2), ("finished", None)] and names(done) == []
 
 

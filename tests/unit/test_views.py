@@ -15,8 +15,15 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def facts(**overrides) -> RunFacts:
-    base = dict(status="queued", paused=False, park_reason=None, ambiguous_effects=0, waiting_for=None,
-                live_runner=False, open_turn=False)  # fmt: skip
+    base = dict(
+        status="queued",
+        paused=False,
+        park_reason=None,
+        ambiguous_effects=0,
+        waiting_for=None,
+        live_runner=False,
+        open_turn=False,
+    )
     return RunFacts(**{**base, **overrides})
 
 
@@ -69,8 +76,10 @@ def test_a_live_claim_shows_running_but_a_stale_one_does_not(executor, clock):
     conn = executor.conn
     conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'owner', zeroblob(32), 0, 0, ?)", (clock.now_ms() + 1000,))
     conn.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-1'")
-    conn.execute("INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
-                 "created_at) VALUES ('run-1', 1, 1, 'start', 1, 0)")  # fmt: skip
+    conn.execute(
+        "INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
+        "created_at) VALUES ('run-1', 1, 1, 'start', 1, 0)"
+    )
     assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "running"
     clock.advance(1000)  # the claim expired: a stale owner is not shown as current
     assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "queued"
@@ -94,19 +103,39 @@ def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
     page = read(executor, "run.list", {"limit": 2}).receipt
     assert [i["runId"] for i in page["items"]] == ["run-4", "run-3"]
     cursor = page["cursor"]
-    rest = read(executor, "run.list", {"limit": 10, "before": {"created_at": cursor["createdAt"],
-                                                                "run_id": cursor["runId"]}}).receipt  # fmt: skip
+    rest = read(
+        executor, "run.list", {"limit": 10, "before": {"created_at": cursor["createdAt"], "run_id": cursor["runId"]}}
+    ).receipt
     assert [i["runId"] for i in rest["items"]] == ["run-2", "run-1", "run-0"] and rest["cursor"] is None
     only_a = read(executor, "run.list", {"project_path": "/p/a"}).receipt
     assert [i["runId"] for i in only_a["items"]] == ["run-3", "run-1"]
     item = page["items"][0]
-    assert set(item) == {"runId", "workflowName", "title", "executionMode", "createdAt", "updatedAt", "startedAt",
-                         "finishedAt", "revision", "runRevision", "claim", "display"}  # fmt: skip
+    assert set(item) == {
+        "runId",
+        "workflowName",
+        "title",
+        "executionMode",
+        "createdAt",
+        "updatedAt",
+        "startedAt",
+        "finishedAt",
+        "revision",
+        "runRevision",
+        "claim",
+        "display",
+    }
     assert "input" not in item  # metadata only, never payload bodies
 
 
-def add_step(conn, index: int, kind: str = "compute", status: str = "completed", output=None, error: str | None = None,
-             request=None) -> None:  # fmt: skip
+def add_step(
+    conn,
+    index: int,
+    kind: str = "compute",
+    status: str = "completed",
+    output=None,
+    error: str | None = None,
+    request=None,
+) -> None:
     """A step of run-1 as the runner's transitions leave it: started at 1000 + index, finished 5 ms later."""
     blobs = [None if value is None else BlobValue.of_json(value) for value in (output, request)]
     error_blob = None if error is None else BlobValue.of_text(error)
@@ -118,12 +147,20 @@ def add_step(conn, index: int, kind: str = "compute", status: str = "completed",
         "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
         "attempt_status, outcome, lease_generation, output_digest, error_digest, receipt_digest, started_at, "
         "finished_at) VALUES (?, 'run-1', ?, ?, 1, 1, ?, ?, 1, ?, ?, ?, ?, ?)",
-        (f"attempt-{index}", f"n{index}", kind, status, None if active else ("ok" if error is None else "failed"),
-         *(blob.digest if blob else None for blob in (blobs[0], error_blob, blobs[1])), 1000 + index,
-         None if active else 1005 + index),
-    )  # fmt: skip
-    conn.execute("INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES ('run-1', ?, ?)",
-                 (index, f"attempt-{index}"))  # fmt: skip
+        (
+            f"attempt-{index}",
+            f"n{index}",
+            kind,
+            status,
+            None if active else ("ok" if error is None else "failed"),
+            *(blob.digest if blob else None for blob in (blobs[0], error_blob, blobs[1])),
+            1000 + index,
+            None if active else 1005 + index,
+        ),
+    )
+    conn.execute(
+        "INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES ('run-1', ?, ?)", (index, f"attempt-{index}")
+    )
 
 
 def test_steps_carry_their_values_and_durations(executor):
@@ -157,8 +194,11 @@ def test_step_values_stay_within_one_frame_newest_first_and_the_active_step_past
     assert items[-1]["output"] == {"n": PAGE_ROWS - 1, "text": "y" * 60_000}
     assert items[0]["output"]["omitted"]["digest"].startswith("sha256:")
     current = view["piworkflows"]["currentStep"]
-    assert (current["stepIndex"], current["status"], current["request"]) == (PAGE_ROWS, "waiting",
-                                                                            {"summary": "go on?"})  # fmt: skip
+    assert (current["stepIndex"], current["status"], current["request"]) == (
+        PAGE_ROWS,
+        "waiting",
+        {"summary": "go on?"},
+    )
 
 
 def _plant(executor, clock, count: int, start: int = 0) -> list[str]:
@@ -174,8 +214,10 @@ def _plant(executor, clock, count: int, start: int = 0) -> list[str]:
         executor.conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (clock.now_ms() + n + 1, run_id))
         status = ("failed", "queued", "completed")[n % 3]
         if status != "queued":
-            executor.conn.execute("UPDATE runs SET status = ?, started_at = created_at, finished_at = created_at + 7 "
-                                  "WHERE run_id = ?", (status, run_id))  # fmt: skip
+            executor.conn.execute(
+                "UPDATE runs SET status = ?, started_at = created_at, finished_at = created_at + 7 WHERE run_id = ?",
+                (status, run_id),
+            )
     return run_ids
 
 
@@ -220,9 +262,15 @@ def test_run_list_items_carry_when_the_run_started(executor):
 
 @pytest.mark.parametrize(
     "filters",
-    [{}, {"statuses": ["queued"]}, {"statuses": ["queued", "completed", "failed"]}, {"workflow_name": "b"},
-     {"since": 0}, {"project_path": "/p/1"}],
-)  # fmt: skip
+    [
+        {},
+        {"statuses": ["queued"]},
+        {"statuses": ["queued", "completed", "failed"]},
+        {"workflow_name": "b"},
+        {"since": 0},
+        {"project_path": "/p/1"},
+    ],
+)
 def test_a_run_list_page_reads_a_bounded_number_of_rows_whatever_the_table_holds(executor, clock, filters):
     """Counted in SQLite VM steps (deterministic): ten times the runs, about the same work per page."""
     from piworkflows.writer.views.runs import list_runs

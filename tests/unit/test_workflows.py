@@ -326,9 +326,11 @@ def test_lambda_body_change_keeps_digest_code_changes_are_caught_by_source_ident
     edited = build_main(prep_run=lambda ctx: {"route": "skip", "extra": [1, 2, 3]}).compile()
     assert edited.digest == original.digest
     child_edited = define_workflow(
-        name="x", start_at="sub", nodes={"n": compute(run=_noop)},
+        name="x",
+        start_at="sub",
+        nodes={"n": compute(run=_noop)},
         includes={"sub": include_workflow(_child(c1_run=lambda ctx: {"n": 2}))},
-    )  # fmt: skip
+    )
     child_original = define_workflow(
         name="x", start_at="sub", nodes={"n": compute(run=_noop)}, includes={"sub": include_workflow(_child())}
     )
@@ -571,9 +573,11 @@ def test_an_exit_node_with_a_child_edge_and_a_parent_edge_breaks_the_one_edge_ru
 
 def test_two_exits_of_one_node_cannot_both_be_routed_by_the_parent() -> None:
     child = define_workflow(
-        name="kid", start_at="c1", nodes={"c1": compute(run=_noop)},
+        name="kid",
+        start_at="c1",
+        nodes={"c1": compute(run=_noop)},
         exits={"x": {"from": "c1"}, "y": {"from": "c1"}},
-    )  # fmt: skip
+    )
     includes = {"sub": include_workflow(child)}
     ok = define_workflow(**_base(includes=includes, edges=[edge("sub.x", "b")])).compile()
     assert ok.routes["sub/c1"].target == "b"
@@ -612,15 +616,25 @@ def _router() -> CompiledWorkflow:
         includes={"sub": include_workflow(child)},
         edges=[
             edge("plain", "last"),
-            switch("sw", on="$.x", cases={"yes": "last", "true": "ok_next", "3": "fail_next", "null": "plain",
-                                          "1.5": "into", "false": "outcome_sw"}),
+            switch(
+                "sw",
+                on="$.x",
+                cases={
+                    "yes": "last",
+                    "true": "ok_next",
+                    "3": "fail_next",
+                    "null": "plain",
+                    "1.5": "into",
+                    "false": "outcome_sw",
+                },
+            ),
             switch("deep_sw", on="$.a.b", cases={"v": "last", "7": "ok_next"}),
             switch("out_sw", on="$output.a.b", cases={"v": "ok_next"}),
             switch("outcome_sw", on="$result.outcome", cases={"ok": "ok_next", "failed": "fail_next"}),
             edge("into", "sub"),
             edge("sub.done", "last"),
         ],
-    ).compile()  # fmt: skip
+    ).compile()
 
 
 def test_plain_edge_is_followed_after_ok() -> None:
@@ -703,10 +717,15 @@ def test_missing_field_or_value_without_case_is_a_routing_error_naming_the_node(
 def test_a_routing_error_names_the_node_the_value_and_the_cases() -> None:
     compiled = _router()
     assert route(compiled, "deep_sw", "ok", {"a": {"b": "w"}}).routing_error == (
-        "node 'deep_sw': no case for $.a.b = w (cases: 7, v)")  # fmt: skip
+        "node 'deep_sw': no case for $.a.b = w (cases: 7, v)"
+    )
     assert route(compiled, "deep_sw", "ok", {"a": {}}).routing_error == "node 'deep_sw': the output has no $.a.b"
-    many = define_workflow("many", "s", {"s": compute(run=lambda ctx: {}), "t": compute(run=lambda ctx: {})},
-                           [switch("s", on="$.n", cases={str(i): "t" for i in range(12)})]).compile()  # fmt: skip
+    many = define_workflow(
+        "many",
+        "s",
+        {"s": compute(run=lambda ctx: {}), "t": compute(run=lambda ctx: {})},
+        [switch("s", on="$.n", cases={str(i): "t" for i in range(12)})],
+    ).compile()
     error = route(many, "s", "ok", {"n": 99}).routing_error
     assert error == "node 's': no case for $.n = 99 (cases: 0, 1, 10, 11, 2, 3, 4, 5, 6, 7, ...)"
 

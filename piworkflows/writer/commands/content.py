@@ -58,8 +58,14 @@ class PutBlobPart(Handler[BlobPutPart]):
         if received.refusal is not None:
             raise received.refusal
         if received.value is None:
-            return Result(receipt={"digest": part.digest.hex(), "byteLength": part.byte_length, "complete": False,
-                                   "receivedBytes": received.received_bytes})  # fmt: skip
+            return Result(
+                receipt={
+                    "digest": part.digest.hex(),
+                    "byteLength": part.byte_length,
+                    "complete": False,
+                    "receivedBytes": received.received_bytes,
+                }
+            )
         created = records.put_blob(tx.conn, received.value, tx.now)
         received.forget()
         return Result(receipt={**done, "created": created})
@@ -98,8 +104,12 @@ class FindReceipt(Handler[ReceiptFind]):
         stored = records.find_answer(tx.conn, cmd.key)
         if stored is None:
             return Result(receipt={"found": False})
-        answer = {"outcome": stored.outcome, "revision": stored.revision, "receipt": stored.receipt,
-                  "error": stored.error}  # fmt: skip
+        answer = {
+            "outcome": stored.outcome,
+            "revision": stored.revision,
+            "receipt": stored.receipt,
+            "error": stored.error,
+        }
         return Result(receipt={"found": True, "answer": answer})
 
 

@@ -75,14 +75,21 @@ class PauseRun(ControlHandler):
                     (now, cmd.run_id),
                 )
                 conn.execute("UPDATE runs SET park_reason = 'paused' WHERE run_id = ?", (cmd.run_id,))
-                conn.execute("UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?",
-                             (now, cmd.run_id))  # fmt: skip
-                conn.execute("UPDATE run_workers SET outcome = 'cancelled', ended_at = ? "
-                             "WHERE run_id = ? AND ended_at IS NULL", (now, cmd.run_id))  # fmt: skip
+                conn.execute(
+                    "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
+                )
+                conn.execute(
+                    "UPDATE run_workers SET outcome = 'cancelled', ended_at = ? WHERE run_id = ? AND ended_at IS NULL",
+                    (now, cmd.run_id),
+                )
             records.advance_presentation(conn, cmd.run_id, now)
 
-        return Change(event_type="run.paused", apply=apply, release_generation=_live_generation(tx, cmd.run_id),
-                      receipt={"runId": cmd.run_id, "status": status, "paused": True})  # fmt: skip
+        return Change(
+            event_type="run.paused",
+            apply=apply,
+            release_generation=_live_generation(tx, cmd.run_id),
+            receipt={"runId": cmd.run_id, "status": status, "paused": True},
+        )
 
 
 class ResumeRun(ControlHandler):
@@ -94,23 +101,28 @@ class ResumeRun(ControlHandler):
         status, paused, park_reason, queue = _unfinished(tx, cmd.run_id)
         parked = queue == "parked" and status == "running"
         if parked and park_reason == "effectAmbiguous":
-            raise CommandError("invalidTransition", "an ambiguous effect needs an operator's review first",
-                               runId=cmd.run_id)  # fmt: skip
+            raise CommandError(
+                "invalidTransition", "an ambiguous effect needs an operator's review first", runId=cmd.run_id
+            )
         if not paused and not (parked and park_reason in RESUMABLE_PARK_REASONS):
             raise CommandError("invalidTransition", "the run is neither paused nor parked", runId=cmd.run_id)
         new_status = "queued" if parked else status
 
         def apply(stamp: Stamp) -> None:
-            conn.execute("UPDATE runs SET paused = 0, status = ?, park_reason = CASE WHEN ? THEN NULL "
-                         "ELSE park_reason END, updated_at = ? WHERE run_id = ?",
-                         (new_status, parked, now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE runs SET paused = 0, status = ?, park_reason = CASE WHEN ? THEN NULL "
+                "ELSE park_reason END, updated_at = ? WHERE run_id = ?",
+                (new_status, parked, now, cmd.run_id),
+            )
             if parked:  # a new claim generation and a new runner, from the last durable boundary
-                conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?",
-                             (now, cmd.run_id))  # fmt: skip
+                conn.execute(
+                    "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
+                )
             records.advance_presentation(conn, cmd.run_id, now)
 
-        return Change(event_type="run.resumed", apply=apply,
-                      receipt={"runId": cmd.run_id, "status": new_status, "paused": False})  # fmt: skip
+        return Change(
+            event_type="run.resumed", apply=apply, receipt={"runId": cmd.run_id, "status": new_status, "paused": False}
+        )
 
 
 class CancelRun(ControlHandler):
@@ -144,9 +156,10 @@ class CancelRun(ControlHandler):
             records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
             for effect_id in applying:  # the command may have acted: only an operator decides
                 records.abandon_effect(conn, effect_id, tx.actor, now, cancelled=True)
-            conn.execute("UPDATE runs SET status = 'cancelled', paused = 0, finished_at = ?, updated_at = ? "
-                         "WHERE run_id = ?",
-                         (now, now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE runs SET status = 'cancelled', paused = 0, finished_at = ?, updated_at = ? WHERE run_id = ?",
+                (now, now, cmd.run_id),
+            )
             records.end_live_runner(conn, cmd.run_id, now)
             records.advance_presentation(conn, cmd.run_id, now)
 
@@ -201,9 +214,17 @@ class RestartRun(ControlHandler):
             )
             enqueue_new_run(conn, cmd.child_run_id, project_id, now)
 
-        return Change(event_type="run.restarted", apply=apply,
-                      receipt={"runId": cmd.child_run_id, "parentRunId": cmd.run_id, "rootRunId": root,
-                               "restartNumber": number + 1, "status": "queued"})  # fmt: skip
+        return Change(
+            event_type="run.restarted",
+            apply=apply,
+            receipt={
+                "runId": cmd.child_run_id,
+                "parentRunId": cmd.run_id,
+                "rootRunId": root,
+                "restartNumber": number + 1,
+                "status": "queued",
+            },
+        )
 
 
 HANDLERS = (PauseRun(), ResumeRun(), CancelRun(), RestartRun())

@@ -264,8 +264,12 @@ class AbandonEffect(ResourceHandler[EffectAbandon]):
         def apply(stamp: Stamp) -> None:
             records.end_uncertain_attempt(tx.conn, cmd.effect_id, new_status, error_code, tx.now, cmd.retry_at)
 
-        return Change(event_type=f"effect.{new_status}", apply=apply, release_claim=True,
-                      receipt={"effectId": cmd.effect_id, "effectStatus": new_status})  # fmt: skip
+        return Change(
+            event_type=f"effect.{new_status}",
+            apply=apply,
+            release_claim=True,
+            receipt={"effectId": cmd.effect_id, "effectStatus": new_status},
+        )
 
 
 class RecoverEffects(Handler[EffectRecover]):
@@ -303,8 +307,9 @@ def _continue_parked_run(tx: Tx, effect_id: str) -> None:
     if paused:
         conn.execute("UPDATE runs SET park_reason = 'paused', updated_at = ? WHERE run_id = ?", (now, run_id))
     else:
-        conn.execute("UPDATE runs SET status = 'queued', park_reason = NULL, updated_at = ? WHERE run_id = ?",
-                     (now, run_id))  # fmt: skip
+        conn.execute(
+            "UPDATE runs SET status = 'queued', park_reason = NULL, updated_at = ? WHERE run_id = ?", (now, run_id)
+        )
         conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, run_id))
     new_revision = records.increment_revision(conn, run_id, revision, now)
     records.write_event(conn, run_id, new_revision, "run.effectReviewed", tx.actor, now)
@@ -327,8 +332,13 @@ def _run_unfinished(tx: Tx, effect_id: str) -> None:
     ).fetchone()
     if row is not None and row[1] in TERMINAL_RUN_STATUSES:
         run_id, status = row
-        raise CommandError("runFinished", f"run {run_id} already ended {status}: its effect is not attempted again",
-                           effectId=effect_id, runId=run_id, runStatus=status)  # fmt: skip
+        raise CommandError(
+            "runFinished",
+            f"run {run_id} already ended {status}: its effect is not attempted again",
+            effectId=effect_id,
+            runId=run_id,
+            runStatus=status,
+        )
 
 
 class ConfirmEffect(ResourceHandler[EffectConfirm]):
@@ -357,8 +367,13 @@ class ConfirmEffect(ResourceHandler[EffectConfirm]):
             )
             _continue_parked_run(tx, cmd.effect_id)
 
-        return Change(event_type="effect.confirmed", apply=apply, blobs=[result], event_payload=result.digest,
-                      receipt={"effectId": cmd.effect_id, "effectStatus": "applied"})  # fmt: skip
+        return Change(
+            event_type="effect.confirmed",
+            apply=apply,
+            blobs=[result],
+            event_payload=result.digest,
+            receipt={"effectId": cmd.effect_id, "effectStatus": "applied"},
+        )
 
 
 class RetryEffect(ResourceHandler[EffectRetry]):
@@ -384,8 +399,9 @@ class RetryEffect(ResourceHandler[EffectRetry]):
             )
             _continue_parked_run(tx, cmd.effect_id)
 
-        return Change(event_type="effect.retried", apply=apply,
-                      receipt={"effectId": cmd.effect_id, "effectStatus": "pending"})  # fmt: skip
+        return Change(
+            event_type="effect.retried", apply=apply, receipt={"effectId": cmd.effect_id, "effectStatus": "pending"}
+        )
 
 
 class ListEffects(Handler[EffectList]):
@@ -409,15 +425,41 @@ class ListEffects(Handler[EffectList]):
             (*params, cmd.limit),
         ).fetchall()
         items = []
-        for (effect_id, effect_type, status, policy, performer, run_id, key, scope, attempts, max_attempts,
-             available_at, error_code, created_at, updated_at, settled_at) in rows:  # fmt: skip
+        for (
+            effect_id,
+            effect_type,
+            status,
+            policy,
+            performer,
+            run_id,
+            key,
+            scope,
+            attempts,
+            max_attempts,
+            available_at,
+            error_code,
+            created_at,
+            updated_at,
+            settled_at,
+        ) in rows:
             node_path, visit = records.effect_node(scope, key)
             item: dict[str, Any] = {
-                "effectId": effect_id, "effectType": effect_type, "status": status, "recoveryPolicy": policy,
-                "performer": performer, "runId": run_id, "nodePath": node_path, "visit": visit, "attempts": attempts,
-                "maxAttempts": max_attempts, "nextAttemptAt": available_at if status == "pending" else None,
-                "errorCode": error_code, "createdAt": created_at, "updatedAt": updated_at, "settledAt": settled_at,
-            }  # fmt: skip
+                "effectId": effect_id,
+                "effectType": effect_type,
+                "status": status,
+                "recoveryPolicy": policy,
+                "performer": performer,
+                "runId": run_id,
+                "nodePath": node_path,
+                "visit": visit,
+                "attempts": attempts,
+                "maxAttempts": max_attempts,
+                "nextAttemptAt": available_at if status == "pending" else None,
+                "errorCode": error_code,
+                "createdAt": created_at,
+                "updatedAt": updated_at,
+                "settledAt": settled_at,
+            }
             items.append(item)
         return Result(receipt={"items": items, "now": tx.now})
 

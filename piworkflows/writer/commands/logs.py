@@ -32,8 +32,9 @@ class ReadRunContent(Handler[RunContentRead]):
     read_only = True
 
     def execute(self, tx: Tx, cmd: RunContentRead) -> Result:
-        return Result(receipt=views.read_content(tx.conn, cmd.run_id, cmd.digest, cmd.media_type, cmd.offset,
-                                                 cmd.limit))  # fmt: skip
+        return Result(
+            receipt=views.read_content(tx.conn, cmd.run_id, cmd.digest, cmd.media_type, cmd.offset, cmd.limit)
+        )
 
 
 HANDLERS = (ReadRunLogs(), ReadRunContent())

@@ -67,17 +67,35 @@ class PlannedAttempt:
         conn.execute(
             "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
             "attempt_status, lease_generation, started_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-            (self.attempt_id, self.run_id, self.node_path, self.node_kind, self.visit_number, self.attempt_number,
-             generation, now),
-        )  # fmt: skip
-        conn.execute("INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
-                     (self.run_id, self.step_index, self.attempt_id))  # fmt: skip
-        conn.execute("UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?",
-                     (now, self.run_id))  # fmt: skip
+            (
+                self.attempt_id,
+                self.run_id,
+                self.node_path,
+                self.node_kind,
+                self.visit_number,
+                self.attempt_number,
+                generation,
+                now,
+            ),
+        )
+        conn.execute(
+            "INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
+            (self.run_id, self.step_index, self.attempt_id),
+        )
+        conn.execute(
+            "UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?", (now, self.run_id)
+        )
 
 
-def plan_attempt(conn: sqlite3.Connection, run_id: str, node_path: str, node_kind: str, visit: int, attempt: int,
-                 finishing: str | None = None) -> PlannedAttempt:  # fmt: skip
+def plan_attempt(
+    conn: sqlite3.Connection,
+    run_id: str,
+    node_path: str,
+    node_kind: str,
+    visit: int,
+    attempt: int,
+    finishing: str | None = None,
+) -> PlannedAttempt:
     """Check that the run may start this attempt now (``finishing``: the attempt the same commit ends)."""
     status, max_steps, queue = conn.execute(
         "SELECT r.status, r.max_steps, q.queue_status FROM runs r JOIN run_queue q ON q.run_id = r.run_id "
@@ -86,8 +104,9 @@ def plan_attempt(conn: sqlite3.Connection, run_id: str, node_path: str, node_kin
     ).fetchone()
     if status != "running" or queue not in ("starting", "running"):
         raise CommandError("invalidTransition", f"a {status} run with a {queue} queue starts no node")
-    active = conn.execute("SELECT attempt_id FROM node_attempts WHERE run_id = ? AND attempt_status IN "
-                          "('running', 'waiting')", (run_id,)).fetchone()  # fmt: skip
+    active = conn.execute(
+        "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')", (run_id,)
+    ).fetchone()
     if active is not None and active[0] != finishing:
         raise CommandError("invalidTransition", "another node of the run is still active")
     attempt_id = attempt_id_of(run_id, node_path, visit, attempt)
@@ -116,9 +135,17 @@ def end_run(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes
     records.cancel_pending_effects(conn, run_id, tx.actor, now)
 
 
-def ending(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes | None, code: str | None,
-           blobs: list[BlobValue], receipt: dict[str, object],
-           before: Callable[[Stamp], None] = lambda stamp: None) -> Change:  # fmt: skip
+def ending(
+    tx: Tx,
+    run_id: str,
+    status: str,
+    output: bytes | None,
+    error: bytes | None,
+    code: str | None,
+    blobs: list[BlobValue],
+    receipt: dict[str, object],
+    before: Callable[[Stamp], None] = lambda stamp: None,
+) -> Change:
     """The change that ends a run under the runner's claim (``before`` writes the node rows first):
     run.finished, the claim released, the queue settled by its local effect."""
 
@@ -127,9 +154,14 @@ def ending(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes 
         end_run(tx, run_id, status, output, error, code)
         records.advance_presentation(tx.conn, run_id, tx.now)
 
-    return Change(event_type="run.finished", apply=apply, blobs=blobs, release_claim=True,
-                  effects=[local_effects.settle_queue(run_id, QUEUE_AFTER[status])],
-                  receipt={**receipt, "runStatus": status})  # fmt: skip
+    return Change(
+        event_type="run.finished",
+        apply=apply,
+        blobs=blobs,
+        release_claim=True,
+        effects=[local_effects.settle_queue(run_id, QUEUE_AFTER[status])],
+        receipt={**receipt, "runStatus": status},
+    )
 
 
 class StartNode(RunnerTransition[NodeStart]):
@@ -141,16 +173,27 @@ class StartNode(RunnerTransition[NodeStart]):
         planned = plan_attempt(conn, cmd.run_id, cmd.node_path, cmd.node_kind, cmd.visit_number, cmd.attempt_number)
         if not planned.steps_left:
             error = max_steps_error(conn, cmd.run_id, cmd.node_path)
-            return ending(tx, cmd.run_id, "failed", None, error.digest, "maxStepsExceeded", [error],
-                          {"errorCode": "maxStepsExceeded"})  # fmt: skip
+            return ending(
+                tx,
+                cmd.run_id,
+                "failed",
+                None,
+                error.digest,
+                "maxStepsExceeded",
+                [error],
+                {"errorCode": "maxStepsExceeded"},
+            )
 
         def apply(stamp: Stamp) -> None:
             planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             records.advance_presentation(conn, cmd.run_id, now)
 
-        return Change(event_type="node.started", apply=apply,
-                      receipt={"attemptId": planned.attempt_id, "stepIndex": planned.step_index})  # fmt: skip
+        return Change(
+            event_type="node.started",
+            apply=apply,
+            receipt={"attemptId": planned.attempt_id, "stepIndex": planned.step_index},
+        )
 
 
 class FinishNode(RunnerTransition[NodeFinish]):
@@ -174,8 +217,15 @@ class FinishNode(RunnerTransition[NodeFinish]):
         if cmd.start_next is not None:
             assert cmd.next_node is not None
             nxt = cmd.start_next
-            planned = plan_attempt(conn, cmd.run_id, cmd.next_node, nxt.node_kind, nxt.visit_number,
-                                   nxt.attempt_number, finishing=cmd.attempt_id)  # fmt: skip
+            planned = plan_attempt(
+                conn,
+                cmd.run_id,
+                cmd.next_node,
+                nxt.node_kind,
+                nxt.visit_number,
+                nxt.attempt_number,
+                finishing=cmd.attempt_id,
+            )
             if not planned.steps_left:  # the writer counts steps; the run ends here instead
                 exceeded = max_steps_error(conn, cmd.run_id, cmd.next_node)
                 end, code, error, planned = "failed", "maxStepsExceeded", exceeded.digest, None
@@ -192,8 +242,17 @@ class FinishNode(RunnerTransition[NodeFinish]):
         if end is not None:
             if code == "maxStepsExceeded":
                 receipt["errorCode"] = code
-            return ending(tx, cmd.run_id, end, output if end == "completed" else None, error, code, blobs, receipt,
-                          before=finish_attempt)  # fmt: skip
+            return ending(
+                tx,
+                cmd.run_id,
+                end,
+                output if end == "completed" else None,
+                error,
+                code,
+                blobs,
+                receipt,
+                before=finish_attempt,
+            )
 
         def apply(stamp: Stamp) -> None:
             finish_attempt(stamp)
@@ -216,12 +275,15 @@ class FinishRun(RunnerTransition[RunFinish]):
 
     def transition(self, tx: Tx, cmd: RunFinish, resource: records.Resource | None) -> Change:
         conn = tx.conn
-        status, queue = conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id) "
-                                     "WHERE r.run_id = ?", (cmd.run_id,)).fetchone()  # fmt: skip
+        status, queue = conn.execute(
+            "SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id) WHERE r.run_id = ?",
+            (cmd.run_id,),
+        ).fetchone()
         if status != "running" or queue not in ("starting", "running"):
             raise CommandError("invalidTransition", f"a {status} run with a {queue} queue is not the runner's to end")
-        if conn.execute("SELECT 1 FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",
-                        (cmd.run_id,)).fetchone():  # fmt: skip
+        if conn.execute(
+            "SELECT 1 FROM node_attempts WHERE run_id = ? AND attempt_status IN ('running', 'waiting')", (cmd.run_id,)
+        ).fetchone():
             raise CommandError("invalidTransition", "a node of the run is still active: node.finish ends it")
         value = cmd.output or cmd.error
         assert value is not None  # the model requires one of them
@@ -238,22 +300,32 @@ class WaitNode(RunnerTransition[NodeWait]):
 
     def transition(self, tx: Tx, cmd: NodeWait, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
-        row = conn.execute("SELECT attempt_status, node_kind FROM node_attempts WHERE attempt_id = ? AND run_id = ?",
-                           (cmd.attempt_id, cmd.run_id)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT attempt_status, node_kind FROM node_attempts WHERE attempt_id = ? AND run_id = ?",
+            (cmd.attempt_id, cmd.run_id),
+        ).fetchone()
         if row is None or row != ("running", "checkpoint"):
             raise CommandError("invalidTransition", "only a running checkpoint waits", attemptId=cmd.attempt_id)
 
         def apply(stamp: Stamp) -> None:
-            conn.execute("UPDATE node_attempts SET attempt_status = 'waiting', receipt_digest = ? WHERE attempt_id = ?",
-                         (cmd.request.digest, cmd.attempt_id))  # fmt: skip
+            conn.execute(
+                "UPDATE node_attempts SET attempt_status = 'waiting', receipt_digest = ? WHERE attempt_id = ?",
+                (cmd.request.digest, cmd.attempt_id),
+            )
             conn.execute("UPDATE runs SET status = 'waiting', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            conn.execute("UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?",
-                         (now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
+            )
             records.end_live_runner(conn, cmd.run_id, now)
             records.advance_presentation(conn, cmd.run_id, now)
 
-        return Change(event_type="node.waiting", apply=apply, blobs=[cmd.request], release_claim=True,
-                      receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"})  # fmt: skip
+        return Change(
+            event_type="node.waiting",
+            apply=apply,
+            blobs=[cmd.request],
+            release_claim=True,
+            receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"},
+        )
 
 
 class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
@@ -271,11 +343,15 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
 
     def transition(self, tx: Tx, cmd: NodeEffectReserve, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
-        row = conn.execute("SELECT node_path, visit_number, node_kind, attempt_status FROM node_attempts "
-                           "WHERE attempt_id = ? AND run_id = ?", (cmd.attempt_id, cmd.run_id)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT node_path, visit_number, node_kind, attempt_status FROM node_attempts "
+            "WHERE attempt_id = ? AND run_id = ?",
+            (cmd.attempt_id, cmd.run_id),
+        ).fetchone()
         if row is None or row[3] != "running" or row[2] not in ("action", "shell", "http"):
-            raise CommandError("invalidTransition", "only a running effect node reserves an effect",
-                               attemptId=cmd.attempt_id)  # fmt: skip
+            raise CommandError(
+                "invalidTransition", "only a running effect node reserves an effect", attemptId=cmd.attempt_id
+            )
         node_path, visit = row[0], row[1]
         request = EffectRequest(
             effect_type=cmd.effect_type,
@@ -294,8 +370,11 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
             (request.effect_type, request.idempotency_key),
         ).fetchone()
         if existing is None:
-            return Change(event_type="effect.reserved", effects=[request],
-                          receipt={"effectId": request.effect_id(cmd.run_id), "effectStatus": "pending"})  # fmt: skip
+            return Change(
+                event_type="effect.reserved",
+                effects=[request],
+                receipt={"effectId": request.effect_id(cmd.run_id), "effectStatus": "pending"},
+            )
         effect_id, status, fingerprint, result, error, error_code = existing
         if fingerprint != request.fingerprint(cmd.run_id):
             raise CommandError("effectKeyConflict", "another effect request already holds this key", effectId=effect_id)
@@ -347,19 +426,25 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
                 (cmd.answer.digest, now, attempt_id),
             )
             conn.execute("UPDATE runs SET status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?",
-                         (now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
+            )
             records.advance_presentation(conn, cmd.run_id, now)
 
-        return Change(event_type="checkpoint.answered", apply=apply, blobs=[cmd.answer],
-                      receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"})  # fmt: skip
+        return Change(
+            event_type="checkpoint.answered",
+            apply=apply,
+            blobs=[cmd.answer],
+            receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"},
+        )
 
 
 def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
     """Why no checkpoint NODE waits: it was answered, or the run waits elsewhere (named in the
     details ``waitingNode`` and the sentence) or nowhere."""
-    row = conn.execute("SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'waiting'",
-                       (cmd.run_id,)).fetchone()  # fmt: skip
+    row = conn.execute(
+        "SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'waiting'", (cmd.run_id,)
+    ).fetchone()
     waiting = {"waitingNode": row[0]} if row is not None else {}
     answered = conn.execute(
         "SELECT attempt_id FROM node_attempts WHERE run_id = ? AND node_path = ? AND node_kind = 'checkpoint' "
@@ -368,12 +453,17 @@ def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
     ).fetchone()
     if answered is not None:
         now_waits = f"; run {cmd.run_id} now waits at node '{row[0]}'" if row is not None else ""
-        raise CommandError("winnerDecided", "the checkpoint was already answered" + now_waits,
-                           attemptId=answered[0], **waiting)  # fmt: skip
+        raise CommandError(
+            "winnerDecided", "the checkpoint was already answered" + now_waits, attemptId=answered[0], **waiting
+        )
     if row is None:
         raise CommandError("notWaiting", f"run {cmd.run_id} does not wait at any checkpoint", nodePath=cmd.node_path)
-    raise CommandError("notWaiting", f"run {cmd.run_id} waits at node '{row[0]}', not '{cmd.node_path}'",
-                       nodePath=cmd.node_path, **waiting)  # fmt: skip
+    raise CommandError(
+        "notWaiting",
+        f"run {cmd.run_id} waits at node '{row[0]}', not '{cmd.node_path}'",
+        nodePath=cmd.node_path,
+        **waiting,
+    )
 
 
 HANDLERS = (StartNode(), FinishNode(), FinishRun(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())

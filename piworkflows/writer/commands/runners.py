@@ -58,8 +58,9 @@ class ClaimRun(ResourceHandler[RunClaim]):
 
     def transition(self, tx: Tx, cmd: RunClaim, resource: records.Resource | None) -> Change:
         records.verify_server_epoch(tx.conn, cmd.server_epoch)
-        claimable = tx.conn.execute("SELECT 1 " + _CLAIMABLE + " AND r.run_id = :run_id",
-                                    {"now": tx.now, "run_id": cmd.run_id}).fetchone()  # fmt: skip
+        claimable = tx.conn.execute(
+            "SELECT 1 " + _CLAIMABLE + " AND r.run_id = :run_id", {"now": tx.now, "run_id": cmd.run_id}
+        ).fetchone()
         if claimable is None:
             raise CommandError("invalidTransition", "the run is not waiting for a runner", runId=cmd.run_id)
         conn, now = tx.conn, tx.now
@@ -73,8 +74,9 @@ class ClaimRun(ResourceHandler[RunClaim]):
         )
 
         def apply(stamp: Stamp) -> None:
-            conn.execute("UPDATE run_queue SET queue_status = 'starting', updated_at = ? WHERE run_id = ?",
-                         (now, cmd.run_id))  # fmt: skip
+            conn.execute(
+                "UPDATE run_queue SET queue_status = 'starting', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
+            )
             conn.execute(
                 "UPDATE runs SET status = 'running', park_reason = NULL, started_at = coalesce(started_at, ?), "
                 "updated_at = ? WHERE run_id = ?",
@@ -139,8 +141,10 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         # (its server epoch crashed) may or may not have acted.
         stale = records.stale_applying_effects(conn, cmd.run_id, now) if cmd.outcome == "orphaned" else []
         ambiguous = any(records.uncertain_effect_status(conn, e, False)[0] == "ambiguous" for e in stale) or bool(
-            conn.execute("SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'",
-                         (cmd.run_id,)).fetchone())  # fmt: skip
+            conn.execute(
+                "SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'", (cmd.run_id,)
+            ).fetchone()
+        )
         # Whether an effect is still ambiguous is the database's to say: an operator may have
         # reviewed it after the runner saw it and before this exit; then the run goes on.
         reviewed = cmd.park_reason == "effectAmbiguous" and not ambiguous
@@ -164,8 +168,10 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
             placement = "parked"
 
         def apply(stamp: Stamp) -> None:
-            conn.execute("UPDATE run_workers SET outcome = ?, ended_at = ? WHERE runner_epoch = ?",
-                         (cmd.outcome, now, cmd.runner_epoch))  # fmt: skip
+            conn.execute(
+                "UPDATE run_workers SET outcome = ?, ended_at = ? WHERE runner_epoch = ?",
+                (cmd.outcome, now, cmd.runner_epoch),
+            )
             for effect_id in stale:
                 records.abandon_effect(conn, effect_id, tx.actor, now)
             # A node the runner was executing did not finish: the next runner starts a new attempt.
@@ -175,17 +181,26 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
                 (now, cmd.run_id),
             )
             if queue is not None:
-                conn.execute("UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?",
-                             (queue, now, cmd.run_id))  # fmt: skip
-                conn.execute("UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
-                             (run_status, park, now, cmd.run_id))  # fmt: skip
+                conn.execute(
+                    "UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?", (queue, now, cmd.run_id)
+                )
+                conn.execute(
+                    "UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
+                    (run_status, park, now, cmd.run_id),
+                )
             records.advance_presentation(conn, cmd.run_id, now)
 
         receipt = {"runId": cmd.run_id, "placement": placement, **({"parkReason": park} if park else {})}
         # Why it parked, for the run view (piworkflows.parkDetail): only with a runnerNoProgress park.
         detail = cmd.park_detail if park == "runnerNoProgress" else None
-        return Change(event_type="runner.exited", apply=apply, release_generation=generation, receipt=receipt,
-                      blobs=[detail] if detail else [], event_payload=detail.digest if detail else None)  # fmt: skip
+        return Change(
+            event_type="runner.exited",
+            apply=apply,
+            release_generation=generation,
+            receipt=receipt,
+            blobs=[detail] if detail else [],
+            event_payload=detail.digest if detail else None,
+        )
 
 
 class ListClaimable(Handler[ClaimableRuns]):
@@ -215,8 +230,9 @@ class ListOrphans(Handler[OrphanedRunners]):
             (cmd.server_epoch,),
         ).fetchall()
         active = set(cmd.active_runner_epochs)
-        orphans = [{"runId": r, "runnerEpoch": e} for r, e, epoch in rows
-                   if epoch < cmd.server_epoch or e not in active]  # fmt: skip
+        orphans = [
+            {"runId": r, "runnerEpoch": e} for r, e, epoch in rows if epoch < cmd.server_epoch or e not in active
+        ]
         return Result(receipt={"runners": orphans})
 
 
@@ -259,11 +275,16 @@ class ReadResumeState(Handler[ResumeState]):
             (cmd.run_id,),
         ).fetchall()
         steps = [
-            {"nodePath": path, "visit": visit, "attempt": attempt, "outcome": outcome,
-             "output": records.read_json(conn, output) if output else None,
-             "interrupted": status == "interrupted"}
+            {
+                "nodePath": path,
+                "visit": visit,
+                "attempt": attempt,
+                "outcome": outcome,
+                "output": records.read_json(conn, output) if output else None,
+                "interrupted": status == "interrupted",
+            }
             for path, visit, attempt, status, outcome, output in rows
-        ]  # fmt: skip
+        ]
         return Result(
             receipt={
                 "input": records.read_json(conn, input_digest),

@@ -47,18 +47,34 @@ class CreateRun(ResourceHandler[RunCreate]):
                 "root_run_id, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, 'root', ?, ?, ?)",
                 (
-                    cmd.run_id, stamp.project_id, cmd.workflow_name, cmd.definition.digest, cmd.execution_mode,
-                    cmd.origin_session_id, cmd.title, cmd.input.digest,
-                    cmd.launch_options.digest if cmd.launch_options else None, cmd.max_steps, cmd.run_id, now, now,
+                    cmd.run_id,
+                    stamp.project_id,
+                    cmd.workflow_name,
+                    cmd.definition.digest,
+                    cmd.execution_mode,
+                    cmd.origin_session_id,
+                    cmd.title,
+                    cmd.input.digest,
+                    cmd.launch_options.digest if cmd.launch_options else None,
+                    cmd.max_steps,
+                    cmd.run_id,
+                    now,
+                    now,
                 ),
-            )  # fmt: skip
+            )
             source = cmd.source
             conn.execute(
                 "INSERT INTO run_sources (run_id, source_kind, source_path, source_sha256, builtin_id, "
                 "builtin_revision) VALUES (?, ?, ?, ?, ?, ?)",
-                (cmd.run_id, source.source_kind, source.source_path, source.source_sha256, source.builtin_id,
-                 source.builtin_revision),
-            )  # fmt: skip
+                (
+                    cmd.run_id,
+                    source.source_kind,
+                    source.source_path,
+                    source.source_sha256,
+                    source.builtin_id,
+                    source.builtin_revision,
+                ),
+            )
             enqueue_new_run(conn, cmd.run_id, stamp.project_id, now)
 
         return Change(
@@ -109,8 +125,16 @@ class ListRuns(Handler[RunList]):
 
     def execute(self, tx: Tx, cmd: RunList) -> Result:
         before = (cmd.before.created_at, cmd.before.run_id) if cmd.before else None
-        page = views.list_runs(tx.conn, tx.now, cmd.limit, before, project_path=cmd.project_path,
-                               statuses=cmd.statuses, workflow_name=cmd.workflow_name, since=cmd.since)  # fmt: skip
+        page = views.list_runs(
+            tx.conn,
+            tx.now,
+            cmd.limit,
+            before,
+            project_path=cmd.project_path,
+            statuses=cmd.statuses,
+            workflow_name=cmd.workflow_name,
+            since=cmd.since,
+        )
         return Result(receipt=page)
 
 

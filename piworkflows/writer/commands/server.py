@@ -139,8 +139,10 @@ class Counts(Handler[ServerCounts]):
         conn = tx.conn
         runs = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
         parked = conn.execute("SELECT count(*) FROM run_queue WHERE queue_status = 'parked'").fetchone()[0]
-        shared = {name: state.count(conn, name, tx.now)
-                  for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects")}  # fmt: skip
+        shared = {
+            name: state.count(conn, name, tx.now)
+            for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects")
+        }
         return Result(
             receipt={
                 "queuedRuns": runs.get("queued", 0),

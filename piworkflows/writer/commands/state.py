@@ -137,8 +137,9 @@ class Prune(Handler[StatePrune]):
             return Result(receipt={"applied": False, **selection})
         deleted = prune.delete_trees(tx.conn, selection["eligible"])
         assert cmd.performed_backup is not None
-        return Result(receipt={"applied": True, **selection, "deleted": deleted,
-                               "backup": cmd.performed_backup.destination})  # fmt: skip
+        return Result(
+            receipt={"applied": True, **selection, "deleted": deleted, "backup": cmd.performed_backup.destination}
+        )
 
 
 class Retain(Handler[StateRetain]):
@@ -180,12 +181,20 @@ class DeleteRun(Handler[RunDelete]):
         if row is None:
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
         if row[0] != cmd.run_id:
-            raise CommandError("invalidTransition", f"run {cmd.run_id} belongs to the tree of run {row[0]}; a tree "
-                               "is deleted whole, by its root run", runId=cmd.run_id, rootRunId=row[0])  # fmt: skip
+            raise CommandError(
+                "invalidTransition",
+                f"run {cmd.run_id} belongs to the tree of run {row[0]}; a tree is deleted whole, by its root run",
+                runId=cmd.run_id,
+                rootRunId=row[0],
+            )
         found = prune.blocker(tx.conn, cmd.run_id, tx.now + 1, tx.now)  # no cutoff: every finished run counts
         if found is not None:
-            raise CommandError("deletionBlocked", f"run {cmd.run_id} is kept: {prune.BLOCKER_TEXT[found]}",
-                               runId=cmd.run_id, blocker=found)  # fmt: skip
+            raise CommandError(
+                "deletionBlocked",
+                f"run {cmd.run_id} is kept: {prune.BLOCKER_TEXT[found]}",
+                runId=cmd.run_id,
+                blocker=found,
+            )
         return Result(receipt={"runId": cmd.run_id, "deleted": prune.delete_trees(tx.conn, [cmd.run_id])})
 
 

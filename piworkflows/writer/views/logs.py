@@ -40,27 +40,51 @@ _STEPS = """
     ORDER BY s.step_index LIMIT :limit"""
 
 
-def run_logs(conn: sqlite3.Connection, run_id: str, node_path: str | None, after: int | None,
-             limit: int) -> dict[str, Any] | None:  # fmt: skip
+def run_logs(
+    conn: sqlite3.Connection, run_id: str, node_path: str | None, after: int | None, limit: int
+) -> dict[str, Any] | None:
     """One page of the run's steps, or None when there is no such run."""
     if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
         return None
-    rows = conn.execute(_STEPS, {"run": run_id, "after": -1 if after is None else after, "node": node_path,
-                                 "limit": limit + 1}).fetchall()  # fmt: skip
+    rows = conn.execute(
+        _STEPS, {"run": run_id, "after": -1 if after is None else after, "node": node_path, "limit": limit + 1}
+    ).fetchall()
     effects = _shell_effects(conn, run_id) if any(row[3] == "shell" for row in rows) else {}
     steps: list[dict[str, Any]] = []
     size = 0
     for row in rows[:limit]:
-        (index, attempt_id, path, kind, visit, attempt, status, outcome, started, finished, error_code,
-         output_digest, error_digest, latest) = row  # fmt: skip
+        (
+            index,
+            attempt_id,
+            path,
+            kind,
+            visit,
+            attempt,
+            status,
+            outcome,
+            started,
+            finished,
+            error_code,
+            output_digest,
+            error_digest,
+            latest,
+        ) = row
         step = {
-            "stepIndex": index, "attemptId": attempt_id, "nodePath": path, "nodeKind": kind, "visit": visit,
-            "attempt": attempt, "status": status, "outcome": outcome, "startedAt": started, "finishedAt": finished,
+            "stepIndex": index,
+            "attemptId": attempt_id,
+            "nodePath": path,
+            "nodeKind": kind,
+            "visit": visit,
+            "attempt": attempt,
+            "status": status,
+            "outcome": outcome,
+            "startedAt": started,
+            "finishedAt": finished,
             "errorCode": error_code,
             "output": _read_json(conn, output_digest, INLINE_VALUE_BYTES) if output_digest is not None else None,
             "error": _read_text(conn, error_digest, INLINE_VALUE_BYTES) if error_digest is not None else None,
             "streams": _streams(conn, effects.get((path, visit))) if kind == "shell" and latest else None,
-        }  # fmt: skip
+        }
         step_bytes = len(canonical.dumps_bytes(step))
         if steps and size + step_bytes > PAGE_BYTES:
             break
@@ -97,8 +121,9 @@ def _streams(conn: sqlite3.Connection, effect_id: str | None) -> dict[str, Any] 
     return streams if isinstance(streams, dict) else None
 
 
-def read_content(conn: sqlite3.Connection, run_id: str, digest: bytes, media_type: str, offset: int,
-                 limit: int) -> dict[str, Any]:  # fmt: skip
+def read_content(
+    conn: sqlite3.Connection, run_id: str, digest: bytes, media_type: str, offset: int, limit: int
+) -> dict[str, Any]:
     """At most ``limit`` bytes from ``offset`` of a value linked to the run with this media type."""
     row = conn.execute(
         "SELECT b.rowid, b.byte_length FROM run_view_content l JOIN blobs b ON b.digest = l.digest "
@@ -106,13 +131,22 @@ def read_content(conn: sqlite3.Connection, run_id: str, digest: bytes, media_typ
         (run_id, digest, media_type),
     ).fetchone()
     if row is None:
-        raise CommandError("contentNotFound", "the run has no content with this digest and media type",
-                           runId=run_id, digest="sha256:" + digest.hex())  # fmt: skip
+        raise CommandError(
+            "contentNotFound",
+            "the run has no content with this digest and media type",
+            runId=run_id,
+            digest="sha256:" + digest.hex(),
+        )
     rowid, byte_length = row
     data = b""
     if offset < byte_length:
         with conn.blobopen("blobs", "bytes", rowid, readonly=True) as blob:
             blob.seek(offset)
             data = blob.read(limit)
-    return {"digest": "sha256:" + digest.hex(), "mediaType": media_type, "byteLength": byte_length,
-            "offset": offset, "data": data}  # fmt: skip
+    return {
+        "digest": "sha256:" + digest.hex(),
+        "mediaType": media_type,
+        "byteLength": byte_length,
+        "offset": offset,
+        "data": data,
+    }

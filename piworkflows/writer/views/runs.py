@@ -64,9 +64,15 @@ def list_runs(
     range, however many runs the table holds.
     """
     where = ["1"]
-    params: dict[str, Any] = {"now": now, "rows": limit + 1, "project": project_path, "workflow": workflow_name,
-                              "since": since, "before_at": before[0] if before else None,
-                              "before_id": before[1] if before else None}  # fmt: skip
+    params: dict[str, Any] = {
+        "now": now,
+        "rows": limit + 1,
+        "project": project_path,
+        "workflow": workflow_name,
+        "since": since,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+    }
     if project_path is not None:
         where.append("r.project_id = (SELECT project_id FROM projects WHERE canonical_path = :project)")
     if workflow_name is not None:
@@ -79,8 +85,10 @@ def list_runs(
     for n, status in enumerate(statuses or [None]):
         condition = where if status is None else [*where, f"r.status = :status{n}"]
         params[f"status{n}"] = status
-        ranges.append(f"SELECT * FROM (SELECT r.created_at, r.run_id FROM runs r WHERE {' AND '.join(condition)} "
-                      "ORDER BY r.created_at DESC, r.run_id DESC LIMIT :rows)")  # fmt: skip
+        ranges.append(
+            f"SELECT * FROM (SELECT r.created_at, r.run_id FROM runs r WHERE {' AND '.join(condition)} "
+            "ORDER BY r.created_at DESC, r.run_id DESC LIMIT :rows)"
+        )
     rows = conn.execute(
         f"""WITH page (created_at, run_id) AS (
                 SELECT created_at, run_id FROM ({" UNION ALL ".join(ranges)})
@@ -94,8 +102,9 @@ def list_runs(
     ).fetchall()
     items = []
     for row in rows[:limit]:
-        (run_id, name, title, mode, created, updated, started, finished, revision, run_revision, claimed,
-         expires) = row[:12]  # fmt: skip
+        (run_id, name, title, mode, created, updated, started, finished, revision, run_revision, claimed, expires) = (
+            row[:12]
+        )
         items.append(
             {
                 "runId": run_id,
@@ -116,8 +125,9 @@ def list_runs(
     return {"schema": RUN_LIST_SCHEMA, "items": items, "cursor": cursor}
 
 
-def source_view(kind: str, path: str | None, sha256: bytes | None, builtin_id: str | None,
-                builtin_revision: str | None) -> dict[str, Any]:  # fmt: skip
+def source_view(
+    kind: str, path: str | None, sha256: bytes | None, builtin_id: str | None, builtin_revision: str | None
+) -> dict[str, Any]:
     """A run's source identity as views show it (no source text)."""
     if kind == "file":
         assert sha256 is not None
@@ -139,9 +149,32 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
     ).fetchone()
     if row is None:
         return None
-    (name, title, project, mode, session, max_steps, lineage, parent, restart_number, created, started, finished,
-     error_code, definition_digest, input_digest, output_digest, error_digest, revision, run_revision, kind, path,
-     sha256, builtin_id, builtin_revision) = row[:24]  # fmt: skip
+    (
+        name,
+        title,
+        project,
+        mode,
+        session,
+        max_steps,
+        lineage,
+        parent,
+        restart_number,
+        created,
+        started,
+        finished,
+        error_code,
+        definition_digest,
+        input_digest,
+        output_digest,
+        error_digest,
+        revision,
+        run_revision,
+        kind,
+        path,
+        sha256,
+        builtin_id,
+        builtin_revision,
+    ) = row[:24]
     facts = _facts(row[24:])
     snapshot = _read_json(conn, definition_digest, limit=None)
     source = source_view(kind, path, sha256, builtin_id, builtin_revision)
@@ -263,8 +296,19 @@ _STEP_SELECT = """
     LEFT JOIN blobs o ON o.digest = a.output_digest LEFT JOIN blobs e ON e.digest = a.error_digest
     LEFT JOIN blobs q ON q.digest = a.receipt_digest
 """
-_STEP_KEYS = ("stepIndex", "attemptId", "nodePath", "nodeKind", "visit", "attempt", "status", "outcome", "startedAt",
-              "finishedAt", "errorCode")  # fmt: skip
+_STEP_KEYS = (
+    "stepIndex",
+    "attemptId",
+    "nodePath",
+    "nodeKind",
+    "visit",
+    "attempt",
+    "status",
+    "outcome",
+    "startedAt",
+    "finishedAt",
+    "errorCode",
+)
 
 
 def _step(row: tuple[Any, ...], values: _StepValues) -> dict[str, Any]:
@@ -280,8 +324,9 @@ def _step(row: tuple[Any, ...], values: _StepValues) -> dict[str, Any]:
 
 
 def _steps(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    rows = conn.execute(f"{_STEP_SELECT} WHERE s.run_id = ? ORDER BY s.step_index LIMIT ?",
-                        (run_id, PAGE_ROWS + 1)).fetchall()  # fmt: skip
+    rows = conn.execute(
+        f"{_STEP_SELECT} WHERE s.run_id = ? ORDER BY s.step_index LIMIT ?", (run_id, PAGE_ROWS + 1)
+    ).fetchall()
     values = _StepValues(conn, STEP_VALUES_BYTES)
     items = [_step(row, values) for row in reversed(rows[:PAGE_ROWS])][::-1]  # the newest step's values first
     return {"items": items, "cursor": items[-1]["stepIndex"] if len(rows) > PAGE_ROWS else None}
@@ -289,8 +334,9 @@ def _steps(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
 
 def _current_step(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
     """The run's active step (running, or a checkpoint waiting with its request), also past the steps' page."""
-    row = conn.execute(f"{_STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')",
-                       (run_id,)).fetchone()  # fmt: skip
+    row = conn.execute(
+        f"{_STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')", (run_id,)
+    ).fetchone()
     return None if row is None else _step(row, _StepValues(conn, INLINE_VALUE_BYTES))
 
 
