@@ -148,9 +148,10 @@ class ShellPerformer:
         err.join()
         code = proc.returncode
         streams = {"stdout": out.stream_kept(), "stderr": err.stream_kept()}
+        stderr = err.text(max_chars)
         output = {
             "stdout": out.text(max_chars),
-            "stderr": err.text(max_chars),
+            "stderr": stderr,
             "exitCode": code if code >= 0 else None,
             "signal": signal.Signals(-code).name if code < 0 else None,
             "durationMs": duration_ms,
@@ -166,7 +167,7 @@ class ShellPerformer:
             return Outcome("applied", result={"output": output, "nodeOutcome": "timed_out"}, streams=streams)
         if code != 0 and not payload["allowNonZeroExit"]:
             reason = f"exit code {code}" if code > 0 else f"signal {output['signal']}"
-            tail = output["stderr"][-2000:].strip()
+            tail = stderr[-2000:].strip()
             return Outcome(
                 "rejected",
                 result={"output": output, "nodeOutcome": "failed"},

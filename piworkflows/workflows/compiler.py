@@ -135,7 +135,7 @@ def define_workflow(
     for exit_name, spec in (exits or {}).items():
         _check_name(exit_name, "exit")
         source = spec.get("from") if isinstance(spec, Mapping) else None
-        if source not in nodes:
+        if not isinstance(source, str) or source not in nodes:
             raise WorkflowDefinitionError(f"exit {exit_name!r}: 'from' must name a node of {name!r}")
         exit_nodes[exit_name] = source
     workflow = Workflow(name, start_at, dict(nodes), tuple(edges), includes, exit_nodes, max_steps, title, description)

@@ -62,7 +62,7 @@ class ActionNode(Node):
 
     def static(self) -> dict[str, Any]:
         effect = self.effect
-        declared = {"effectType": effect.effect_type, "recovery": effect.recovery_policy}
+        declared: dict[str, Any] = {"effectType": effect.effect_type, "recovery": effect.recovery_policy}
         if effect.max_attempts != 5 and effect.recovery_policy == "idempotent":
             declared["maxAttempts"] = effect.max_attempts
         return {**super().static(), **declared}
