@@ -107,6 +107,61 @@ def settle(
     return submitted("effect.settle", body)
 
 
+def claim_run(token: str = "tok", run_id: str = "run-1", epoch: int = 1, command: str = "start") -> Submitted:
+    """A run.claim by the server of ``epoch``: the run's claim and a new runner record."""
+    body = {
+        "actor": SERVER,
+        "run_id": run_id,
+        "server_epoch": epoch,
+        "owner_id": f"server-{epoch}",
+        "claim_token_hash": token_hash(token),
+        "ttl_ms": 10_000,
+        "launch_command": command,
+    }
+    return submitted("run.claim", body)
+
+
+def runner_exited(
+    runner_epoch: int, outcome: str = "exited", by_server: bool = False, run_id: str = "run-1"
+) -> Submitted:
+    return submitted(
+        "runner.exited",
+        {
+            "actor": SERVER,
+            "run_id": run_id,
+            "runner_epoch": runner_epoch,
+            "outcome": outcome,
+            "stopped_by_server": by_server,
+        },
+    )
+
+
+# WORKFLOWS.md, Run lifecycle: (run status, queue status, claim held, live runner).
+LIFECYCLE = {
+    ("queued", "queued", False, False),
+    ("running", "starting", True, True),
+    ("running", "running", True, True),
+    ("running", "parked", False, False),
+    ("waiting", "parked", False, False),
+    ("completed", "done", False, False),
+    ("failed", "failed", False, False),
+    ("timed_out", "failed", False, False),
+    ("cancelled", "cancelled", False, False),
+}
+
+
+def run_state(executor: GroupExecutor, run_id: str = "run-1") -> tuple[tuple[str, str, bool, bool], str | None]:
+    """((run status, queue status, claim held, live runner), park reason), the facts checked against LIFECYCLE."""
+    conn = executor.conn
+    status, park = conn.execute("SELECT status, park_reason FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    (queue,) = conn.execute("SELECT queue_status FROM run_queue WHERE run_id = ?", (run_id,)).fetchone()
+    held = conn.execute("SELECT owner_id IS NOT NULL FROM leases WHERE resource_id = ?", (run_id,)).fetchone()
+    live = conn.execute("SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", (run_id,)).fetchone()
+    facts = (status, queue, bool(held and held[0]), bool(live[0]))
+    assert facts in LIFECYCLE, facts
+    return facts, park
+
+
 def client_receipt(
     idempotency_key: str, request: Any, client_id: str = "client-1", operation: str = "test.operation"
 ) -> dict[str, Any]:

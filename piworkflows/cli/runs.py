@@ -81,9 +81,12 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
     except (ServerNotRunning, ServerRefused, OSError, ConnectionError) as exc:
         fail(str(exc))
     receipt = accepted(response)
-    click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
-    if wait:
-        _follow_and_exit(paths, receipt["runId"], as_json, events=not as_json)
+    try:  # the run is stored: a Ctrl-C says it goes on, also one before the following began
+        click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
+        if wait:
+            _follow_and_exit(paths, receipt["runId"], as_json, events=not as_json)
+    except KeyboardInterrupt:
+        watch.interrupted(receipt["runId"])
 
 
 def _follow_and_exit(paths: StatePaths, run_id: str, as_json: bool, events: bool) -> None:

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
-from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, blocked_in_wait, start, view, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.engine_util import (
+    BLOCKING,
+    CHECKPOINT,
+    TENSTEP,
+    blocked_in_wait,
+    start,
+    start_blocked,
+    start_waiting,
+    view,
+    wait_status,
+    write,
+)
+from tests.server_util import SCHEDULER_TICK, ServerProcess, check_state, gone, query, serving, stays, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
 
 # Fails until its flag file exists: a failed run that a restart (same source, same input) can finish.
@@ -37,13 +41,6 @@ workflow = define_workflow("boom", "a", {"a": compute(lambda ctx: 1 / 0)})
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env=FAST).start()
-    yield proc
-    proc.stop()
-
-
 CLIENT_ID = "client-control-tests"  # one client id: an idempotency key is scoped to its client
 
 
@@ -52,17 +49,9 @@ def control(server: ServerProcess, operation: str, run_id: str, key: str | None 
         return client.request(operation, {}, run_id=run_id, idempotency_key=key, expected_revision=revision)
 
 
-def rows(state_dir: Path, sql: str, *params: Any) -> list[tuple]:
-    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 def run_row(state_dir: Path, run_id: str) -> tuple:
     """(runs.status, paused, park_reason, queue_status)."""
-    return rows(
+    return query(
         state_dir,
         "SELECT r.status, r.paused, r.park_reason, q.queue_status FROM runs r "
         "JOIN run_queue q USING (run_id) WHERE run_id = ?",
@@ -72,35 +61,18 @@ def run_row(state_dir: Path, run_id: str) -> tuple:
 
 def live_workers(state_dir: Path, run_id: str) -> list[tuple]:
     """(runner_epoch, pid) of the run's live runner record, if any."""
-    return rows(state_dir, "SELECT runner_epoch, pid FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id)
+    return query(state_dir, "SELECT runner_epoch, pid FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id)
 
 
 def runner_count(state_dir: Path, run_id: str) -> int:
-    return rows(state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id)[0][0]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def stays(predicate, seconds: float = 1.0, what: str = "condition") -> None:
-    """Poll for a bounded window (a deadline, not a sleep) asserting the predicate holds throughout."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert predicate(), f"{what} stopped holding"
-        time.sleep(0.05)
+    return query(state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ?", run_id)[0][0]
 
 
 def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_node(tmp_path, server, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
-    (pid,) = rows(server.state_dir, "SELECT pid FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id)[0]
-    assert pid is not None and not _gone(pid)
+    run_id = start_blocked(server, project, flag)
+    (pid,) = query(server.state_dir, "SELECT pid FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id)[0]
+    assert pid is not None and not gone(pid)
 
     paused = control(server, "run.pause", run_id)
     assert paused.outcome == "accepted", paused
@@ -110,19 +82,19 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     assert shown["run"]["paused"] is True and shown["run"]["parkReason"] == "paused"
     # All of it committed with the receipt: parked, claim released, runner record ended, attempt interrupted.
     assert run_row(server.state_dir, run_id) == ("running", 1, "paused", "parked")
-    assert rows(server.state_dir, "SELECT owner_id FROM leases WHERE resource_id = ?", run_id) == [(None,)]
-    assert rows(
+    assert query(server.state_dir, "SELECT owner_id FROM leases WHERE resource_id = ?", run_id) == [(None,)]
+    assert query(
         server.state_dir, "SELECT outcome FROM run_workers WHERE run_id = ? AND ended_at IS NOT NULL", run_id
     ) == [("cancelled",)]
-    assert rows(server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id) == [
-        (0,)
-    ]
-    assert rows(
+    assert query(
+        server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id
+    ) == [(0,)]
+    assert query(
         server.state_dir,
         "SELECT attempt_status, error_code FROM node_attempts WHERE run_id = ? AND node_path = 'wait'",
         run_id,
     ) == [("interrupted", "paused")]
-    wait_until(lambda: _gone(pid), what="the paused run's runner gone")
+    wait_until(lambda: gone(pid), what="the paused run's runner gone")
     # A paused run is not admitted again: no new runner record while it stays paused.
     stays(
         lambda: runner_count(server.state_dir, run_id) == 1 and view(server, run_id)["display"]["status"] == "paused",
@@ -145,10 +117,10 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
         ("last", 1, 1, "completed"),
     ]
     # The finished node ran once: one attempt, one step, one output.
-    assert rows(
+    assert query(
         server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ? AND node_path = 'first'", run_id
     ) == [(1,)]
-    workers = rows(
+    workers = query(
         server.state_dir,
         "SELECT launch_command, outcome, ended_at IS NOT NULL FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
         run_id,
@@ -160,9 +132,7 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
 
 
 def test_pause_while_waiting_at_a_checkpoint_holds_an_answered_run_until_resumed(server, project):
-    write(project, "ask", CHECKPOINT)
-    run_id = start(server, project, "ask")
-    wait_status(server, run_id, "waiting")
+    run_id = start_waiting(server, project)
     runners = runner_count(server.state_dir, run_id)
 
     paused = control(server, "run.pause", run_id)
@@ -201,8 +171,7 @@ def test_pause_while_waiting_at_a_checkpoint_holds_an_answered_run_until_resumed
 
 def test_pause_of_a_queued_run_is_a_durable_flag_that_survives_a_server_restart(tmp_path, project):
     write(project, "tenstep", TENSTEP)
-    server = ServerProcess(tmp_path / "s", env={**FAST, "PI_WORKFLOWS_MAX_RUNNERS": "0"}).start()
-    try:
+    with serving(tmp_path / "s", env={**SCHEDULER_TICK, "PI_WORKFLOWS_MAX_RUNNERS": "0"}) as server:
         kept, resumed_early = start(server, project, "tenstep"), start(server, project, "tenstep")
         for run_id in (kept, resumed_early):
             paused = control(server, "run.pause", run_id)
@@ -217,12 +186,9 @@ def test_pause_of_a_queued_run_is_a_durable_flag_that_survives_a_server_restart(
         assert run_row(server.state_dir, resumed_early) == ("queued", 0, None, "queued")
         shown = view(server, resumed_early)
         assert shown["display"]["status"] == "queued" and shown["display"]["controls"] == ["pause", "cancel"]
-        assert rows(server.state_dir, "SELECT count(*) FROM run_workers") == [(0,)]
-    finally:
-        assert server.stop() == 0
-    check_state(server.state_dir)
+        assert query(server.state_dir, "SELECT count(*) FROM run_workers") == [(0,)]
 
-    server = ServerProcess(tmp_path / "s", env=FAST).start()  # now with runners
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()  # now with runners
     try:
         done = wait_status(server, resumed_early, "completed", "failed")
         assert done["display"]["status"] == "completed" and done["output"] == {"kind": "final", "message": "sum=36"}
@@ -257,7 +223,7 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
         assert paused.receipt["status"] in ("queued", "running") and paused.receipt["paused"] is True
         wait_until(lambda: active_runners(server) == 0, what="no active runner")
         assert view(server, run_id)["display"]["status"] == "paused"
-        assert rows(
+        assert query(
             server.state_dir, "SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", run_id
         ) == [(0,)]
         check_state(server.state_dir)
@@ -277,11 +243,11 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
             assert client.request("run.resume", {}, run_id=run_id).receipt["status"] == "queued"
         check_state(server.state_dir)
     wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
-    workers = rows(
+    workers = query(
         server.state_dir, "SELECT pid, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch", run_id
     )
     assert [w[1] for w in workers] == ["cancelled"] * 4 + [None]  # one live runner, the stopped ones ended
-    wait_until(lambda: all(_gone(pid) for pid, _ in workers[:-1]), what="the stopped runners gone")
+    wait_until(lambda: all(gone(pid) for pid, _ in workers[:-1]), what="the stopped runners gone")
     blocked.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
     assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == (
@@ -326,7 +292,7 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     assert control(server, "run.resume", run_id).receipt == {"runId": run_id, "status": "queued", "paused": False}
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
-    assert rows(
+    assert query(
         server.state_dir,
         "SELECT launch_command, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
         run_id,
@@ -373,10 +339,8 @@ def test_a_paused_interactive_run_keeps_its_session_and_a_restart_needs_it_free(
 
 
 def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, server, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    run_id = start_blocked(server, project, flag)
     first = control(server, "run.pause", run_id, key="pause-once")
     assert first.outcome == "accepted"
     assert control(server, "run.resume", run_id).outcome == "accepted"
@@ -391,7 +355,7 @@ def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, s
     stays(
         lambda: (
             live_workers(server.state_dir, run_id) == live
-            and not _gone(live[0][1])
+            and not gone(live[0][1])
             and view(server, run_id)["display"]["status"] == "running"
         ),
         what="the new runner alive",
@@ -408,10 +372,8 @@ def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, s
 
 
 def test_invalid_control_transitions_repeats_and_finished_runs(tmp_path, server, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    run_id = start_blocked(server, project, flag)
 
     first = control(server, "run.pause", run_id, key="pause-1")
     repeat = control(server, "run.pause", run_id, key="pause-1")
@@ -450,7 +412,7 @@ def active_runners(server: ServerProcess) -> int:
 
 
 def attempts_started(state_dir: Path, run_id: str) -> int:
-    return rows(state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id)[0][0]
+    return query(state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id)[0][0]
 
 
 def test_cancel_racing_completion_has_exactly_one_winner(server, project):
@@ -527,13 +489,13 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
     assert stale.outcome == "conflict" and stale.receipt["code"] == "staleRevision"
     reused = control(server, "run.restart", root, key="restart-1", revision=view(server, root)["runRevision"])
     assert reused.outcome == "conflict" and reused.receipt["code"] == "idempotencyKeyReused", reused
-    assert rows(server.state_dir, "SELECT run_id FROM runs WHERE parent_run_id = ?", root) == [(child,)]
+    assert query(server.state_dir, "SELECT run_id FROM runs WHERE parent_run_id = ?", root) == [(child,)]
 
     done = wait_status(server, child, "completed", "failed")
     assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
     assert done["input"] == {"flag": str(flag)} and done["definitionDigest"] == failed["definitionDigest"]
     assert (done["run"]["lineage"], done["run"]["parentRunId"], done["run"]["restartNumber"]) == ("restart", root, 1)
-    assert rows(
+    assert query(
         server.state_dir, "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs WHERE run_id = ?", child
     ) == [("restart", root, root, 1)]
     assert view(server, root)["display"]["status"] == "failed"  # the parent keeps its outcome
@@ -549,7 +511,7 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
         "status": "queued",
     }
     assert wait_status(server, grandchild, "completed", "failed")["display"]["status"] == "completed"
-    assert rows(
+    assert query(
         server.state_dir,
         "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs WHERE run_id = ?",
         grandchild,
@@ -558,16 +520,14 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
 
 
 def test_restart_of_an_unfinished_run_is_refused(tmp_path, server, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    run_id = start_blocked(server, project, flag)
     running = control(server, "run.restart", run_id, revision=view(server, run_id)["runRevision"])
     assert running.outcome == "rejected" and running.receipt["code"] == "invalidTransition", running
     assert control(server, "run.pause", run_id).outcome == "accepted"
     paused = control(server, "run.restart", run_id, revision=view(server, run_id)["runRevision"])
     assert paused.outcome == "rejected" and paused.receipt["code"] == "invalidTransition", paused
-    assert rows(server.state_dir, "SELECT count(*) FROM runs") == [(1,)]
+    assert query(server.state_dir, "SELECT count(*) FROM runs") == [(1,)]
     cancelled = control(server, "run.cancel", run_id)
     assert cancelled.outcome == "accepted"
     assert view(server, run_id)["run"]["paused"] is False  # a finished run is not paused
@@ -584,7 +544,7 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
     """test_engine covers one running run across a stop; here several, and a paused run stays paused."""
     write(project, "blocking", BLOCKING)
     flags = [tmp_path / f"flag{i}" for i in range(3)]
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()
     try:
         run_ids = [start(server, project, "blocking", {"flag": str(flag)}) for flag in flags]
         for run_id in run_ids:
@@ -596,11 +556,10 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
     for run_id in run_ids[:2]:
         assert run_row(server.state_dir, run_id) == ("running", 0, "shutdown", "parked")
     assert run_row(server.state_dir, held) == ("running", 1, "paused", "parked")
-    assert rows(server.state_dir, "SELECT count(*) FROM run_workers WHERE ended_at IS NULL") == [(0,)]
+    assert query(server.state_dir, "SELECT count(*) FROM run_workers WHERE ended_at IS NULL") == [(0,)]
     check_state(server.state_dir)
 
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    try:
+    with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         for flag in flags:
             flag.write_text("go")
         for run_id in run_ids[:2]:
@@ -619,18 +578,14 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
         assert control(server, "run.resume", held).receipt == {"runId": held, "status": "queued", "paused": False}
         done = wait_status(server, held, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
-    finally:
-        server.stop()
-    check_state(server.state_dir)
 
 
 # --- the CLI ------------------------------------------------------------------
 
 
 def cli(server: ServerProcess, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
-    env = {**server.env, "HOME": str(home)}
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    """``pi-workflows`` for a user whose home is ``home``."""
+    return server.cli(*args, env={"HOME": str(home)})
 
 
 def test_the_cli_starts_and_waits(tmp_path, server, project):
@@ -654,16 +609,14 @@ def test_the_cli_starts_and_waits(tmp_path, server, project):
     assert usage.returncode == 2 and "not JSON" in usage.stderr
     no_project = cli(server, home, "run", "start", "tenstep", "--project", str(tmp_path / "nowhere"))
     assert no_project.returncode == 2
-    assert rows(server.state_dir, "SELECT count(*) FROM runs") == [(4,)]
+    assert query(server.state_dir, "SELECT count(*) FROM runs") == [(4,)]
     check_state(server.state_dir)
 
 
 def test_the_cli_pauses_resumes_and_restarts(tmp_path, server, project):
-    write(project, "blocking", BLOCKING)
     home = tmp_path / "home"
     flag = tmp_path / "flag"
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    run_id = start_blocked(server, project, flag)
 
     paused = cli(server, home, "run", "pause", run_id)
     assert paused.returncode == 0 and paused.stdout.strip() == f"{run_id} paused", paused.stderr
@@ -686,7 +639,7 @@ def test_the_cli_pauses_resumes_and_restarts(tmp_path, server, project):
     child = restarted.stdout.strip()
     assert child.startswith("run-") and child != run_id
     assert wait_status(server, child, "completed", "failed")["display"]["status"] == "completed"
-    assert rows(
+    assert query(
         server.state_dir, "SELECT lineage, parent_run_id, restart_number FROM runs WHERE run_id = ?", child
     ) == [("restart", run_id, 1)]
     missing = cli(server, home, "run", "pause", "run-nope")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine_util import TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, serving, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
 
@@ -39,8 +39,7 @@ def test_write_groups_failing_with_enospc_are_answered_disk_full_and_the_server_
 ):
     write(project, "tenstep", TENSTEP)
     # Write groups 6 to 30 fail as on a full disk (the first five: the epoch and startup recovery).
-    server = ServerProcess(tmp_path / "s", env={"PIW_FAULTS": "writer.before_commit=enospc@6-30"}).start()
-    try:
+    with serving(tmp_path / "s", env={"PIW_FAULTS": "writer.before_commit=enospc@6-30"}) as server:
         answers = [run_start(server, project) for _ in range(40)]  # each a write group
         refused = [a for a in answers if a["outcome"] != "accepted"]
         assert refused and all(a["outcome"] == "unavailable" and a["receipt"]["code"] == "diskFull" for a in refused)
@@ -51,9 +50,6 @@ def test_write_groups_failing_with_enospc_are_answered_disk_full_and_the_server_
         assert status(server)["state"] == "running"
         log = server.server_log()
         assert log.count("writes fail: diskFull") == 1 and "writes commit again" in log
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
 
 
 def test_server_status_says_disk_full_and_server_stop_works_while_nothing_commits(tmp_path: Path):
@@ -78,16 +74,12 @@ def test_an_epoch_claim_that_expired_while_nothing_committed_is_replaced_in_plac
         "PIW_FAULTS": "writer.before_commit=enospc@8-18",
         "PI_WORKFLOWS_OUTBOX_WORKERS": "0",
     }
-    server = ServerProcess(tmp_path / "s", env=env).start()
-    try:
+    with serving(tmp_path / "s", env=env) as server:
         wait_until(lambda: status(server)["epoch"] == 2, timeout=60, what="a new server epoch")
         run_id = start(server, project, "tenstep")
         assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
         assert "taking a new epoch" in server.server_log()
         assert json.loads((server.state_dir / "host" / "host.json").read_text())["serverEpoch"] == 2
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
 
 
 def test_host_json_that_cannot_be_written_is_kept_and_written_again(tmp_path: Path, project: Path):
@@ -170,8 +162,7 @@ def fill(disk: Path) -> Path:
 
 def test_a_full_tmpfs_is_survived_and_the_server_serves_again_once_space_returns(small_disk: Path, project: Path):
     write(project, "tenstep", TENSTEP)
-    server = ServerProcess(small_disk / "s").start()
-    try:
+    with serving(small_disk / "s") as server:
         done = start(server, project, "tenstep")
         assert wait_status(server, done, "completed", "failed")["display"]["status"] == "completed"
         filler = fill(small_disk)
@@ -198,9 +189,6 @@ def test_a_full_tmpfs_is_survived_and_the_server_serves_again_once_space_returns
         host = server.state_dir / "host"
         assert json.loads((host / "host.json").read_text())["supervisor"]["pid"] == server.popen.pid
         assert not (host / "host.json.tmp").exists()
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
     assert "Traceback" not in server.output()
 
 

@@ -17,10 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
-import time
-from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +24,21 @@ import psutil
 import pytest
 
 from piworkflows import canonical
-from tests.engine_util import start, view, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.engine_util import (
+    effect_attempts,
+    effect_content,
+    effect_row,
+    node_attempts,
+    run_phases,
+    start,
+    view,
+    wait_status,
+    write,
+)
+from tests.server_util import ServerProcess, query, stays, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 FINISHED = ("completed", "failed", "timed_out", "cancelled")
 
 # --- workflows -------------------------------------------------------------------
@@ -118,88 +123,19 @@ def blocking(name: str, effect: str) -> str:
     return BLOCKING.format(name=name, effect=effect, script=WAIT_SCRIPT)
 
 
-# --- fixtures and helpers ----------------------------------------------------------
-
-
-@pytest.fixture
-def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    """A server on a short state dir (the Unix socket path limit); its state is checked after it stops.
-    A test marked ``server_env(**env)`` adds settings."""
-    marker = request.node.get_closest_marker("server_env")
-    proc = ServerProcess(tmp_path / "s", env={**FAST, **(marker.kwargs if marker else {})}).start()
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()
-    check_state(proc.state_dir)
-
-
-def query(server: ServerProcess, sql: str, *params: Any) -> list[tuple]:
-    """Rows read straight from the state database (read-only)."""
-    uri = f"file:{server.state_dir / 'state.sqlite'}?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def run_phases(server: ServerProcess, run_id: str) -> tuple[str, str | None, str]:
-    """(runs.status, runs.park_reason, run_queue.queue_status)."""
-    rows = query(
-        server,
-        "SELECT r.status, r.park_reason, q.queue_status FROM runs r JOIN run_queue q USING (run_id) WHERE run_id = ?",
-        run_id,
-    )
-    assert len(rows) == 1, rows
-    return rows[0]
-
-
-def effect_row(server: ServerProcess, run_id: str) -> dict[str, Any]:
-    """The run's only outside effect (its node's; local ones such as a queue settlement are the writer's)."""
-    rows = query(
-        server,
-        "SELECT effect_id, effect_type, idempotency_key, effect_status, recovery_policy, "
-        "attempt_count, error_code FROM effects WHERE run_id = ? AND effect_class = 'external'",
-        run_id,
-    )
-    assert len(rows) == 1, rows
-    keys = ("effectId", "type", "key", "status", "policy", "attempts", "errorCode")
-    return dict(zip(keys, rows[0], strict=True))
+# --- helpers -----------------------------------------------------------------------
 
 
 def effect_result(server: ServerProcess, run_id: str) -> Any:
     """The stored result of the run's outside effect (a JSON blob)."""
-    rows = query(
-        server,
-        "SELECT b.media_type, b.bytes FROM effects e JOIN blobs b ON b.digest = e.result_digest "
-        "WHERE e.run_id = ? AND e.effect_class = 'external'",
-        run_id,
-    )
-    assert len(rows) == 1 and rows[0][0] == "application/json", rows
-    return json.loads(rows[0][1])
-
-
-def effect_attempts(server: ServerProcess, run_id: str) -> list[tuple[int, str]]:
-    return query(
-        server,
-        "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a "
-        "JOIN effects e USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' "
-        "ORDER BY a.attempt_number",
-        run_id,
-    )
-
-
-def node_attempts(server: ServerProcess, run_id: str, node_path: str) -> list[tuple[int, str]]:
-    return query(
-        server,
-        "SELECT attempt_number, attempt_status FROM node_attempts WHERE run_id = ? "
-        "AND node_path = ? ORDER BY visit_number, attempt_number",
-        run_id,
-        node_path,
-    )
+    media_type, data = effect_content(server, run_id, "result")
+    assert media_type == "application/json", media_type
+    return json.loads(data)
 
 
 def commands(server: ServerProcess) -> list[int]:
     """Command process groups the supervisor has recorded in host.json."""
-    return [child["pid"] for child in server.registry()["children"] if child["role"] == "command"]
+    return server.child_pids("command")
 
 
 def live_runner_pid(server: ServerProcess, run_id: str) -> int:
@@ -227,12 +163,10 @@ def processes_with_cmdline(cmdline: list[str]) -> list[int]:
     return found
 
 
-def stays(predicate, seconds: float, what: str) -> None:
-    """A bounded check: predicate() holds at every poll until the deadline."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert predicate(), f"{what} stopped holding"
-        time.sleep(0.05)
+def start_with_files(server: ServerProcess, project: Path, name: str, source: str, flag: Path, ledger: Path) -> str:
+    """Write ``source`` as ``name`` and start it with its input naming the flag and ledger files."""
+    write(project, name, source)
+    return start(server, project, name, {"flag": str(flag), "ledger": str(ledger)})
 
 
 def block_on_command(server: ServerProcess, run_id: str) -> int:
@@ -391,9 +325,8 @@ def performer_of(command: int) -> int:
 
 
 def test_kill_9_of_the_worker_retries_an_idempotent_command_under_the_same_key(server, project, tmp_path):
-    write(project, "ledger", blocking("ledger", "idempotent_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
-    run_id = start(server, project, "ledger", {"flag": str(flag), "ledger": str(ledger)})
+    run_id = start_with_files(server, project, "ledger", blocking("ledger", "idempotent_effect"), flag, ledger)
     first = block_on_command(server, run_id)
     runner = live_runner_pid(server, run_id)
 
@@ -430,9 +363,8 @@ def test_kill_9_of_the_worker_retries_an_idempotent_command_under_the_same_key(s
 
 
 def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, project, tmp_path):
-    write(project, "ledgerm", blocking("ledgerm", "manual_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
-    run_id = start(server, project, "ledgerm", {"flag": str(flag), "ledger": str(ledger)})
+    run_id = start_with_files(server, project, "ledgerm", blocking("ledgerm", "manual_effect"), flag, ledger)
     first = block_on_command(server, run_id)
 
     os.kill(performer_of(first), signal.SIGKILL)
@@ -460,9 +392,8 @@ def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, projec
 
 
 def test_kill_9_of_a_runner_awaiting_its_command_adopts_the_settled_result(server, project, tmp_path):
-    write(project, "ledger", blocking("ledger", "idempotent_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
-    run_id = start(server, project, "ledger", {"flag": str(flag), "ledger": str(ledger)})
+    run_id = start_with_files(server, project, "ledger", blocking("ledger", "idempotent_effect"), flag, ledger)
     command = block_on_command(server, run_id)
     runner = live_runner_pid(server, run_id)
 
@@ -491,9 +422,8 @@ def test_kill_9_of_a_runner_awaiting_its_command_adopts_the_settled_result(serve
 
 
 def test_cancel_while_a_command_runs_makes_its_effect_ambiguous_and_kills_its_group(server, project, tmp_path):
-    write(project, "ledger", blocking("ledger", "idempotent_effect"))
     flag, ledger = tmp_path / "flag", tmp_path / "ledger.txt"
-    run_id = start(server, project, "ledger", {"flag": str(flag), "ledger": str(ledger)})
+    run_id = start_with_files(server, project, "ledger", blocking("ledger", "idempotent_effect"), flag, ledger)
     command = block_on_command(server, run_id)
     runner = live_runner_pid(server, run_id)
 

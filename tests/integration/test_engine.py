@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
-import psutil
 import pytest
 
-from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, blocked_in_wait, start, view, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.engine_util import (
+    BLOCKING,
+    CHECKPOINT,
+    TENSTEP,
+    blocked_in_wait,
+    start,
+    start_blocked,
+    start_waiting,
+    view,
+    wait_status,
+    write,
+)
+from tests.server_util import SCHEDULER_TICK, ServerProcess, check_state, gone, query, serving, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env=FAST).start()
-    yield proc
-    proc.stop()
-
-
-def check_database(state_dir: Path) -> None:
-    check_state(state_dir)
 
 
 def test_a_ten_node_workflow_completes_with_its_output(server, project):
@@ -35,7 +29,7 @@ def test_a_ten_node_workflow_completes_with_its_output(server, project):
     assert done["output"] == {"kind": "final", "message": "sum=36"}
     assert [s["nodePath"] for s in done["steps"]["items"]] == [f"n{i}" for i in range(9)] + ["done"]
     assert all(s["status"] == "completed" for s in done["steps"]["items"])
-    check_database(server.state_dir)
+    check_state(server.state_dir)
 
 
 def test_failures_and_routing_errors_fail_the_run(server, project):
@@ -56,7 +50,7 @@ def test_failures_and_routing_errors_fail_the_run(server, project):
     assert boom["display"]["status"] == "failed" and "ZeroDivisionError" in boom["error"]
     lost = wait_status(server, start(server, project, "lost"), "completed", "failed")
     assert lost["display"]["status"] == "failed" and lost["run"]["errorCode"] == "routingError"
-    check_database(server.state_dir)
+    check_state(server.state_dir)
 
 
 def test_max_steps_fails_a_looping_run(server, project):
@@ -73,56 +67,39 @@ def test_max_steps_fails_a_looping_run(server, project):
 
 
 def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()
+    run_id = start_blocked(server, project, flag)
     assert server.stop() == 0
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    try:
+    with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         flag.write_text("go")
         done = wait_status(server, run_id, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
         nodes = [(s["nodePath"], s["status"]) for s in done["steps"]["items"]]
         assert nodes == [("first", "completed"), ("wait", "interrupted"), ("wait", "completed"), ("last", "completed")]
-    finally:
-        server.stop()
-    check_database(server.state_dir)
 
 
 def test_kill_9_of_the_supervisor_mid_run_resumes_without_repeating_finished_nodes(tmp_path, project):
-    write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    run_id = start(server, project, "blocking", {"flag": str(flag)})
-    wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()
+    run_id = start_blocked(server, project, flag)
     runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
     server.kill()
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    try:
+    with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         # The takeover ended the old runner's process group (its identity matched).
-        wait_until(
-            lambda: (
-                not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
-            ),
-            what="old runner gone",
-        )
+        wait_until(lambda: gone(runner["pid"]), what="old runner gone")
         flag.write_text("go")
         done = wait_status(server, run_id, "completed", "failed")
         assert done["display"]["status"] == "completed", done["error"]
         firsts = [s for s in done["steps"]["items"] if s["nodePath"] == "first"]
         assert len(firsts) == 1  # a finished node is never executed again
-    finally:
-        server.stop()
-    check_database(server.state_dir)
 
 
 def test_a_changed_source_parks_the_run(tmp_path, project):
     write(project, "blocking", BLOCKING)
     write(project, "tenstep", TENSTEP)
     flag = tmp_path / "flag"
-    server = ServerProcess(tmp_path / "s", env={**FAST, "PI_WORKFLOWS_MAX_RUNNERS": "1"}).start()
+    server = ServerProcess(tmp_path / "s", env={**SCHEDULER_TICK, "PI_WORKFLOWS_MAX_RUNNERS": "1"}).start()
     try:
         first = start(server, project, "blocking", {"flag": str(flag)})
         wait_until(lambda: blocked_in_wait(server, first), what="the wait node running")
@@ -143,14 +120,10 @@ def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, 
     run_id = start(server, project, "ask")
     waiting = wait_status(server, run_id, "waiting")
     assert waiting["display"]["controls"] == ["pause", "cancel", "answer"]
-    conn = sqlite3.connect(f"file:{server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        phases = conn.execute("SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id)")
-        assert phases.fetchone() == ("waiting", "parked")
-        assert conn.execute("SELECT count(*) FROM leases WHERE owner_id IS NOT NULL").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM run_workers WHERE ended_at IS NULL").fetchone() == (0,)
-    finally:
-        conn.close()
+    phases = query(server, "SELECT r.status, q.queue_status FROM runs r JOIN run_queue q USING (run_id)")
+    assert phases == [("waiting", "parked")]
+    assert query(server, "SELECT count(*) FROM leases WHERE owner_id IS NOT NULL") == [(0,)]
+    assert query(server, "SELECT count(*) FROM run_workers WHERE ended_at IS NULL") == [(0,)]
     with server.client() as client:
         first = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
         second = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": False}}, run_id=run_id)
@@ -164,52 +137,15 @@ def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, 
     assert done["output"] == {"answered": True}
     asks = [s for s in done["steps"]["items"] if s["nodePath"] == "ask"]
     assert len(asks) == 1 and asks[0]["status"] == "completed"  # answered checkpoints count once
-    check_database(server.state_dir)
+    check_state(server.state_dir)
 
 
 def test_the_cli_answers_a_checkpoint(server, project):
-    import subprocess
-    import sys
-
-    write(project, "ask", CHECKPOINT)
-    run_id = start(server, project, "ask")
-    wait_status(server, run_id, "waiting")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "piworkflows.cli",
-            "--state-dir",
-            str(server.state_dir),
-            "answer",
-            run_id,
-            "ask",
-            '{"go": false}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=server.env,
-    )
+    run_id = start_waiting(server, project)
+    result = server.cli("answer", run_id, "ask", '{"go": false}')
     assert result.returncode == 0, result.stderr
     assert wait_status(server, run_id, "completed")["output"] == {"answered": False}
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "piworkflows.cli",
-            "--state-dir",
-            str(server.state_dir),
-            "answer",
-            run_id,
-            "ask",
-            '{"go": true}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=server.env,
-    )
+    again = server.cli("answer", run_id, "ask", '{"go": true}')
     assert again.returncode == 1 and "winnerDecided" in again.stderr
 
 
@@ -231,11 +167,8 @@ def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
 
 
 def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project):
-    write(project, "blocking", BLOCKING)
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    try:
-        run_id = start(server, project, "blocking", {"flag": str(tmp_path / "never")})
-        wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
+    with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
+        run_id = start_blocked(server, project, tmp_path / "never")
         runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
         with server.client() as client:
             cancelled = client.request("run.cancel", {}, run_id=run_id, idempotency_key="cancel-1")
@@ -244,18 +177,10 @@ def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project)
         assert cancelled.outcome == "accepted" and cancelled.receipt == {"runId": run_id, "status": "cancelled"}
         assert repeat.outcome == "adopted" and repeat.receipt == cancelled.receipt
         assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
-        wait_until(
-            lambda: (
-                not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
-            ),
-            what="runner group stopped",
-        )
+        wait_until(lambda: gone(runner["pid"]), what="runner group stopped")
         done = view(server, run_id)
         assert done["display"]["status"] == "cancelled"
         assert [s["status"] for s in done["steps"]["items"]] == ["completed", "cancelled"]
-    finally:
-        server.stop()
-    check_database(server.state_dir)
 
 
 # The blocking node ignores SIGTERM first, as workflow code may.
@@ -268,20 +193,16 @@ STUBBORN = BLOCKING.replace(
 def test_server_stop_kills_a_runner_that_ignores_sigterm_after_the_grace(tmp_path, project):
     """Stopping a run's group is SIGTERM, then SIGKILL after stop_grace_ms: no runner outlives the server."""
     write(project, "blocking", STUBBORN)
-    env = {**FAST, "PI_WORKFLOWS_STOP_GRACE_MS": "500"}
+    env = {**SCHEDULER_TICK, "PI_WORKFLOWS_STOP_GRACE_MS": "500"}
     server = ServerProcess(tmp_path / "s", env=env).start()
     run_id = start(server, project, "blocking", {"flag": str(tmp_path / "flag")})
     wait_until(lambda: blocked_in_wait(server, run_id), what="the wait node running")
     runner = next(c for c in server.registry()["children"] if c["role"] == "runner")
     assert server.stop() == 0
-    assert not psutil.pid_exists(runner["pid"]) or psutil.Process(runner["pid"]).status() == psutil.STATUS_ZOMBIE
-    server = ServerProcess(tmp_path / "s", env=env).start()
-    try:
+    assert gone(runner["pid"])
+    with serving(tmp_path / "s", env=env) as server:
         (tmp_path / "flag").write_text("go")
         assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
-    finally:
-        server.stop()
-    check_database(server.state_dir)
 
 
 def test_cancel_of_a_waiting_or_finished_run(server, project):
@@ -298,4 +219,4 @@ def test_cancel_of_a_waiting_or_finished_run(server, project):
     assert late.outcome == "conflict" and late.receipt["status"] == "completed"
     assert answer.outcome == "conflict"  # the cancelled checkpoint no longer waits
     assert view(server, waiting)["display"]["status"] == "cancelled"
-    check_database(server.state_dir)
+    check_state(server.state_dir)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -15,18 +14,16 @@ from pathlib import Path
 import pytest
 
 from tests.engine_util import CHECKPOINT, start, wait_status, write
-from tests.server_util import ServerProcess
+from tests.server_util import ServerProcess, query, serving
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+# No runners (except where a test starts its own server); the human output at 80 columns.
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.integration,
+    pytest.mark.server_env(PI_WORKFLOWS_MAX_RUNNERS="0", COLUMNS="80"),
+]
 
 HELLO = 'from piworkflows.workflows import *\nworkflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n'
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_MAX_RUNNERS": "0", "COLUMNS": "80"}).start()
-    yield proc
-    proc.stop()
 
 
 def json_lines(result) -> list[dict]:
@@ -156,9 +153,8 @@ def sources(tmp_path: Path, project: Path) -> dict[str, Path]:
 @pytest.fixture
 def user_server(tmp_path: Path, sources: dict[str, Path]):
     env = {"PI_WORKFLOWS_MAX_RUNNERS": "0", "PI_WORKFLOWS_USER_DIR": str(sources["user"]), "COLUMNS": "80"}
-    proc = ServerProcess(tmp_path / "s", env=env).start()
-    yield proc
-    proc.stop()
+    with serving(tmp_path / "s", env) as proc:
+        yield proc
 
 
 def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_server, project, sources):
@@ -326,14 +322,11 @@ def test_completion_offers_the_node_a_run_waits_at(tmp_path: Path, project: Path
             '"no": compute', '"again": checkpoint(summary="again?"), "no": compute'
         ),
     )
-    server = ServerProcess(tmp_path / "s").start()
-    try:
+    with serving(tmp_path / "s") as server:
         run_id = start(server, project, "two")
         wait_status(server, run_id, "waiting")
         assert candidates(complete(server.state_dir, server.env, "answer", run_id, "")) == ["ask"]  # not "again"
         assert candidates(complete(server.state_dir, server.env, "answer", "run-nope", "")) == []
-    finally:
-        server.stop()
 
 
 def test_completion_without_a_server_completes_nothing_and_says_nothing(tmp_path: Path):
@@ -355,8 +348,4 @@ def test_the_new_reads_follow_the_protocol_rules(user_server, project):
         listed = client.request("workflow.list", {"projectPath": str(project)}, idempotency_key="same")
         again = client.request("workflow.list", {"projectPath": str(project)}, idempotency_key="same")
         assert (listed.outcome, again.outcome) == ("accepted", "accepted")  # a read: answered anew, never adopted
-    conn = sqlite3.connect(f"file:{user_server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        assert conn.execute("SELECT count(*) FROM host_commands").fetchone() == (0,)
-    finally:
-        conn.close()
+    assert query(user_server, "SELECT count(*) FROM host_commands") == [(0,)]

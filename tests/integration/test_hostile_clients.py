@@ -27,20 +27,19 @@ from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
 from piworkflows.supervisor.server import TOO_MANY_CONNECTIONS
 from tests.engine_util import write
-from tests.integration.test_protocol import (
+from tests.server_util import ServerProcess, make_server, wait_until
+from tests.socket_util import (
     MIB,
     Conn,
-    _padded,
     assert_refusal,
     assert_status_ok,
     canonical_line,
     envelope,
     is_canonical,
-    make_server,
+    padded,
     request_line,
     socket_path,
 )
-from tests.server_util import ServerProcess, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -155,7 +154,7 @@ def test_a_trickling_partial_frame_is_closed_after_frame_timeout_while_others_ar
     stopped_cleanly, tmp_path: Path
 ) -> None:
     proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_FRAME_TIMEOUT_MS="500")
-    frame = _padded(4096)
+    frame = padded(4096)
     with Conn(path) as slow, Conn(path) as witness:
         sent = 0
 
@@ -178,7 +177,7 @@ def test_a_trickling_partial_frame_is_closed_after_frame_timeout_while_others_ar
 def test_1_mib_without_a_newline_is_closed_by_the_frame_timeout(stopped_cleanly, tmp_path: Path) -> None:
     proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_FRAME_TIMEOUT_MS="500")
     with Conn(path) as big, Conn(path) as witness:
-        big.send(_padded(MIB)[: MIB - 8])  # could still become a valid frame: kept until the timeout
+        big.send(padded(MIB)[: MIB - 8])  # could still become a valid frame: kept until the timeout
         assert big.read_until_closed() == b""
         assert_status_ok(witness)
     assert "closed a connection: a frame did not complete within 500 ms" in server_log(proc)
@@ -188,7 +187,7 @@ def test_the_partial_bytes_of_all_connections_are_bounded(stopped_cleanly, tmp_p
     proc, path = start(
         stopped_cleanly, tmp_path, PI_WORKFLOWS_CLIENT_PARTIAL_BYTES_MAX=str(MIB), PI_WORKFLOWS_FRAME_TIMEOUT_MS="60000"
     )
-    frame, part = _padded(700 * 1024), 600 * 1024
+    frame, part = padded(700 * 1024), 600 * 1024
     with Conn(path) as first, Conn(path) as second, Conn(path) as witness:
         first.send(frame[:part])
         wait_until(lambda: unread_by_server(first) == 0, what="the server holds the first partial frame")
@@ -243,7 +242,7 @@ def test_a_normal_client_is_served_while_hundreds_of_hostile_connections_are_hel
 ) -> None:
     hostile_count = 300
     proc, path = start(stopped_cleanly, tmp_path, PI_WORKFLOWS_FRAME_TIMEOUT_MS="120000")
-    frame = _padded(4096)
+    frame = padded(4096)
     hostile = []
     try:
         for _ in range(hostile_count):

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,25 @@ import psutil
 import pytest
 
 from stress.ledger import LedgerServer
-from tests.engine_util import start, view, wait_status, write
-from tests.integration.test_effects import FAST, effect_attempts, effect_row, node_attempts, query, run_phases, stays
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.engine_util import (
+    effect_attempts,
+    effect_content,
+    effect_row,
+    http_workflow,
+    node_attempts,
+    parked_ambiguous,
+    request,
+    run_phases,
+    start,
+    view,
+    wait_status,
+    write,
+)
+from tests.server_util import ServerProcess, query, stays, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
-CLIENT_ID = "client-outbox-tests"  # idempotency keys are scoped by client
-
 # --- workflows -------------------------------------------------------------------
-
-# One http node (its URL from the run input), then a compute that hands its output on.
-HTTP = """
-from piworkflows.workflows import compute, define_workflow, edge, http, idempotent_effect, manual_effect
-workflow = define_workflow({name!r}, "call", {{
-    "call": http(effect={effect}, timeout_ms={timeout_ms},
-                 request=lambda ctx: {{"method": "POST", "url": ctx.input["url"], "headers": {headers},
-                                       "body": {{"order": ctx.input.get("order", 1)}}}}),
-    "after": compute(lambda ctx: {{"call": ctx.outputs["call"]}}),
-}}, [edge("call", "after")])
-"""
 
 # A literal Authorization header in a request dict: refused when the workflow is compiled.
 STATIC_AUTH = """
@@ -65,46 +63,7 @@ workflow = define_workflow("lambdaauth", "fetch", {
 """
 
 
-def http_workflow(
-    project: Path,
-    name: str,
-    effect: str = 'idempotent_effect("test.http")',
-    timeout_ms: int = 5000,
-    headers: dict[str, Any] | None = None,
-) -> None:
-    write(project, name, HTTP.format(name=name, effect=effect, timeout_ms=timeout_ms, headers=repr(headers or {})))
-
-
-# --- fixtures and helpers ----------------------------------------------------------
-
-
-@pytest.fixture
-def ledger() -> Iterator[LedgerServer]:
-    """The outside world: every request recorded, answered as the test scripts it (default 200).
-    Requested before ``server``, it stops after the server (a hanging request stays open until then)."""
-    with LedgerServer() as ledger:
-        yield ledger
-
-
-@pytest.fixture
-def config_dir(tmp_path: Path) -> Path:
-    """A private config dir (never the user's): where ``credentials.json`` is read."""
-    path = tmp_path / "cfg"
-    path.mkdir(mode=0o700)
-    return path
-
-
-@pytest.fixture
-def server(tmp_path: Path, config_dir: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
-    """As in test_effects (``server_env(**env)`` adds settings), with the private config dir."""
-    marker = request.node.get_closest_marker("server_env")
-    env = {**FAST, "PI_WORKFLOWS_CONFIG_DIR": str(config_dir), **(marker.kwargs if marker else {})}
-    proc = ServerProcess(tmp_path / "s", env=env).start()
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()
-    check_state(proc.state_dir)
+# --- helpers -----------------------------------------------------------------------
 
 
 def attempt_rows(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
@@ -121,22 +80,11 @@ def attempt_rows(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
 
 
 def effect_error(server: ServerProcess, run_id: str) -> str:
-    rows = query(
-        server,
-        "SELECT b.bytes FROM effects e JOIN blobs b ON b.digest = e.error_digest "
-        "WHERE e.run_id = ? AND e.effect_class = 'external'",
-        run_id,
-    )
-    assert len(rows) == 1, rows
-    return bytes(rows[0][0]).decode()
+    return effect_content(server, run_id, "error")[1].decode()
 
 
 def requests_to(ledger: LedgerServer, path: str) -> list[dict[str, Any]]:
     return [r for r in list(ledger.requests) if r["path"] == path]
-
-
-def outbox_workers(server: ServerProcess) -> list[int]:
-    return [child["pid"] for child in server.registry()["children"] if child["role"] == "outbox"]
 
 
 def talking_to(pid: int, port: int) -> bool:
@@ -157,24 +105,11 @@ def hanging_request(server: ServerProcess, ledger: LedgerServer, run_id: str, pa
     wait_until(lambda: len(requests_to(ledger, path)) == 1, what="the request at the ledger")
     wait_until(lambda: effect_attempts(server, run_id) == [(1, "applying")], what="effect attempt 1 applying")
     performers = wait_until(
-        lambda: [p for p in outbox_workers(server) if talking_to(p, port_of(ledger))],
+        lambda: [p for p in server.child_pids("outbox") if talking_to(p, port_of(ledger))],
         what="the worker connected to the ledger",
     )
     assert len(performers) == 1, performers
     return performers[0]
-
-
-def parked_ambiguous(server: ServerProcess, run_id: str) -> dict[str, Any]:
-    return wait_until(
-        lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
-        what="run parked effectAmbiguous",
-    )
-
-
-def request(server: ServerProcess, op: str, payload: Any, **kwargs: Any) -> Any:
-    """One client request; a repeat under the same idempotency key comes from the same client."""
-    with server.client(client_id=CLIENT_ID) as client:
-        return client.request(op, payload, **kwargs)
 
 
 # --- answers: 2xx, 5xx retried, 4xx, retries exhausted -------------------------------
@@ -380,8 +315,8 @@ def test_kill_9_of_the_worker_retries_an_idempotent_request_under_the_same_key(l
     assert ledger.keys() == [effect["key"]] * 2
     assert (effect["status"], effect["attempts"]) == ("applied", 2)
     assert node_attempts(server, run_id, "call") == [(1, "completed")]
-    assert worker not in outbox_workers(server)
-    wait_until(lambda: len(outbox_workers(server)) == 2, what="the pool restarted its worker")
+    assert worker not in server.child_pids("outbox")
+    wait_until(lambda: len(server.child_pids("outbox")) == 2, what="the pool restarted its worker")
 
 
 def test_kill_9_of_the_worker_parks_a_manual_request_as_ambiguous(ledger, server, project):

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_util import start, wait_status
-from tests.integration.test_effects import effect_attempts, effect_row, stays
-from tests.integration.test_outbox import config_dir, http_workflow, ledger, parked_ambiguous, request, server
+from tests.engine_util import effect_attempts, effect_row, http_workflow, parked_ambiguous, request, start, wait_status
+from tests.server_util import stays
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-__all__ = ["config_dir", "ledger", "server"]  # fixtures
 
 BEFORE_SENDING = {"PIW_FAULTS": "outbox.after_attempt_recorded=crash", "PI_WORKFLOWS_OUTBOX_WORKERS": "1"}
 AFTER_SENDING = {"PIW_FAULTS": "outbox.after_request_sent=crash", "PI_WORKFLOWS_OUTBOX_WORKERS": "1"}

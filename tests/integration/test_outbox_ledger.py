@@ -26,8 +26,7 @@ import pytest
 
 from stress.ledger import LedgerServer
 from tests.engine_util import write
-from tests.integration.test_effects import query
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import SCHEDULER_TICK, ServerProcess, check_state, query, wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 
@@ -44,20 +43,16 @@ workflow = define_workflow("posts", "h0", {{f"h{{i}}": http(effect=effect(i), re
 """
 
 
-def outbox_workers(server: ServerProcess) -> list[int]:
-    return [c["pid"] for c in server.registry()["children"] if c["role"] == "outbox"]
-
-
 def test_500_effects_under_random_worker_kills_match_the_ledger(tmp_path: Path, project: Path):
     rng = random.Random(20261202)
-    env = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100", "PI_WORKFLOWS_MAX_RUNNERS": "8"}
+    env = {**SCHEDULER_TICK, "PI_WORKFLOWS_MAX_RUNNERS": "8"}
     server = ServerProcess(tmp_path / "s", env=env).start()
     stop_killing = threading.Event()
     kills: list[int] = []
 
     def killer() -> None:
         while not stop_killing.wait(rng.uniform(0.15, 0.4)):
-            workers = outbox_workers(server)
+            workers = server.child_pids("outbox")
             if workers and len(kills) < 40:
                 victim = rng.choice(workers)
                 try:

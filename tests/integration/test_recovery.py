@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
 from piworkflows.client import WorkflowClient
@@ -23,12 +21,11 @@ from piworkflows.protocol.internal import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.writer.process import spawn
 from tests.engine_util import BLOCKING, start, view, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import SCHEDULER_TICK, ServerProcess, check_state, gone, query, serving, wait_until
 from tests.support import run_create, take_epoch, token_hash
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
 
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
 # A shell command that waits for its flag, then appends one line to a ledger.
 SHELL = """
@@ -67,16 +64,8 @@ workflow = define_workflow("one", "only", {"only": compute(lambda ctx: {"n": ctx
 """
 
 
-def rows(state_dir: Path, query: str, *params) -> list[tuple]:
-    conn = sqlite3.connect(f"file:{state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
-
-
 def running_node(state_dir: Path, run_id: str) -> str | None:
-    found = rows(
+    found = query(
         state_dir, "SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'running'", run_id
     )
     return found[0][0] if found else None
@@ -84,7 +73,7 @@ def running_node(state_dir: Path, run_id: str) -> str | None:
 
 def applying(state_dir: Path, run_id: str) -> bool:
     return bool(
-        rows(
+        query(
             state_dir,
             "SELECT 1 FROM effect_attempts a JOIN effects e USING (effect_id) "
             "WHERE e.run_id = ? AND a.attempt_status = 'applying'",
@@ -107,19 +96,12 @@ def settled(server: ServerProcess, run_id: str, *statuses: str) -> dict:
 
 def no_output_twice(state_dir: Path) -> None:
     """A node visit completes at most once, whatever was killed."""
-    twice = rows(
+    twice = query(
         state_dir,
         "SELECT run_id, node_path, visit_number FROM node_attempts "
         "WHERE attempt_status = 'completed' GROUP BY 1, 2, 3 HAVING count(*) > 1",
     )
     assert twice == []
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, project: Path):
@@ -132,7 +114,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         write(project, name, source)
     flag = tmp_path / "flag"
     ledgers = {name: tmp_path / f"{name}.txt" for name in ("idem", "manual")}
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()
     state_dir = server.state_dir
     try:
         asking = start(server, project, "asking")
@@ -164,7 +146,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         lambda: all(gone(c["pid"]) for c in old if c["role"] in ("outbox", "command")),
         what="the workers and their commands ended by themselves",
     )
-    server = ServerProcess(state_dir, env=FAST).start()  # the takeover ends the old groups before it serves
+    server = ServerProcess(state_dir, env=SCHEDULER_TICK).start()  # the takeover ends the old groups before it serves
     try:
         assert all(gone(c["pid"]) for c in old), old
         flag.write_text("go")
@@ -172,7 +154,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
             done = settled(server, runs[key], "completed", "failed", "ambiguous")
             assert done["display"]["status"] == "completed", (key, done["error"])
         # The idempotent command ran again under the same key: attempt 2, one line in the ledger.
-        assert rows(
+        assert query(
             state_dir,
             "SELECT a.attempt_number, a.attempt_status FROM effect_attempts a JOIN effects e "
             "USING (effect_id) WHERE e.run_id = ? AND e.effect_class = 'external' ORDER BY 1",
@@ -182,14 +164,14 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         # The manual one may have acted: ambiguous, parked for an operator, never repeated.
         parked = settled(server, runs["manual"], "ambiguous")
         assert parked["display"]["reason"] == "effectAmbiguous" and parked["display"]["controls"] == ["review"]
-        assert rows(
+        assert query(
             state_dir,
             "SELECT e.effect_status, a.attempt_number, a.attempt_status FROM effects e "
             "JOIN effect_attempts a USING (effect_id) "
             "WHERE e.run_id = ? AND e.effect_class = 'external'",
             runs["manual"],
         ) == [("ambiguous", 1, "ambiguous")]
-        assert rows(state_dir, "SELECT status, park_reason FROM runs WHERE run_id = ?", runs["manual"]) == [
+        assert query(state_dir, "SELECT status, park_reason FROM runs WHERE run_id = ?", runs["manual"]) == [
             ("running", "effectAmbiguous")
         ]
         assert not ledgers["manual"].exists()
@@ -207,8 +189,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
 
 def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, project: Path):
     write(project, "quitter", EXITS_IN_RUNNER)
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
-    try:
+    with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         run_id = start(server, project, "quitter")
         parked = settled(server, run_id, "queued")  # parked: not restarted automatically
         wait_until(
@@ -217,8 +198,8 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
         )
         assert parked["display"]["controls"] == ["pause", "cancel"]
         workers = "SELECT outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch"
-        assert rows(server.state_dir, workers, run_id) == [("crashed",)]
-        assert rows(server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id) == [(0,)]
+        assert query(server.state_dir, workers, run_id) == [("crashed",)]
+        assert query(server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id) == [(0,)]
         # An operator resumes it: one more runner, which exits the same way; never a loop.
         with server.client() as client:
             resumed = client.request("run.resume", {}, run_id=run_id)
@@ -226,23 +207,20 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
         twice = [("crashed",), ("crashed",)]
         wait_until(
             lambda: (
-                rows(server.state_dir, workers, run_id) == twice
+                query(server.state_dir, workers, run_id) == twice
                 and view(server, run_id)["display"]["reason"] == "runnerNoProgress"
             ),
             what="parked again",
         )
         with server.client() as client:
             assert client.request("server.status").receipt["activeRunners"] == 0
-        assert rows(server.state_dir, workers, run_id) == twice
-    finally:
-        assert server.stop() == 0
-    check_state(server.state_dir)
+        assert query(server.state_dir, workers, run_id) == twice
 
 
 def test_kill_9_of_the_writer_while_clients_start_runs(tmp_path: Path, project: Path):
     """Every run.start acknowledged exactly once: a retry after the crash adopts the committed run."""
     write(project, "one", ONE_NODE)
-    server = ServerProcess(tmp_path / "s", env=FAST).start()
+    server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()
     state_dir = server.state_dir
     per_client, clients = 12, 4
     answers: list[list] = [[] for _ in range(clients)]
@@ -275,7 +253,7 @@ def test_kill_9_of_the_writer_while_clients_start_runs(tmp_path: Path, project: 
         assert set(outcomes) <= {"accepted", "adopted"}, outcomes
         run_ids = [a.receipt["runId"] for answered in answers for a in answered]
         assert len(run_ids) == len(set(run_ids)) == clients * per_client
-        stored = {row[0] for row in rows(state_dir, "SELECT run_id FROM runs")}
+        stored = {row[0] for row in query(state_dir, "SELECT run_id FROM runs")}
         assert stored == set(run_ids)  # nothing acknowledged lost, nothing started twice
         for run_id in run_ids:
             assert settled(server, run_id, "completed", "failed")["display"]["status"] == "completed"
@@ -368,6 +346,6 @@ def test_a_stale_generation_cannot_write_through_the_writer_process(tmp_path: Pa
         assert refused.outcome == "claimLost", refused
     finally:
         assert writer.stop() == 0
-    assert rows(paths.state_dir, "SELECT status FROM runs") == [("running",)]  # the stale finish changed nothing
-    assert rows(paths.state_dir, "SELECT attempt_status, output_digest FROM node_attempts") == [("running", None)]
+    assert query(paths.state_dir, "SELECT status FROM runs") == [("running",)]  # the stale finish changed nothing
+    assert query(paths.state_dir, "SELECT attempt_status, output_digest FROM node_attempts") == [("running", None)]
     check_state(paths.state_dir)

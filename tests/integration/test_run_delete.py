@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.engine_util import CHECKPOINT, TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state
+from tests.server_util import ServerProcess, serving
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -21,7 +20,7 @@ def on_a_terminal(server: ServerProcess, answer: str, *args: str) -> subprocess.
     primary, secondary = os.openpty()
     try:
         os.write(primary, answer.encode() + b"\n")
-        command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), *args]
+        command = server.cli_command(*args)
         return subprocess.run(command, stdin=secondary, capture_output=True, text=True, timeout=60, env=server.env)
     finally:
         os.close(primary)
@@ -31,8 +30,7 @@ def on_a_terminal(server: ServerProcess, answer: str, *args: str) -> subprocess.
 def test_run_delete_removes_one_finished_tree_and_refuses_what_prune_would_keep(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
     write(project, "ask", CHECKPOINT)
-    server = ServerProcess(tmp_path / "s").start()
-    try:
+    with serving(tmp_path / "s") as server:
         root = start(server, project, "tenstep")
         assert wait_status(server, root, "completed", "failed")["display"]["status"] == "completed"
         restarted = server.cli("run", "restart", root)
@@ -63,15 +61,11 @@ def test_run_delete_removes_one_finished_tree_and_refuses_what_prune_would_keep(
         assert again.returncode == 1 and "runNotFound" in again.stderr
         verified = server.cli("state", "verify")
         assert verified.returncode == 0, verified.stdout
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
 
 
 def test_a_repeated_run_delete_request_adopts_its_answer(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
-    server = ServerProcess(tmp_path / "s").start()
-    try:
+    with serving(tmp_path / "s") as server:
         root = start(server, project, "tenstep")
         wait_status(server, root, "completed", "failed")
         with server.client(client_id="operator") as client:
@@ -83,6 +77,3 @@ def test_a_repeated_run_delete_request_adopts_its_answer(tmp_path: Path, project
             "deleted": {"trees": 1, "runs": 1, "blobs": first.receipt["deleted"]["blobs"]},
         }
         assert first.receipt["deleted"]["blobs"] >= 1  # the run's own input at least
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)

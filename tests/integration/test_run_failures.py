@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.engine_util import CHECKPOINT, start, view, wait_status, write
-from tests.integration.test_effects import query
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, query, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
 # The checkpoint is the last node: its answer is the run's output.
 LAST_CHECKPOINT = """
@@ -69,13 +66,6 @@ if sys.argv[-1] == "run":
     os._exit(3)
 workflow = define_workflow("dying", "only", {"only": compute(lambda ctx: 1)})
 """
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env=FAST).start()
-    yield proc
-    proc.stop()
 
 
 def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, project):

@@ -22,11 +22,9 @@ from typing import Any
 import pytest
 
 from tests.engine_util import start, view, wait_status, write
-from tests.integration.test_effects import query, server
-from tests.server_util import ServerProcess, wait_until
+from tests.server_util import ServerProcess, query, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
-__all__ = ["server"]  # the fixture: a server whose state is checked after it stops
 
 # Some 5.2 MB of UTF-8 (two- to four-byte characters too) on stdout in whole lines, a little on stderr.
 BIG_SCRIPT = """

@@ -5,46 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.server_util import ServerProcess
+from tests.server_util import ServerProcess, gone, query, wait_until
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    # No runners: these tests look at runs as run.start committed them.
-    env = {"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000", "PI_WORKFLOWS_MAX_RUNNERS": "0"}
-    proc = ServerProcess(tmp_path / "s", env=env).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / ".pi" / "workflows").mkdir(parents=True)
-    return root
+# No runners: these tests look at runs as run.start committed them.
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.integration,
+    pytest.mark.server_env(PI_WORKFLOWS_RESOLVE_TIMEOUT_MS="3000", PI_WORKFLOWS_MAX_RUNNERS="0"),
+]
 
 
 def write_workflow(project: Path, name: str, body: str) -> Path:
     path = project / ".pi" / "workflows" / f"{name}.workflow.py"
     path.write_text("from piworkflows.workflows import *\n" + body)
     return path
-
-
-def rows(server: ServerProcess, sql: str) -> list[tuple]:
-    conn = sqlite3.connect(f"file:{server.state_dir / 'state.sqlite'}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
 
 
 def start(server: ServerProcess, payload: dict, key: str | None = None, **kwargs):
@@ -57,21 +36,21 @@ def test_a_builtin_run_is_committed_queued(server: ServerProcess, project: Path)
     assert response.outcome == "accepted"
     run_id = response.receipt["runId"]
     assert response.receipt["status"] == "queued" and response.receipt["definitionDigest"].startswith("sha256:")
-    assert rows(server, "SELECT run_id, status, workflow_name, title FROM runs") == [
+    assert query(server, "SELECT run_id, status, workflow_name, title FROM runs") == [
         (run_id, "queued", "demo", "demo for x")
     ]
-    assert rows(server, "SELECT queue_status FROM run_queue") == [("queued",)]
-    assert rows(server, "SELECT builtin_id, builtin_revision FROM run_sources") == [("builtin:demo", "4")]
-    digest = rows(server, "SELECT definition_digest FROM runs")[0][0]
+    assert query(server, "SELECT queue_status FROM run_queue") == [("queued",)]
+    assert query(server, "SELECT builtin_id, builtin_revision FROM run_sources") == [("builtin:demo", "4")]
+    digest = query(server, "SELECT definition_digest FROM runs")[0][0]
     assert "sha256:" + digest.hex() == response.receipt["definitionDigest"]
-    assert rows(server, "SELECT canonical_path FROM projects") == [(str(project.resolve()),)]
+    assert query(server, "SELECT canonical_path FROM projects") == [(str(project.resolve()),)]
 
 
 def test_a_project_workflow_records_its_path_and_file_hash(server: ServerProcess, project: Path):
     path = write_workflow(project, "hello", 'workflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n')
     response = start(server, {"projectPath": str(project), "workflowName": "hello"})
     assert response.outcome == "accepted"
-    assert rows(server, "SELECT source_kind, source_path, source_sha256 FROM run_sources") == [
+    assert query(server, "SELECT source_kind, source_path, source_sha256 FROM run_sources") == [
         ("file", str(path.resolve()), hashlib.sha256(path.read_bytes()).digest())
     ]
 
@@ -84,7 +63,7 @@ def test_a_retry_adopts_the_same_run_and_another_request_under_the_key_conflicts
     assert again.receipt == first.receipt  # the server-assigned run id too
     other = start(server, {**payload, "input": {"who": "else"}}, key="start-1")
     assert other.outcome == "conflict" and other.receipt["code"] == "idempotencyKeyReused"
-    assert len(rows(server, "SELECT run_id FROM runs")) == 1
+    assert len(query(server, "SELECT run_id FROM runs")) == 1
 
 
 def test_a_retry_is_adopted_even_after_its_workflow_changed_or_vanished(server: ServerProcess, project: Path):
@@ -99,7 +78,7 @@ def test_a_retry_is_adopted_even_after_its_workflow_changed_or_vanished(server: 
     assert changed.receipt == vanished.receipt == first.receipt
     fresh = start(server, payload, key="start-3")  # a new request for a vanished workflow is refused
     assert fresh.outcome == "notFound" and fresh.receipt["code"] == "workflowNotFound"
-    assert len(rows(server, "SELECT run_id FROM runs")) == 1
+    assert len(query(server, "SELECT run_id FROM runs")) == 1
 
 
 def test_invalid_definitions_fail_before_anything_is_written(server: ServerProcess, project: Path):
@@ -117,15 +96,15 @@ def test_invalid_definitions_fail_before_anything_is_written(server: ServerProce
     syntax = start(server, {"projectPath": str(project), "workflowName": "syntax"})
     assert syntax.outcome == "rejected" and syntax.receipt["code"] == "invalidDefinition"
     for table in ("runs", "projects", "blobs", "host_commands"):
-        assert rows(server, f"SELECT count(*) FROM {table}") == [(0,)], table
-    assert rows(server, "SELECT resource_kind FROM resources") == [("server",)]
+        assert query(server, f"SELECT count(*) FROM {table}") == [(0,)], table
+    assert query(server, "SELECT resource_kind FROM resources") == [("server",)]
 
 
 def test_an_upstream_digest_that_differs_is_a_conflict(server: ServerProcess, project: Path):
     payload = {"projectPath": str(project), "workflowName": "builtin:demo", "definitionDigest": "sha256:" + "0" * 64}
     response = start(server, payload)
     assert response.outcome == "conflict" and response.receipt["code"] == "workflowSourceChanged"
-    assert rows(server, "SELECT count(*) FROM runs") == [(0,)]
+    assert query(server, "SELECT count(*) FROM runs") == [(0,)]
 
 
 def test_workflow_code_that_prints_or_hangs_cannot_harm_the_server(server: ServerProcess, project: Path):
@@ -142,68 +121,25 @@ def test_workflow_code_that_prints_or_hangs_cannot_harm_the_server(server: Serve
 
 
 def test_the_cli_starts_a_run_and_prints_its_id(server: ServerProcess, project: Path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "piworkflows.cli",
-            "--state-dir",
-            str(server.state_dir),
-            "run",
-            "start",
-            "builtin:shell-check",
-            "--project",
-            str(project),
-            "--input",
-            '{"command": "true"}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=server.env,
+    result = server.cli(
+        "run", "start", "builtin:shell-check", "--project", str(project), "--input", '{"command": "true"}'
     )
     assert result.returncode == 0, result.stderr
-    assert rows(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
+    assert query(server, "SELECT run_id FROM runs") == [(result.stdout.strip(),)]
 
 
 def test_ctrl_c_while_the_cli_waits_exits_130_and_the_run_goes_on(server: ServerProcess, project: Path):
     """No runners: the run stays queued while `run start --wait` polls; SIGINT as a terminal's Ctrl-C sends it."""
-    command = [
-        sys.executable,
-        "-m",
-        "piworkflows.cli",
-        "--state-dir",
-        str(server.state_dir),
-        "run",
-        "start",
-        "builtin:demo",
-        "--project",
-        str(project),
-        "--wait",
-    ]
-    waiting = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server.env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
+    with server.cli_background("run", "start", "builtin:demo", "--project", str(project), "--wait") as waiting:
         run_id = waiting.stdout.readline().strip()  # printed once the run is stored; then it waits
         assert run_id.startswith("run-"), waiting.stderr.read() if waiting.poll() is not None else run_id
         waiting.send_signal(signal.SIGINT)
         _, stderr = waiting.communicate(timeout=60)
-    finally:
-        if waiting.poll() is None:
-            waiting.kill()
-        waiting.wait(30)
     assert waiting.returncode == 130, stderr
     assert f"{run_id} goes on" in stderr and "Traceback" not in stderr, stderr
     assert f"pi-workflows --state-dir {server.state_dir} run status {run_id}" in stderr
     assert f"pi-workflows --state-dir {server.state_dir} run cancel {run_id}" in stderr
-    assert rows(server, "SELECT run_id, status FROM runs") == [(run_id, "queued")]
+    assert query(server, "SELECT run_id, status FROM runs") == [(run_id, "queued")]
 
 
 def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
@@ -227,21 +163,8 @@ def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
         assert no_run_id.outcome == "rejected" and no_run_id.receipt["code"] == "validationFailed"
 
 
-def _gone(proc) -> bool:
-    import psutil
-
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
-
-
 @pytest.mark.parametrize("stop", ["graceful", "kill -9"])
 def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Path, project: Path, stop: str):
-    import psutil
-
-    from tests.server_util import wait_until
-
     server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_MAX_RUNNERS": "0"}).start()
     payload = {"projectPath": str(project), "workflowName": "builtin:demo"}
     try:
@@ -256,4 +179,4 @@ def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Pat
             server.stop()
         else:
             server.kill()
-    wait_until(lambda: _gone(child), what="resolver gone")
+    wait_until(lambda: gone(child.pid, resolvers[0]["createTime"]), what="resolver gone")

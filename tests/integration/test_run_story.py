@@ -8,16 +8,14 @@ import shlex
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.engine_util import BLOCKING, CHECKPOINT, TENSTEP, start, view, wait_status, write
+from tests.engine_util import BLOCKING, TENSTEP, start, start_waiting, view, wait_status, write
 from tests.server_util import ServerProcess, check_state
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
-FAST = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}
 
 # A shell node, a compute node and a checkpoint; the answer {"go": ...} is the run's output.
 STORY = """
@@ -45,13 +43,6 @@ BOOM = """
 from piworkflows.workflows import compute, define_workflow
 workflow = define_workflow("boom", "a", {"a": compute(lambda ctx: 1 / 0)})
 """
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    proc = ServerProcess(tmp_path / "s", env=FAST).start()
-    yield proc
-    proc.stop()
 
 
 def printed_command(stdout: str, label: str) -> list[str]:
@@ -124,9 +115,7 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
 
 
 def test_an_answer_for_another_node_names_the_node_that_waits(server, project):
-    write(project, "ask", CHECKPOINT)
-    run_id = start(server, project, "ask")
-    wait_status(server, run_id, "waiting")
+    run_id = start_waiting(server, project)
     wrong = server.cli("answer", run_id, "prepare", '{"go": true}')
     assert wrong.returncode == 1 and f"run {run_id} waits at node 'ask', not 'prepare'" in wrong.stderr
     with server.client() as client:
@@ -227,25 +216,11 @@ def test_ctrl_c_while_watching_exits_130_and_the_run_goes_on(server, project, tm
     write(project, "blocking", BLOCKING)
     flag = tmp_path / "flag"
     run_id = start(server, project, "blocking", {"flag": str(flag)})
-    command = [sys.executable, "-m", "piworkflows.cli", "--state-dir", str(server.state_dir), "run", "watch", run_id]
-    watching = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server.env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
+    with server.cli_background("run", "watch", run_id) as watching:
         while "wait (compute) started" not in (line := watching.stdout.readline()):
             assert line, watching.stderr.read()  # it printed the step before it went on polling
         watching.send_signal(signal.SIGINT)
         _, stderr = watching.communicate(timeout=60)
-    finally:
-        if watching.poll() is None:
-            watching.kill()
-        watching.wait(30)
     assert watching.returncode == 130, stderr
     assert f"{run_id} goes on" in stderr and "Traceback" not in stderr, stderr
     assert f"pi-workflows --state-dir {server.state_dir} run watch {run_id}" in stderr

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from piworkflows.protocol import client_v1
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
 from piworkflows.writer.process import spawn
-from tests.server_util import FAST_ENV, ROOT, ServerProcess, wait_until
+from tests.server_util import FAST_ENV, ROOT, ServerProcess, alive, gone, query, wait_until
 from tests.support import SERVER, take_epoch, token_hash
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -82,21 +81,6 @@ def identity_entry(role: str, pid: int, marker: str, create_time: float | None =
     return {"role": role, "pid": pid, "createTime": created, "marker": marker, "processGroup": False}
 
 
-def alive(pid: int, create_time: float | None = None) -> bool:
-    """The process runs (not a zombie) and, if given, has this create time."""
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and proc.create_time() != create_time:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def gone(pid: int, create_time: float | None = None) -> bool:
-    return not alive(pid, create_time)
-
-
 def lock_is_free(state_dir: Path) -> bool:
     """Try the server lock ourselves (released at once); no lock file means nobody holds it."""
     if not paths_of(state_dir).lock.exists():
@@ -111,16 +95,6 @@ def lock_is_free(state_dir: Path) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def query(state_dir: Path, sql: str, params: tuple = ()) -> list[tuple]:
-    """Read state.sqlite read-only (the test never writes it)."""
-    uri = paths_of(state_dir).database.as_uri() + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def host_state(state_dir: Path) -> list[tuple]:
@@ -168,21 +142,20 @@ class Cleanup:
     def cli(
         self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [PIW, *args],
-            env={**self.env, **(env or {})},
-            cwd=cwd or ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        """The installed ``pi-workflows ARGS``."""
+        return self._run([PIW, *args], env, cwd, timeout)
 
     def module(
         self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
     ) -> subprocess.CompletedProcess[str]:
+        """``python -m piworkflows.supervisor ARGS``."""
+        return self._run([sys.executable, "-m", "piworkflows.supervisor", *args], env, cwd, timeout)
+
+    def _run(
+        self, argv: list[str], env: dict[str, str] | None, cwd: Path | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "piworkflows.supervisor", *args],
+            argv,
             env={**self.env, **(env or {})},
             cwd=cwd or ROOT,
             capture_output=True,
@@ -486,6 +459,16 @@ def test_socket_path_exactly_at_the_limit_serves(cleanup: Cleanup, tmp_path: Pat
 # --- 5. kill -9 of the supervisor and takeover -----------------------------------------
 
 
+def killed_with_its_writer(cleanup: Cleanup, state_dir: Path) -> None:
+    """A server started, then killed with SIGKILL; returns once its writer has gone too (it follows its parent),
+    leaving host.json with the identities of an older epoch."""
+    server = cleanup.server(state_dir).start()
+    writer = writer_entry(state_dir)
+    assert writer is not None
+    server.kill()
+    wait_until(lambda: gone(writer["pid"], writer["createTime"]), what="old writer gone")
+
+
 def test_kill_9_supervisor_then_restart_takes_over(cleanup: Cleanup, tmp_path: Path):
     state_dir = tmp_path / "s"
     paths = paths_of(state_dir)
@@ -518,10 +501,7 @@ def test_kill_9_supervisor_then_restart_takes_over(cleanup: Cleanup, tmp_path: P
 
 def test_takeover_ends_only_leftovers_whose_identity_matches(cleanup: Cleanup, tmp_path: Path):
     state_dir = tmp_path / "s"
-    first = cleanup.server(state_dir).start()
-    old_writer = writer_entry(state_dir)
-    first.kill()
-    wait_until(lambda: gone(old_writer["pid"], old_writer["createTime"]), what="old writer gone")
+    killed_with_its_writer(cleanup, state_dir)
 
     matching = cleanup.helper(MARKED_SLEEPER)
     wrong_time = cleanup.helper(MARKED_SLEEPER)
@@ -555,10 +535,7 @@ def test_takeover_ends_only_leftovers_whose_identity_matches(cleanup: Cleanup, t
 
 def test_failed_start_keeps_the_older_epochs_identities(cleanup: Cleanup, tmp_path: Path):
     state_dir = tmp_path / "s"
-    first = cleanup.server(state_dir).start()
-    old_writer = writer_entry(state_dir)
-    first.kill()
-    wait_until(lambda: gone(old_writer["pid"], old_writer["createTime"]), what="old writer gone")
+    killed_with_its_writer(cleanup, state_dir)
     leftover = cleanup.helper(MARKED_SLEEPER)
     wait_until(lambda: "piworkflows.writer" in psutil.Process(leftover.pid).cmdline())
     reaper = threading.Thread(target=leftover.wait, daemon=True)
@@ -670,7 +647,7 @@ def test_stop_committed_before_a_writer_crash_is_adopted(cleanup: Cleanup, tmp_p
     rows = query(
         state_dir,
         "SELECT client_id, operation, outcome, error FROM host_commands WHERE idempotency_key = ?",
-        (key,),
+        key,
     )
     assert rows == [("client-durable", "server.stop", "accepted", None)]
     assert query(state_dir, "SELECT count(*) FROM events WHERE event_type = 'server.stop_requested'") == [(1,)]

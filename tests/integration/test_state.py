@@ -16,15 +16,14 @@ import pytest
 
 from piworkflows.errors import StateIncompatible
 from tests.engine_util import TENSTEP, start, wait_status, write
-from tests.server_util import ServerProcess, check_state, wait_until
+from tests.server_util import ServerProcess, check_state, serving, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
 
 def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
-    server = ServerProcess(tmp_path / "s").start()
-    try:
+    with serving(tmp_path / "s") as server:
         run_id = start(server, project, "tenstep")
         assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
 
@@ -44,9 +43,6 @@ def test_state_status_and_verify_through_the_cli(tmp_path: Path, project: Path):
             "violations": {},
         }
         assert server.cli("state", "verify", "--bogus").returncode == 2
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
     stopped = server.cli("state", "status")
     assert stopped.returncode == 1 and "no server is running" in stopped.stderr
 
@@ -143,8 +139,7 @@ def test_the_backup_command_is_checked_again_after_a_refusal_and_copies_anew_eac
 
 def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project: Path):
     write(project, "tenstep", TENSTEP)
-    server = ServerProcess(tmp_path / "s").start()
-    try:
+    with serving(tmp_path / "s") as server:
         done = [start(server, project, "tenstep") for _ in range(3)]
         for run_id in done:
             assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
@@ -178,9 +173,6 @@ def test_prune_dry_run_then_apply_with_a_verified_backup(tmp_path: Path, project
         kept_copy = server.cli("state", "verify", str(backup), "--json")
         assert kept_copy.returncode == 0 and json.loads(kept_copy.stdout)["ok"] is True  # the runs live on there
         assert server.cli("state", "prune", "--before", cutoff, "--apply").returncode == 2  # no --backup
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
 
 
 def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_rest(tmp_path: Path, project: Path):
@@ -190,8 +182,7 @@ def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_
         "PI_WORKFLOWS_RETENTION_INTERVAL_MS": "200",
         "PI_WORKFLOWS_RETENTION_IDLE_RETRY_MS": "200",
     }
-    server = ServerProcess(tmp_path / "s", env=env).start()
-    try:
+    with serving(tmp_path / "s", env=env) as server:
         finished = start(server, project, "tenstep")
         assert wait_status(server, finished, "completed", "failed")["display"]["status"] == "completed"
         with server.client() as client:
@@ -208,9 +199,6 @@ def test_automatic_retention_deletes_old_finished_trees_when_idle_and_keeps_the_
         # the paused run only: queued, or running and parked if a runner had claimed it first
         assert sum(status["counts"]["runs"].values()) == 1 and status["violations"] == {}
         assert json.loads(server.cli("state", "verify", "--json").stdout)["ok"] is True
-    finally:
-        assert server.stop() == 0, server.output()
-    check_state(server.state_dir)
     assert "retention deleted 1 trees" in server.output()
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.writer import invariants
-from tests.support import run_create, run_group, take_epoch
-from tests.unit.test_runners import claim
+from tests.support import claim_run, run_create, run_group, take_epoch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +22,7 @@ def test_a_fresh_queued_run_is_consistent(conn, clock):
 
 
 def test_admission_is_not_a_contradiction(executor, conn, clock):
-    run_group(executor, claim())  # running/starting with claim and runner: the admission window
+    run_group(executor, claim_run())  # running/starting with claim and runner: the admission window
     assert invariants.violations(conn, clock.now_ms()) == {}
 
 

@@ -8,8 +8,7 @@ import pytest
 
 from piworkflows.protocol.internal import BlobValue
 from piworkflows.writer.invariants import violations
-from tests.support import run_create, run_group, submitted, take_epoch, token_hash
-from tests.unit.test_runners import claim, exited, state
+from tests.support import claim_run, run_create, run_group, run_state, runner_exited, submitted, take_epoch, token_hash
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,14 +62,14 @@ def finish(revision, attempt_id, outcome="ok", output=None, next_node=None, end=
 
 @pytest.fixture
 def claimed(executor):
-    run_group(executor, take_epoch(), run_create("run-1"), claim())
+    run_group(executor, take_epoch(), run_create("run-1"), claim_run())
     return executor  # the run is at revision 2
 
 
 def test_a_run_walks_its_nodes_to_completion(claimed):
     (started,) = run_group(claimed, start(2))
     assert started.outcome == "accepted" and started.receipt["stepIndex"] == 0 and started.revision == 3
-    assert state(claimed) == (("running", "running", True, True), None)
+    assert run_state(claimed) == (("running", "running", True, True), None)
     first = started.receipt["attemptId"]
     (done,) = run_group(claimed, finish(3, first, output={"greeting": "hi"}, next_node="progress"))
     assert done.receipt == {"attemptId": first, "nextNode": "progress"}
@@ -88,10 +87,10 @@ def test_a_run_walks_its_nodes_to_completion(claimed):
     assert attempts.fetchall() == [("greet", "completed", "ok"), ("progress", "completed", "ok")]
     assert conn.execute("SELECT step_index FROM run_steps ORDER BY 1").fetchall() == [(0,), (1,)]
     assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (6,)
-    assert state(claimed) == (("completed", "done", False, False), None)
+    assert run_state(claimed) == (("completed", "done", False, False), None)
     assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
-    (late,) = run_group(claimed, exited(1))  # the runner record ended with the run
-    assert late.outcome == "rejected" and state(claimed)[0][0] == "completed"
+    (late,) = run_group(claimed, runner_exited(1))  # the runner record ended with the run
+    assert late.outcome == "rejected" and run_state(claimed)[0][0] == "completed"
 
 
 def test_a_failed_node_fails_the_run_with_its_error(claimed):
@@ -100,7 +99,7 @@ def test_a_failed_node_fails_the_run_with_its_error(claimed):
         claimed, finish(3, started.receipt["attemptId"], outcome="failed", error="boom", end="failed")
     )
     assert failed.receipt["runStatus"] == "failed"
-    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert run_state(claimed) == (("failed", "failed", False, False), None)
     assert claimed.conn.execute("SELECT status, error_digest FROM runs").fetchone() == (
         "failed",
         hashlib.sha256(b"boom").digest(),
@@ -142,7 +141,7 @@ def test_max_steps_bounds_executed_nodes(claimed):
     assert ended.outcome == "accepted" and ended.receipt == {"runStatus": "failed", "errorCode": "maxStepsExceeded"}
     assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
     assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
-    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert run_state(claimed) == (("failed", "failed", False, False), None)
 
 
 def test_a_finish_names_next_node_or_end_never_both(claimed):
@@ -187,7 +186,7 @@ def test_cancel_settles_everything_in_one_commit(claimed):
     assert conn.execute(
         "SELECT attempt_status, outcome FROM node_attempts WHERE attempt_id = ?", (started.receipt["attemptId"],)
     ).fetchone() == ("cancelled", "cancelled")
-    assert state(claimed) == (("cancelled", "cancelled", False, False), None)
+    assert run_state(claimed) == (("cancelled", "cancelled", False, False), None)
     (late,) = run_group(claimed, cancel)
     assert late.outcome == "conflict" and late.receipt["code"] == "winnerDecided"
 
@@ -256,7 +255,7 @@ def test_a_finish_with_no_step_left_for_the_next_node_ends_the_run(claimed):
     }
     assert claimed.conn.execute("SELECT status, error_code FROM runs").fetchone() == ("failed", "maxStepsExceeded")
     assert claimed.conn.execute("SELECT count(*) FROM node_attempts").fetchone() == (1,)
-    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert run_state(claimed) == (("failed", "failed", False, False), None)
 
 
 def run_finish(revision, end="failed", code="loadFailed", text="the module failed", output=None, generation=1):
@@ -285,7 +284,7 @@ def test_run_finish_ends_a_run_where_no_node_is_active(claimed):
         hashlib.sha256(b"the module failed").digest(),
         None,
     )
-    assert state(claimed) == (("failed", "failed", False, False), None)
+    assert run_state(claimed) == (("failed", "failed", False, False), None)
     assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
     events = conn.execute(
         "SELECT event_type, actor_class FROM events WHERE resource_id = 'run-1' ORDER BY resource_revision DESC LIMIT 1"
@@ -303,7 +302,7 @@ def test_run_finish_completes_an_answered_checkpoint_that_ends_the_workflow(clai
         "completed",
         hashlib.sha256(b'{"answer":1}').digest(),
     )
-    assert state(claimed) == (("completed", "done", False, False), None)
+    assert run_state(claimed) == (("completed", "done", False, False), None)
 
 
 def test_run_finish_is_refused_while_a_node_is_active_or_without_the_claim(claimed, clock):
@@ -314,7 +313,7 @@ def test_run_finish_is_refused_while_a_node_is_active_or_without_the_claim(claim
     assert active.outcome == "rejected" and active.receipt["code"] == "invalidTransition"
     (shapeless,) = run_group(claimed, run_finish(3, code=None))  # a failed run names its error code
     assert shapeless.outcome == "rejected" and shapeless.receipt["code"] == "validationFailed"
-    assert state(claimed) == (("running", "running", True, True), None)
+    assert run_state(claimed) == (("running", "running", True, True), None)
 
 
 def test_a_failed_node_that_ends_the_run_gives_the_run_an_error_naming_it(claimed):

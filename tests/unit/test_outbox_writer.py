@@ -26,18 +26,19 @@ from piworkflows.writer import records
 from piworkflows.writer.db import GroupExecutor, Submitted, open_database
 from piworkflows.writer.invariants import violations
 from tests.support import (
+    claim_run,
     client_receipt,
     effect_request,
     reserve,
     run_create,
     run_group,
+    run_state,
+    runner_exited,
     settle,
     submitted,
     take_epoch,
     token_hash,
 )
-from tests.unit.test_runners import claim as run_claim_cmd
-from tests.unit.test_runners import exited, state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -599,7 +600,7 @@ class RunBuilder:
 
     def __init__(self, executor) -> None:
         self.executor = executor
-        run_group(executor, take_epoch(), run_create("run-1"), run_claim_cmd())
+        run_group(executor, take_epoch(), run_create("run-1"), claim_run())
         self.attempt_id: str | None = None
 
     @property
@@ -663,7 +664,7 @@ class RunBuilder:
         return effect_id
 
     def runner_exits(self) -> None:
-        (reply,) = run_group(self.executor, exited(1))
+        (reply,) = run_group(self.executor, runner_exited(1))
         assert reply.receipt == {"runId": "run-1", "placement": "parked", "parkReason": "effectAmbiguous"}, reply
 
 
@@ -687,7 +688,7 @@ def test_review_of_the_only_ambiguous_effect_queues_the_parked_run(executor, clo
     (reply,) = run_group(executor, confirm(effect_id, note="ok") if review == "confirm" else retry(effect_id))
     assert reply.outcome == "accepted"
     assert run_facts(conn) == ("queued", None, 0, "queued", rev + 1, presentation + 1)
-    assert state(executor) == (("queued", "queued", False, False), None)
+    assert run_state(executor) == (("queued", "queued", False, False), None)
     assert conn.execute(
         "SELECT event_type, actor_class, committed_at FROM events WHERE resource_id = 'run-1' "
         "AND resource_revision = ?",

@@ -4,61 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import run_create, run_group, submitted, take_epoch, token_hash
+from tests.support import (
+    SERVER,
+    claim_run,
+    run_create,
+    run_group,
+    run_state,
+    runner_exited,
+    submitted,
+    take_epoch,
+    token_hash,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-SERVER = {"actor_class": "server"}
-
-# WORKFLOWS.md, Run lifecycle: (run status, queue status, claim held, live runner).
-LIFECYCLE = {
-    ("queued", "queued", False, False),
-    ("running", "starting", True, True),
-    ("running", "running", True, True),
-    ("running", "parked", False, False),
-    ("waiting", "parked", False, False),
-    ("completed", "done", False, False),
-    ("failed", "failed", False, False),
-    ("timed_out", "failed", False, False),
-    ("cancelled", "cancelled", False, False),
-}
-
-
-def state(executor, run_id="run-1"):
-    conn = executor.conn
-    status, park = conn.execute("SELECT status, park_reason FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    (queue,) = conn.execute("SELECT queue_status FROM run_queue WHERE run_id = ?", (run_id,)).fetchone()
-    held = conn.execute("SELECT owner_id IS NOT NULL FROM leases WHERE resource_id = ?", (run_id,)).fetchone()
-    live = conn.execute("SELECT count(*) FROM run_workers WHERE run_id = ? AND ended_at IS NULL", (run_id,)).fetchone()
-    facts = (status, queue, bool(held and held[0]), bool(live[0]))
-    assert facts in LIFECYCLE, facts
-    return facts, park
-
-
-def claim(token="tok", run_id="run-1", epoch=1, command="start"):
-    body = {
-        "actor": SERVER,
-        "run_id": run_id,
-        "server_epoch": epoch,
-        "owner_id": f"server-{epoch}",
-        "claim_token_hash": token_hash(token),
-        "ttl_ms": 10_000,
-        "launch_command": command,
-    }
-    return submitted("run.claim", body)
-
-
-def exited(runner_epoch, outcome="exited", by_server=False, run_id="run-1"):
-    return submitted(
-        "runner.exited",
-        {
-            "actor": SERVER,
-            "run_id": run_id,
-            "runner_epoch": runner_epoch,
-            "outcome": outcome,
-            "stopped_by_server": by_server,
-        },
-    )
 
 
 def claimable(executor):
@@ -74,10 +32,10 @@ def queued(executor):
 
 def test_claim_takes_a_new_generation_and_records_the_runner_before_spawn(queued):
     assert claimable(queued) == ["run-1"]
-    (reply,) = run_group(queued, claim())
+    (reply,) = run_group(queued, claim_run())
     assert reply.outcome == "accepted" and reply.revision == 2
     assert reply.receipt == {"runId": "run-1", "runnerEpoch": 1, "leaseGeneration": 1}
-    assert state(queued) == (("running", "starting", True, True), None)
+    assert run_state(queued) == (("running", "starting", True, True), None)
     conn = queued.conn
     assert conn.execute("SELECT start_revision, pid, launch_command FROM run_workers").fetchall() == [
         (2, None, "start")
@@ -89,18 +47,18 @@ def test_claim_takes_a_new_generation_and_records_the_runner_before_spawn(queued
     ).fetchall()
     assert events == [("run.queued", None), ("run.claimed", 1)]
     assert claimable(queued) == []
-    (twice,) = run_group(queued, claim("other"))
+    (twice,) = run_group(queued, claim_run("other"))
     assert twice.outcome == "conflict" and twice.receipt["code"] == "leaseHeld"
 
 
 def test_a_claim_names_the_current_epoch(queued):
-    (stale,) = run_group(queued, claim(epoch=7))
+    (stale,) = run_group(queued, claim_run(epoch=7))
     assert stale.outcome == "claimLost" and stale.receipt["code"] == "staleServerEpoch"
-    assert state(queued)[0] == ("queued", "queued", False, False)
+    assert run_state(queued)[0] == ("queued", "queued", False, False)
 
 
 def test_runner_identity_is_recorded_under_the_live_claim(queued):
-    run_group(queued, claim())
+    run_group(queued, claim_run())
     body = {
         "actor": SERVER,
         "run_id": "run-1",
@@ -126,83 +84,83 @@ def test_runner_identity_is_recorded_under_the_live_claim(queued):
 
 
 def test_a_runner_that_exits_before_progress_parks_the_run(queued):
-    run_group(queued, claim())
-    (reply,) = run_group(queued, exited(1))
+    run_group(queued, claim_run())
+    (reply,) = run_group(queued, runner_exited(1))
     assert reply.receipt == {"runId": "run-1", "placement": "parked", "parkReason": "runnerNoProgress"}
-    assert state(queued) == (("running", "parked", False, False), "runnerNoProgress")
+    assert run_state(queued) == (("running", "parked", False, False), "runnerNoProgress")
     assert queued.conn.execute("SELECT lease_generation, owner_id FROM leases").fetchall() == [(1, None)]
     assert queued.conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
     assert claimable(queued) == []  # not restarted automatically
-    (refused,) = run_group(queued, claim("tok2"))
+    (refused,) = run_group(queued, claim_run("tok2"))
     assert refused.outcome == "rejected" and refused.receipt["code"] == "invalidTransition"
 
 
 def test_a_runner_that_dies_after_progress_requeues_with_a_new_generation(queued):
-    run_group(queued, claim())
+    run_group(queued, claim_run())
     queued.conn.execute("UPDATE resources SET revision = revision + 1 WHERE resource_id = 'run-1'")  # planted progress
-    (reply,) = run_group(queued, exited(1, outcome="crashed"))
+    (reply,) = run_group(queued, runner_exited(1, outcome="crashed"))
     assert reply.receipt["placement"] == "requeued"
-    assert state(queued) == (("queued", "queued", False, False), None)
-    (again,) = run_group(queued, claim("tok2", command="resume"))
+    assert run_state(queued) == (("queued", "queued", False, False), None)
+    (again,) = run_group(queued, claim_run("tok2", command="resume"))
     assert again.receipt["leaseGeneration"] == 2 and again.receipt["runnerEpoch"] == 2
 
 
 @pytest.mark.parametrize("outcome", ["cancelled", "orphaned"])
 def test_a_runner_stopped_by_the_server_never_counts_as_no_progress(queued, outcome):
-    run_group(queued, claim())
-    (reply,) = run_group(queued, exited(1, outcome=outcome, by_server=True))
+    run_group(queued, claim_run())
+    (reply,) = run_group(queued, runner_exited(1, outcome=outcome, by_server=True))
     assert reply.receipt["parkReason"] == "shutdown"
-    assert state(queued) == (("running", "parked", False, False), "shutdown")
+    assert run_state(queued) == (("running", "parked", False, False), "shutdown")
     assert claimable(queued) == ["run-1"]  # resumed by the next start
-    (resumed,) = run_group(queued, claim("tok2", command="start"))
-    assert resumed.outcome == "accepted" and state(queued)[1] is None
+    (resumed,) = run_group(queued, claim_run("tok2", command="start"))
+    assert resumed.outcome == "accepted" and run_state(queued)[1] is None
     launches = queued.conn.execute("SELECT launch_command FROM run_workers ORDER BY runner_epoch").fetchall()
     assert launches == [("start",), ("resume",)]  # a run that ran before resumes
 
 
 def test_a_paused_run_parks_paused_and_is_not_claimed(queued):
-    run_group(queued, claim())
+    run_group(queued, claim_run())
     queued.conn.execute("UPDATE runs SET paused = 1")
-    (reply,) = run_group(queued, exited(1, by_server=True))
+    (reply,) = run_group(queued, runner_exited(1, by_server=True))
     assert reply.receipt["parkReason"] == "paused"
     assert claimable(queued) == []
 
 
 def test_an_exit_record_needs_the_exact_live_runner(queued):
-    run_group(queued, claim())
-    (wrong,) = run_group(queued, exited(99))
+    run_group(queued, claim_run())
+    (wrong,) = run_group(queued, runner_exited(99))
     assert wrong.outcome == "rejected" and wrong.receipt["code"] == "invalidTransition"
-    run_group(queued, exited(1))
-    (twice,) = run_group(queued, exited(1))
+    run_group(queued, runner_exited(1))
+    (twice,) = run_group(queued, runner_exited(1))
     assert twice.outcome == "rejected"
 
 
 def test_a_terminal_run_keeps_its_state_when_its_runner_exits(queued):
-    run_group(queued, claim())
+    run_group(queued, claim_run())
     queued.conn.execute("UPDATE runs SET status = 'completed', finished_at = 1")
     queued.conn.execute("UPDATE run_queue SET queue_status = 'done'")
-    (reply,) = run_group(queued, exited(1))
+    (reply,) = run_group(queued, runner_exited(1))
     assert reply.receipt == {"runId": "run-1", "placement": "finished"}
-    assert state(queued) == (("completed", "done", False, False), None)
+    assert run_state(queued) == (("completed", "done", False, False), None)
 
 
 def test_startup_recovery_finds_runners_of_older_epochs(queued):
-    run_group(queued, claim())
+    run_group(queued, claim_run())
     run_group(queued, take_epoch("second"))
     (orphans,) = run_group(queued, submitted("runner.orphans", {"actor": SERVER, "server_epoch": 2}))
     assert orphans.receipt == {"runners": [{"runId": "run-1", "runnerEpoch": 1}]}
     # The old claim is still unexpired, but a new epoch fences it; the exit record frees the run.
-    (reply,) = run_group(queued, exited(1, outcome="orphaned", by_server=True))
+    (reply,) = run_group(queued, runner_exited(1, outcome="orphaned", by_server=True))
     assert reply.receipt["parkReason"] == "shutdown"
-    (claimed,) = run_group(queued, claim("tok2", epoch=2, command="resume"))
+    (claimed,) = run_group(queued, claim_run("tok2", epoch=2, command="resume"))
     assert claimed.outcome == "accepted" and claimed.receipt["leaseGeneration"] == 2
 
 
 def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_the_view(queued):
     from piworkflows.protocol.internal import BlobValue
 
-    run_group(queued, claim())
-    died = exited(1, outcome="crashed")
+    run_group(queued, claim_run())
+    died = runner_exited(1, outcome="crashed")
     died.body["park_detail"] = BlobValue.of_text("ValueError: x").model_dump()
     (reply,) = run_group(queued, died)
     assert reply.receipt["parkReason"] == "runnerNoProgress"
@@ -222,13 +180,13 @@ def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_
 def test_a_park_detail_is_short_text_and_only_kept_with_a_no_progress_park(queued):
     from piworkflows.protocol.internal import BlobValue
 
-    run_group(queued, claim())
-    long = exited(1, outcome="crashed")
+    run_group(queued, claim_run())
+    long = runner_exited(1, outcome="crashed")
     long.body["park_detail"] = BlobValue.of_text("x" * 1025).model_dump()
     (refused,) = run_group(queued, long)
     assert refused.outcome == "rejected" and refused.receipt["code"] == "validationFailed"
     queued.conn.execute("UPDATE resources SET revision = revision + 1 WHERE resource_id = 'run-1'")  # planted progress
-    died = exited(1, outcome="crashed")
+    died = runner_exited(1, outcome="crashed")
     died.body["park_detail"] = BlobValue.of_text("ValueError: x").model_dump()
     (requeued,) = run_group(queued, died)
     assert requeued.receipt["placement"] == "requeued"

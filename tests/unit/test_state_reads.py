@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.protocol import client_v1
-from tests.support import run_create, run_group, submitted, take_epoch
-from tests.unit.test_runners import claim
+from tests.support import claim_run, run_create, run_group, submitted, take_epoch
 
 pytestmark = pytest.mark.timeout(60)
 CLIENT = {"actor_class": "client", "actor_id": "client-1"}
@@ -15,7 +14,7 @@ CLIENT = {"actor_class": "client", "actor_id": "client-1"}
 @pytest.fixture
 def executor_with_runs(executor):
     run_group(executor, take_epoch(), run_create("run-1"), run_create("run-2"))
-    run_group(executor, claim(run_id="run-2"))
+    run_group(executor, claim_run(run_id="run-2"))
     return executor
 
 
