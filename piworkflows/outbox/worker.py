@@ -33,7 +33,8 @@ from piworkflows.performers.http import HttpPerformer
 from piworkflows.performers.shell import PERFORMER as SHELL
 from piworkflows.performers.shell import ShellPerformer
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobPart, Reply
+from piworkflows.protocol.internal.content import BlobPart
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_TEXT
 

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import REPLY, Reply
+from piworkflows.protocol.internal.writer import REPLY, Reply
 
 LOST = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is not available")
 

@@ -27,19 +27,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.resolver import (
     MAX_LISTED_WORKFLOWS,
     RESOLVER_FRAMES,
     ListedWorkflow,
     LoadError,
     Resolution,
     ResolveRequest,
-    RunSource,
     WorkflowListing,
     WorkflowListRequest,
     WorkflowShown,
     WorkflowShowRequest,
 )
+from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows import CompiledWorkflow, WorkflowDefinitionError, discovery, failures
 from piworkflows.workflows.compiler import NAME

@@ -31,7 +31,9 @@ from piworkflows.performers import Outcome
 from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.runner import RunnerLaunch
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import EFFECT_WORK_STATUSES
 from piworkflows.workflows import CompiledWorkflow, discovery, failures, routing
 from piworkflows.workflows.context import NodeContext

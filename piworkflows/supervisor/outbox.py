@@ -39,7 +39,9 @@ from piworkflows.clock import woken
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobPart, BlobPut, BlobPutPart, BlobValue, Reply, new_claim
+from piworkflows.protocol.internal.base import BlobValue, new_claim
+from piworkflows.protocol.internal.content import BlobPart, BlobPut, BlobPutPart
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 

@@ -5,7 +5,7 @@ the supervisor.
 
     Resolvers.resolve(project, workflow, input), .show(project, workflow), .list_workflows(project)
         an idle child (`python -m piworkflows.runner resolve`, package imported)
-        or a new one ── request frame on stdin ──> <── answer frame (internal.RESOLVER_FRAMES)
+        or a new one ── request frame on stdin ──> <── answer frame (protocol/internal/resolver.py)
         ── back to the idle set; killed instead on a timeout or a broken answer,
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
            children exist, further requests wait for one
@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
-    MAX_FRAME_BYTES,
+from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
+from piworkflows.protocol.internal.resolver import (
     RESOLVER_FRAMES,
     Resolution,
     ResolveRequest,

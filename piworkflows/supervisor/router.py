@@ -28,16 +28,11 @@ from pydantic import ValidationError
 from piworkflows import canonical
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal import (
-    Actor,
-    BlobValue,
-    ClientReceiptKey,
-    Reply,
-    Resolution,
-    RunContentRead,
-    RunCreate,
-    RunLogs,
-)
+from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
+from piworkflows.protocol.internal.resolver import Resolution
+from piworkflows.protocol.internal.runs import RunCreate
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered

@@ -41,7 +41,10 @@ import psutil
 from piworkflows import canonical
 from piworkflows.clock import woken
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch, RunSource, new_claim
+from piworkflows.protocol.internal.base import BlobValue, new_claim
+from piworkflows.protocol.internal.runner import RunnerLaunch
+from piworkflows.protocol.internal.runs import RunSource
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import Actor, BlobValue, Claim, Command, EffectRequest, ReadCommand
+from piworkflows.protocol.internal.base import Actor, BlobValue, Claim, Command, ReadCommand
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.writer import records
 
 C = TypeVar("C", bound="Command | ReadCommand")

@@ -39,7 +39,8 @@ from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import CommandError, StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.state import StateBackup, StateCompact, StatePrune
+from piworkflows.protocol.internal.writer import (
     FATAL,
     HEALTH,
     LOG,
@@ -49,9 +50,6 @@ from piworkflows.protocol.internal import (
     LogRecord,
     Ready,
     Reply,
-    StateBackup,
-    StateCompact,
-    StatePrune,
     WriterHealth,
 )
 from piworkflows.protocol.link import AsyncLink, Link

@@ -22,7 +22,9 @@ import pytest
 from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
 from piworkflows.performers import shell
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import MAX_INLINE_BLOB_BYTES, BlobPart, Reply
+from piworkflows.protocol.internal.base import MAX_INLINE_BLOB_BYTES
+from piworkflows.protocol.internal.content import BlobPart
+from piworkflows.protocol.internal.writer import Reply
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]
 

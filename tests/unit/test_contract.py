@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from piworkflows.protocol.internal import COMMAND_MODELS, BlobValue
+from piworkflows.protocol.internal import COMMAND_MODELS
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.db import GroupFailed
 from tests.support import (

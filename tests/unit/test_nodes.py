@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.writer.invariants import violations
 from tests.support import run_create, run_group, submitted, take_epoch, token_hash
 from tests.unit.test_runners import claim, exited, state

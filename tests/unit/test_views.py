@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import REPLY, BlobValue
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.writer import REPLY
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
 from piworkflows.writer.views.runs import INLINE_VALUE_BYTES, PAGE_ROWS, STEP_VALUES_BYTES

@@ -1,7 +1,7 @@
 """The handler registry: each internal command kind maps to exactly one handler.
 
 ``tests/unit/test_registry.py`` checks that this registry and
-``protocol.internal.COMMAND_MODELS`` match one to one.
+``protocol.internal.COMMAND_MODELS`` (the package's ``__init__``) match one to one.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
+from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.writer import records
 from piworkflows.writer.contract import Handler, Result, Tx
 from piworkflows.writer.uploads import Received

@@ -20,7 +20,7 @@ its outcome: a later pause or cancel is a conflict naming it.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCancel, RunControl, RunPause, RunRestart, RunResume
+from piworkflows.protocol.internal.control import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
-    BlobValue,
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
     EffectConfirm,

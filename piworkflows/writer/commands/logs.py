@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunContentRead, RunLogs
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
 from piworkflows.writer.contract import Handler, Result, Tx
 from piworkflows.writer.views import logs as views
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
-    BlobValue,
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
+from piworkflows.protocol.internal.nodes import (
     CheckpointAnswer,
-    EffectRequest,
     NodeEffectReserve,
     NodeFinish,
     NodeStart,

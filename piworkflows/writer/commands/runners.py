@@ -19,7 +19,7 @@ advances the run's presentation revision.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.runners import (
     ClaimableRuns,
     ClaimRenew,
     OrphanedRunners,

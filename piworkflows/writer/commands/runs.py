@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCreate, RunGet, RunList
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import runs as views

@@ -8,7 +8,7 @@ expire, and every claim stamped with an older epoch is dead from that commit.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.server import (
     ServerCounts,
     ServerRecordStop,
     ServerReleaseEpoch,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.state import (
     RunDelete,
     StateBackup,
     StateCompact,

@@ -1,0 +1,145 @@
+"""Effects: reserve, claim, settle, abandon, recover; an operator's confirm and retry (writer/commands/effects.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from piworkflows import canonical
+from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Digest, Id, Model, ReadCommand
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
+
+Performer = Literal["writer", "runner", "shell.exec", "http.request"]  # states.EFFECT_PERFORMERS
+PoolPerformer = Literal["shell.exec", "http.request"]  # states.POOL_PERFORMERS
+
+
+class EffectRequest(Model):
+    """One deterministic effect a transaction records before it commits."""
+
+    effect_type: str = Field(min_length=1, max_length=128)
+    idempotency_key: str = Field(min_length=1, max_length=1024)
+    payload: BlobValue
+    effect_class: Literal["local", "external"]
+    performer: Performer
+    recovery_policy: Literal["idempotent", "manual"]
+    owner_scope: Literal["server", "run", "resource_manager", "channel"]
+    run_id: Id | None = None
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _json_payload(self) -> EffectRequest:
+        if self.payload.media_type != MEDIA_JSON:
+            raise ValueError("an effect payload is canonical JSON")
+        if (self.effect_class == "local") != (self.performer == "writer"):
+            raise ValueError("the writer performs exactly the local effects")
+        return self
+
+    def effect_id(self, source_resource_id: str) -> str:
+        """Deterministic: derived from source resource, effect type and key."""
+        ident = canonical.dumps_bytes([source_resource_id, self.effect_type, self.idempotency_key])
+        return "effect-" + hashlib.sha256(ident).hexdigest()[:32]
+
+    def fingerprint(self, source_resource_id: str) -> bytes:
+        """What makes a repeated request 'the same' (the source revision is not part of it)."""
+        fields = self.model_dump(exclude={"payload"})
+        fields["payload"] = self.payload.digest.hex()
+        fields["source"] = source_resource_id
+        return hashlib.sha256(canonical.dumps_bytes(fields)).digest()
+
+
+class EffectReserve(Command):
+    """Record effects for a source resource at its exact expected revision."""
+
+    kind: ClassVar[str] = "effect.reserve"
+    source_resource_id: Id
+    expected_revision: int = Field(ge=1)
+    claim: Claim | None = None
+    effects: list[EffectRequest] = Field(min_length=1, max_length=64)
+
+
+class EffectClaim(Command):
+    """Claim one due pending effect: a named one, or the next due one of these performers."""
+
+    kind: ClassVar[str] = "effect.claim"
+    effect_id: Id | None = None
+    performers: list[PoolPerformer] = Field(default_factory=lambda: ["shell.exec", "http.request"], min_length=1)
+    owner_id: Id
+    claim_token_hash: Digest
+    ttl_ms: int = Field(ge=1)
+
+
+class EffectSettle(Command):
+    """Report how the applying attempt ended, fenced by its claim."""
+
+    kind: ClassVar[str] = "effect.settle"
+    effect_id: Id
+    expected_revision: int = Field(ge=1)
+    claim: Claim
+    settlement: Literal["applied", "rejected", "retry", "ambiguous"]
+    result: BlobValue | None = None
+    error: BlobValue | None = None
+    error_code: str | None = Field(default=None, max_length=64)
+    external_ref: str | None = Field(default=None, max_length=1024)
+    retry_at: int | None = Field(default=None, ge=0)
+    # Stored values the result names (a shell command's streams): linked to the effect's run
+    # (run_view_content) in the same transaction, so they live as long as the run.
+    view_content: list[Digest] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _shape(self) -> EffectSettle:
+        if (self.settlement == "retry") != (self.retry_at is not None):
+            raise ValueError("retry_at is given exactly when the settlement is retry")
+        if self.settlement == "applied" and self.error is not None:
+            raise ValueError("an applied settlement carries no error")
+        if self.error is not None and self.error.media_type != MEDIA_TEXT:
+            raise ValueError("an effect error is text")
+        return self
+
+
+class EffectAbandon(Command):
+    """The claimant of an applying effect is gone (its runner or worker died): the attempt is
+    uncertain. An idempotent effect's next attempt is due at ``retry_at`` (default: now)."""
+
+    kind: ClassVar[str] = "effect.abandon"
+    effect_id: Id
+    claim: Claim
+    retry_at: int | None = Field(default=None, ge=0)
+
+
+class EffectRecover(Command):
+    """At pool start: end the applying attempts of pool effects whose claims are dead (an
+    older server epoch, or expired), as an abandon would."""
+
+    kind: ClassVar[str] = "effect.recover"
+
+
+class EffectConfirm(Command):
+    """An operator confirms an ambiguous effect acted: it becomes ``applied`` with the note
+    (and the node output, if given); the run parked for it continues."""
+
+    kind: ClassVar[str] = "effect.confirm"
+    effect_id: Id
+    note: str = Field(default="", max_length=2000)
+    output: BlobValue | None = None
+
+
+class EffectRetry(Command):
+    """An operator asks for a new numbered attempt of an ambiguous effect (it becomes
+    ``pending``; the claim records the attempt); the run parked for it continues."""
+
+    kind: ClassVar[str] = "effect.retry"
+    effect_id: Id
+
+
+class EffectList(ReadCommand):
+    """Effects for operators, newest first: unsettled and ambiguous by default. No payloads."""
+
+    kind: ClassVar[str] = "effect.list"
+    effect_id: Id | None = None
+    run_id: Id | None = None
+    statuses: list[Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]] = Field(
+        default_factory=lambda: ["pending", "applying", "ambiguous"], min_length=1
+    )
+    limit: int = Field(default=256, ge=1, le=256)
