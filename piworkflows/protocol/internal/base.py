@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piworkflows import canonical
+from piworkflows.protocol.internal.values import ActorClass, MediaType
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 
 MAX_FRAME_BYTES = 1024 * 1024
@@ -23,7 +24,6 @@ MAX_INLINE_BLOB_BYTES = 900 * 1024  # a blob.put must fit one frame with its env
 MAX_BLOB_READ_BYTES = 256 * 1024
 Digest = Annotated[bytes, Field(min_length=32, max_length=32)]
 Id = Annotated[str, Field(min_length=1, max_length=256)]
-ActorClass = Literal["server", "client", "runner", "outbox", "channel", "operator", "human", "model", "maintenance"]
 
 
 class Model(BaseModel):
@@ -54,7 +54,7 @@ class BlobValue(Model):
     """
 
     digest: Digest
-    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    media_type: MediaType
     data: bytes = Field(max_length=MAX_INLINE_BLOB_BYTES)
 
     @model_validator(mode="after")

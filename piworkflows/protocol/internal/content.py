@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -18,6 +18,7 @@ from piworkflows.protocol.internal.base import (
     Model,
     ReadCommand,
 )
+from piworkflows.protocol.internal.values import MediaType
 
 
 class BlobPart(Model):
@@ -27,7 +28,7 @@ class BlobPart(Model):
     (``writer/uploads.py``). An outbox worker sends its parts in ``upload`` frames."""
 
     digest: Digest
-    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    media_type: MediaType
     byte_length: int = Field(ge=1)
     offset: int = Field(ge=0)
     data: bytes = Field(min_length=1, max_length=MAX_INLINE_BLOB_BYTES)

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import hashlib
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from piworkflows import canonical
 from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Digest, Id, Model, ReadCommand
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
-
-Performer = Literal["writer", "runner", "shell.exec", "http.request"]  # states.EFFECT_PERFORMERS
-PoolPerformer = Literal["shell.exec", "http.request"]  # states.POOL_PERFORMERS
+from piworkflows.protocol.internal.values import (
+    EffectClass,
+    EffectOwnerScope,
+    EffectStatus,
+    Performer,
+    PoolPerformer,
+    RecoveryPolicy,
+    Settlement,
+)
+from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, POOL_PERFORMERS, UNSETTLED_EFFECT_STATUSES
 
 
 class EffectRequest(Model):
@@ -21,10 +27,10 @@ class EffectRequest(Model):
     effect_type: str = Field(min_length=1, max_length=128)
     idempotency_key: str = Field(min_length=1, max_length=1024)
     payload: BlobValue
-    effect_class: Literal["local", "external"]
+    effect_class: EffectClass
     performer: Performer
-    recovery_policy: Literal["idempotent", "manual"]
-    owner_scope: Literal["server", "run", "resource_manager", "channel"]
+    recovery_policy: RecoveryPolicy
+    owner_scope: EffectOwnerScope
     run_id: Id | None = None
     max_attempts: int = Field(default=5, ge=1, le=1000)
 
@@ -64,7 +70,7 @@ class EffectClaim(Command):
 
     kind: ClassVar[str] = "effect.claim"
     effect_id: Id | None = None
-    performers: list[PoolPerformer] = Field(default_factory=lambda: ["shell.exec", "http.request"], min_length=1)
+    performers: list[PoolPerformer] = Field(default_factory=lambda: sorted(POOL_PERFORMERS), min_length=1)
     owner_id: Id
     claim_token_hash: Digest
     ttl_ms: int = Field(ge=1)
@@ -77,7 +83,7 @@ class EffectSettle(Command):
     effect_id: Id
     expected_revision: int = Field(ge=1)
     claim: Claim
-    settlement: Literal["applied", "rejected", "retry", "ambiguous"]
+    settlement: Settlement
     result: BlobValue | None = None
     error: BlobValue | None = None
     error_code: str | None = Field(default=None, max_length=64)
@@ -139,7 +145,5 @@ class EffectList(ReadCommand):
     kind: ClassVar[str] = "effect.list"
     effect_id: Id | None = None
     run_id: Id | None = None
-    statuses: list[Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]] = Field(
-        default_factory=lambda: ["pending", "applying", "ambiguous"], min_length=1
-    )
+    statuses: list[EffectStatus] = Field(default_factory=lambda: sorted(UNSETTLED_EFFECT_STATUSES), min_length=1)
     limit: int = Field(default=256, ge=1, le=256)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
 from piworkflows.protocol.internal.base import MAX_BLOB_READ_BYTES, Digest, Id, ReadCommand
+from piworkflows.protocol.internal.values import MediaType
 
 
 class RunLogs(ReadCommand):
@@ -27,6 +28,6 @@ class RunContentRead(ReadCommand):
     kind: ClassVar[str] = "run.content"
     run_id: Id
     digest: Digest
-    media_type: Literal["application/json", "text/plain;charset=utf-8"]
+    media_type: MediaType
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=MAX_BLOB_READ_BYTES, ge=1, le=MAX_BLOB_READ_BYTES)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from piworkflows import canonical
 from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Id, Model
+from piworkflows.protocol.internal.values import (
+    NodeEffectPerformer,
+    NodeKind,
+    NodeOutcome,
+    RecoveryPolicy,
+    RunFinishStatus,
+    TerminalRunStatus,
+)
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
-
-NodeKind = Literal[
-    "agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"
-]
 
 
 def attempt_id_of(run_id: str, node_path: str, visit_number: int, attempt_number: int) -> str:
@@ -59,12 +63,12 @@ class NodeFinish(Command):
     claim: Claim
     expected_revision: int = Field(ge=1)
     attempt_id: Id
-    outcome: Literal["ok", "failed", "timed_out", "cancelled"]
+    outcome: NodeOutcome
     output: BlobValue | None = None
     error: BlobValue | None = None
     error_code: str | None = Field(default=None, max_length=64)
     next_node: str | None = Field(default=None, min_length=1, max_length=1024)
-    end_status: Literal["completed", "failed", "timed_out", "cancelled"] | None = None
+    end_status: TerminalRunStatus | None = None
     start_next: NextAttempt | None = None  # start next_node's attempt in the same commit (one round trip)
     run_error: BlobValue | None = None
 
@@ -95,7 +99,7 @@ class RunFinish(Command):
     run_id: Id
     claim: Claim
     expected_revision: int = Field(ge=1)
-    end_status: Literal["completed", "failed"]
+    end_status: RunFinishStatus
     output: BlobValue | None = None
     error: BlobValue | None = None
     error_code: str | None = Field(default=None, min_length=1, max_length=64)
@@ -134,8 +138,8 @@ class NodeEffectReserve(Command):
     expected_revision: int = Field(ge=1)
     attempt_id: Id
     effect_type: str = Field(min_length=1, max_length=128)
-    recovery_policy: Literal["idempotent", "manual"]
-    performer: Literal["runner", "shell.exec", "http.request"]
+    recovery_policy: RecoveryPolicy
+    performer: NodeEffectPerformer
     payload: BlobValue
     max_attempts: int = Field(default=5, ge=1, le=1000)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from piworkflows.protocol.internal.base import Model
 from piworkflows.protocol.internal.runs import RunSource
-from piworkflows.states import WORKFLOW_ORIGINS
+from piworkflows.protocol.internal.values import WorkflowOrigin
 
 
 class ResolveRequest(Model):
@@ -34,7 +34,6 @@ class Resolution(Model):
     max_steps: int | None = None
 
 
-WorkflowOrigin = Literal[WORKFLOW_ORIGINS]  # type: ignore[valid-type]
 MAX_LISTED_WORKFLOWS = 256
 
 

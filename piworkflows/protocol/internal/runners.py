@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Digest, Id, ReadCommand
+from piworkflows.protocol.internal.values import LaunchCommand, RunnerOutcome, RunnerParkReason
 from piworkflows.states import MEDIA_TEXT
 
 MAX_PARK_DETAIL_BYTES = 1024  # a dead runner's last stderr line (settings bound it to fewer characters)
@@ -21,7 +22,7 @@ class RunClaim(Command):
     owner_id: Id
     claim_token_hash: Digest
     ttl_ms: int = Field(ge=1)
-    launch_command: Literal["start", "resume", "continue", "restart"]
+    launch_command: LaunchCommand
 
 
 class RunnerSpawned(Command):
@@ -41,10 +42,10 @@ class RunnerExited(Command):
     kind: ClassVar[str] = "runner.exited"
     run_id: Id
     runner_epoch: int = Field(ge=1)
-    outcome: Literal["exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"]
+    outcome: RunnerOutcome
     stopped_by_server: bool  # pause, cancel, shutdown or a supervisor crash: never "no progress"
     # the runner refused to run changed code, or met an effect only an operator can resolve
-    park_reason: Literal["workflowSourceChanged", "effectAmbiguous"] | None = None
+    park_reason: RunnerParkReason | None = None
     # a runner that died: its last stderr line (the exception class and message), kept with a
     # runnerNoProgress park as the runner.exited event's payload
     park_detail: BlobValue | None = None

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from piworkflows.protocol.internal.base import BlobValue, Command, Digest, Id, Model, ReadCommand
-from piworkflows.states import MEDIA_JSON, RUN_STATUSES
+from piworkflows.protocol.internal.values import ExecutionMode, RunStatus, SourceKind
+from piworkflows.states import MEDIA_JSON
 
 
 class RunSource(Model):
     """Source identity without source text: a file path + SHA-256, or a built-in id + revision."""
 
-    source_kind: Literal["file", "builtin"]
+    source_kind: SourceKind
     source_path: str | None = None
     source_sha256: Digest | None = None
     builtin_id: str | None = None
@@ -41,7 +42,7 @@ class RunCreate(Command):
     launch_options: BlobValue | None = None
     title: str | None = Field(default=None, max_length=1000)
     max_steps: int = Field(ge=1)
-    execution_mode: Literal["headless", "interactive"] = "headless"
+    execution_mode: ExecutionMode = "headless"
     origin_session_id: Id | None = None
 
     @model_validator(mode="after")
@@ -65,7 +66,7 @@ class RunList(ReadCommand):
 
     kind: ClassVar[str] = "run.list"
     project_path: str | None = None
-    statuses: list[Literal[tuple(sorted(RUN_STATUSES))]] | None = Field(default=None, min_length=1)  # type: ignore[valid-type]
+    statuses: list[RunStatus] | None = Field(default=None, min_length=1)
     workflow_name: str | None = None
     since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)

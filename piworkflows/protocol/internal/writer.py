@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from piworkflows.protocol.internal.base import Model
-from piworkflows.states import WRITER_HEALTH_CODES, WRITER_START_FAILURES
+from piworkflows.protocol.internal.values import Outcome, WriterHealthCode, WriterStartFailure
 
 READY = "ready"
 FATAL = "fatal"
@@ -19,7 +19,7 @@ HEALTH = "health"  # the writer's ability to commit changed (WriterHealth)
 class Reply(Model):
     """The writer's answer, sent only after the command's transaction committed."""
 
-    outcome: Literal["accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"]
+    outcome: Outcome
     revision: int | None = None
     receipt: dict[str, Any] | None = None
     error: str | None = None
@@ -36,7 +36,7 @@ class Fatal(Model):
     """Why a writer cannot open the state database: ``stateIncompatible``, ``databaseCorrupt``,
     ``statePathRefused``, ``diskFull`` (with the free bytes it saw), ``ioError``, ``cannotOpen``."""
 
-    code: Literal[WRITER_START_FAILURES]  # type: ignore[valid-type]
+    code: WriterStartFailure
     message: str
     free_bytes: int | None = None
 
@@ -46,7 +46,7 @@ class WriterHealth(Model):
     ``ioError`` (each write group fails until one commits again); ``databaseCorrupt`` (every write
     refused, reads still answered). ``message`` is for server status and the log."""
 
-    code: Literal[WRITER_HEALTH_CODES] | None  # type: ignore[valid-type]
+    code: WriterHealthCode | None
     message: str | None = None
     free_bytes: int | None = None
 
