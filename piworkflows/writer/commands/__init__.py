@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from piworkflows.writer.commands import content, control, effects, logs, nodes, runners, runs, server, state
 from piworkflows.writer.contract import Handler
 
-HANDLERS: tuple[Handler, ...] = (
+HANDLERS: tuple[Handler[Any], ...] = (
     *content.HANDLERS,
     *server.HANDLERS,
     *runs.HANDLERS,
@@ -21,5 +23,5 @@ HANDLERS: tuple[Handler, ...] = (
     *logs.HANDLERS,
 )
 
-REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}
+REGISTRY: dict[str, Handler[Any]] = {handler.kind: handler for handler in HANDLERS}
 assert len(REGISTRY) == len(HANDLERS), "two handlers claim one command kind"

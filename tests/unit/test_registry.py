@@ -1,0 +1,35 @@
+"""Every dispatch table matches the message models it serves, one to one.
+
+A message kind is named once, by its model's ``kind``; each receiver
+dispatches through one dict keyed by those kinds. These tests fail when a
+model has no handler, a handler serves no model, or a handler's model is not
+its kind's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from piworkflows.protocol.internal import COMMAND_MODELS
+from piworkflows.writer.commands import HANDLERS, REGISTRY
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_writer_registry_and_command_models_match_one_to_one():
+    assert set(REGISTRY) == set(COMMAND_MODELS)
+    assert len(HANDLERS) == len(REGISTRY)  # no kind has two handlers
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_each_writer_handler_serves_its_kinds_model(kind):
+    handler = REGISTRY[kind]
+    assert handler.model is COMMAND_MODELS[kind]
+    assert handler.kind == handler.model.kind == kind
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_a_handler_lives_in_the_writer_module_of_its_models_domain(kind):
+    """writer/commands/<domain>.py handles the commands of protocol/internal/<domain>.py."""
+    handler = REGISTRY[kind]
+    assert type(handler).__module__.rsplit(".", 1)[1] == handler.model.__module__.rsplit(".", 1)[1]
