@@ -11,6 +11,9 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.protocol.internal import COMMAND_MODELS
+from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.runner import RUNNER_FRAMES
+from piworkflows.supervisor.scheduler import RELAYS
 from piworkflows.writer.commands import HANDLERS, REGISTRY
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,3 +36,18 @@ def test_a_handler_lives_in_the_writer_module_of_its_models_domain(kind):
     """writer/commands/<domain>.py handles the commands of protocol/internal/<domain>.py."""
     handler = REGISTRY[kind]
     assert type(handler).__module__.rsplit(".", 1)[1] == handler.model.__module__.rsplit(".", 1)[1]
+
+
+def _relayed_commands_extend_their_frames(frame_models: dict[str, type[Frame]]) -> None:
+    """A child's frame that becomes a writer command keeps its name: the command of that kind is
+    the frame's model plus what the supervisor attaches."""
+    for kind, model in frame_models.items():
+        assert model.kind == kind
+        command = COMMAND_MODELS.get(kind)
+        if command is not None:
+            assert issubclass(command, model), f"{command.__name__} does not extend {model.__name__}"
+
+
+def test_scheduler_relays_every_runner_frame_and_nothing_else():
+    assert set(RELAYS) == set(RUNNER_FRAMES)
+    _relayed_commands_extend_their_frames(RUNNER_FRAMES)

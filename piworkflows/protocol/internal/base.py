@@ -30,6 +30,13 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Frame(Model):
+    """The body of a frame: its ``kind`` is the frame's ``k``, the one name of the message, used by
+    its sender, any relay and its handler."""
+
+    kind: ClassVar[str]
+
+
 class Actor(Model):
     actor_class: ActorClass
     actor_id: str | None = None
@@ -131,8 +138,10 @@ def new_claim(server_epoch: int, ttl_ms: int) -> dict[str, Any]:
     }
 
 
-class Command(Model):
-    kind: ClassVar[str]
+class Command(Frame):
+    """A writer command that changes state; ``client_receipt`` or ``worker_message`` makes a repeat
+    answer the stored outcome."""
+
     actor: Actor
     client_receipt: ClientReceiptKey | None = None
     worker_message: WorkerMessageKey | None = None
@@ -144,6 +153,7 @@ class Command(Model):
         return self
 
 
-class ReadCommand(Model):
-    kind: ClassVar[str]
+class ReadCommand(Frame):
+    """A writer command that only reads."""
+
     actor: Actor

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from piworkflows import canonical
-from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Digest, Id, Model, ReadCommand
+from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Digest, Frame, Id, Model, ReadCommand
 from piworkflows.protocol.internal.values import (
     EffectClass,
     EffectOwnerScope,
@@ -76,31 +76,50 @@ class EffectClaim(Command):
     ttl_ms: int = Field(ge=1)
 
 
-class EffectSettle(Command):
-    """Report how the applying attempt ended, fenced by its claim."""
+class EffectSettleFrame(Frame):
+    """How an applying attempt ended, as its performer reports it: a runner (an action body) or
+    an outbox worker. The supervisor adds the effect's claim, its expected revision and, for a
+    retry, when the next attempt is due (``EffectSettle``)."""
 
     kind: ClassVar[str] = "effect.settle"
     effect_id: Id
-    expected_revision: int = Field(ge=1)
-    claim: Claim
     settlement: Settlement
     result: BlobValue | None = None
     error: BlobValue | None = None
     error_code: str | None = Field(default=None, max_length=64)
     external_ref: str | None = Field(default=None, max_length=1024)
-    retry_at: int | None = Field(default=None, ge=0)
     # Stored values the result names (a shell command's streams): linked to the effect's run
     # (run_view_content) in the same transaction, so they live as long as the run.
     view_content: list[Digest] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")
-    def _shape(self) -> EffectSettle:
-        if (self.settlement == "retry") != (self.retry_at is not None):
-            raise ValueError("retry_at is given exactly when the settlement is retry")
+    def _report_shape(self) -> EffectSettleFrame:
         if self.settlement == "applied" and self.error is not None:
             raise ValueError("an applied settlement carries no error")
         if self.error is not None and self.error.media_type != MEDIA_TEXT:
             raise ValueError("an effect error is text")
+        return self
+
+    def fingerprint(self) -> bytes:
+        """What makes a repeated report the same (worker_messages): its fields, values by digest."""
+        fields = self.model_dump(exclude={"result", "error", "view_content"})
+        fields["result"] = self.result.digest.hex() if self.result is not None else None
+        fields["error"] = self.error.digest.hex() if self.error is not None else None
+        fields["view_content"] = [digest.hex() for digest in self.view_content]
+        return hashlib.sha256(canonical.dumps_bytes(fields)).digest()
+
+
+class EffectSettle(Command, EffectSettleFrame):
+    """effect.settle as the writer gets it: the performer's report, fenced by the effect's claim."""
+
+    expected_revision: int = Field(ge=1)
+    claim: Claim
+    retry_at: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _retry_at_given(self) -> EffectSettle:
+        if (self.settlement == "retry") != (self.retry_at is not None):
+            raise ValueError("retry_at is given exactly when the settlement is retry")
         return self
 
 

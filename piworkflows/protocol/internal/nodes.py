@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from piworkflows import canonical
-from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Id, Model
+from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Frame, Id, Model
 from piworkflows.protocol.internal.values import (
     NodeEffectPerformer,
     NodeKind,
@@ -34,23 +34,35 @@ class NextAttempt(Model):
     attempt_number: int = Field(default=1, ge=1)
 
 
-class NodeStart(Command):
-    """A runner begins a node: a new attempt and step, under the run's claim."""
+class UnderRunClaim(Command):
+    """What the supervisor attaches to a runner's frame before it forwards it to the writer
+    (``supervisor/scheduler.py``): the run, its claim and the revision the runner last saw. A
+    runner holds no claim token: its frames carry only the fields of the ``...Frame`` models
+    below, and each command here is its frame plus these."""
 
-    kind: ClassVar[str] = "node.start"
     run_id: Id
     claim: Claim
     expected_revision: int = Field(ge=1)
+
+
+class NodeStartFrame(Frame):
+    """A runner begins a node: a new attempt and step, under the run's claim."""
+
+    kind: ClassVar[str] = "node.start"
     node_path: str = Field(min_length=1, max_length=1024)
     node_kind: NodeKind
     visit_number: int = Field(ge=1)
     attempt_number: int = Field(default=1, ge=1)
 
+
+class NodeStart(UnderRunClaim, NodeStartFrame):
+    """node.start as the writer gets it: the runner's frame under the run's claim."""
+
     def attempt_id(self) -> str:
         return attempt_id_of(self.run_id, self.node_path, self.visit_number, self.attempt_number)
 
 
-class NodeFinish(Command):
+class NodeFinishFrame(Frame):
     """A runner ends a node: its outcome and output, and where the run goes next.
 
     ``error`` is the node's error when it failed. ``run_error`` is the run's
@@ -59,9 +71,6 @@ class NodeFinish(Command):
     """
 
     kind: ClassVar[str] = "node.finish"
-    run_id: Id
-    claim: Claim
-    expected_revision: int = Field(ge=1)
     attempt_id: Id
     outcome: NodeOutcome
     output: BlobValue | None = None
@@ -73,7 +82,7 @@ class NodeFinish(Command):
     run_error: BlobValue | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> NodeFinish:
+    def _shape(self) -> NodeFinishFrame:
         if (self.next_node is None) == (self.end_status is None):
             raise ValueError("a finished node names either the next node or how the run ends")
         if self.output is not None and self.output.media_type != MEDIA_JSON:
@@ -89,23 +98,24 @@ class NodeFinish(Command):
         return self
 
 
-class RunFinish(Command):
+class NodeFinish(UnderRunClaim, NodeFinishFrame):
+    """node.finish as the writer gets it: the runner's frame under the run's claim."""
+
+
+class RunFinishFrame(Frame):
     """A runner ends its run where no node is active: the route after an answered checkpoint
     (completed with the answer, or a routing error), or workflow code outside any node's own
     execution that failed (the module's load): ``failed`` with the code and an error naming
     the node or file."""
 
     kind: ClassVar[str] = "run.finish"
-    run_id: Id
-    claim: Claim
-    expected_revision: int = Field(ge=1)
     end_status: RunFinishStatus
     output: BlobValue | None = None
     error: BlobValue | None = None
     error_code: str | None = Field(default=None, min_length=1, max_length=64)
 
     @model_validator(mode="after")
-    def _shape(self) -> RunFinish:
+    def _shape(self) -> RunFinishFrame:
         if self.end_status == "completed":
             if self.output is None or self.output.media_type != MEDIA_JSON or self.error or self.error_code:
                 raise ValueError("a completed run has a JSON output and no error")
@@ -114,34 +124,40 @@ class RunFinish(Command):
         return self
 
 
-class NodeWait(Command):
+class RunFinish(UnderRunClaim, RunFinishFrame):
+    """run.finish as the writer gets it: the runner's frame under the run's claim."""
+
+
+class NodeWaitFrame(Frame):
     """A checkpoint asks for input: the run waits with no runner and no claim."""
 
     kind: ClassVar[str] = "node.wait"
-    run_id: Id
-    claim: Claim
-    expected_revision: int = Field(ge=1)
     attempt_id: Id
     request: BlobValue  # what the answerer sees (JSON: summary)
 
 
-class NodeEffectReserve(Command):
-    """A runner reserves its action or shell node's effect, or adopts it after a crash.
+class NodeWait(UnderRunClaim, NodeWaitFrame):
+    """node.wait as the writer gets it: the runner's frame under the run's claim."""
+
+
+class NodeEffectReserveFrame(Frame):
+    """A runner reserves its action, shell or http node's effect, or adopts it after a crash.
 
     The key is deterministic: run id, effect type, full compiled node path and
     node visit number; every attempt of one visit shares it.
     """
 
     kind: ClassVar[str] = "node.reserve_effect"
-    run_id: Id
-    claim: Claim
-    expected_revision: int = Field(ge=1)
     attempt_id: Id
     effect_type: str = Field(min_length=1, max_length=128)
     recovery_policy: RecoveryPolicy
     performer: NodeEffectPerformer
     payload: BlobValue
     max_attempts: int = Field(default=5, ge=1, le=1000)
+
+
+class NodeEffectReserve(UnderRunClaim, NodeEffectReserveFrame):
+    """node.reserve_effect as the writer gets it: the runner's frame under the run's claim."""
 
 
 class CheckpointAnswer(Command):
