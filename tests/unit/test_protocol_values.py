@@ -48,6 +48,8 @@ FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("effects", "EffectClaim", "performers"): states.POOL_PERFORMERS,
     ("effects", "EffectSettleFrame", "settlement"): states.EFFECT_SETTLEMENTS,
     ("effects", "EffectList", "statuses"): states.EFFECT_STATUSES,
+    ("outbox", "PerformEffect", "performer"): states.POOL_PERFORMERS,
+    ("outbox", "PerformEffect", "recovery_policy"): states.RECOVERY_POLICIES,
     ("runner", "CompletedStep", "outcome"): states.NODE_OUTCOMES,
     ("runner", "RunnerExiting", "park_reason"): states.RUNNER_PARK_REASONS,
     ("resolver", "WorkflowShown", "origin"): states.WORKFLOW_ORIGINS,

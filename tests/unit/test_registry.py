@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from piworkflows.outbox.worker import HANDLERS as WORKER_HANDLERS
 from piworkflows.protocol.internal import COMMAND_MODELS
 from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.outbox import POOL_FRAMES, WORKER_FRAMES
 from piworkflows.protocol.internal.runner import RUNNER_FRAMES
+from piworkflows.supervisor.outbox import HANDLERS as POOL_HANDLERS
 from piworkflows.supervisor.scheduler import RELAYS
 from piworkflows.writer.commands import HANDLERS, REGISTRY
 
@@ -51,3 +54,12 @@ def _relayed_commands_extend_their_frames(frame_models: dict[str, type[Frame]]) 
 def test_scheduler_relays_every_runner_frame_and_nothing_else():
     assert set(RELAYS) == set(RUNNER_FRAMES)
     _relayed_commands_extend_their_frames(RUNNER_FRAMES)
+
+
+def test_the_outbox_pool_handles_every_worker_frame_and_nothing_else():
+    assert set(POOL_HANDLERS) == set(WORKER_FRAMES)
+    _relayed_commands_extend_their_frames(WORKER_FRAMES)
+
+
+def test_an_outbox_worker_handles_every_pool_frame_and_nothing_else():
+    assert set(WORKER_HANDLERS) == set(POOL_FRAMES)

@@ -15,6 +15,7 @@ from piworkflows.protocol.internal.base import (
     ClientReceiptKey,
     Command,
     Digest,
+    Frame,
     Model,
     ReadCommand,
 )
@@ -70,13 +71,19 @@ class BlobPut(Command):
     blob: BlobValue
 
 
-class BlobPutPart(Command):
+class BlobPutPartFrame(Frame):
+    """One part of an upload, as an outbox worker sends it (a command's stream); the supervisor
+    forwards it under the worker's actor (a part that is the whole value as a blob.put)."""
+
+    kind: ClassVar[str] = "blob.put_part"
+    part: BlobPart
+
+
+class BlobPutPart(Command, BlobPutPartFrame):
     """One part of an upload. The writer holds the parts in memory and, when the last byte arrives,
     verifies the whole (digest, length, media type) while it decodes the command, outside the
     transaction, then stores it as blob.put does (``writer/uploads.py``)."""
 
-    kind: ClassVar[str] = "blob.put_part"
-    part: BlobPart
     # What the writer's decoding made of the part (writer/uploads.Received); never on the wire.
     _received: Any = PrivateAttr(default=None)
 
