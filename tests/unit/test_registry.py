@@ -14,7 +14,9 @@ from piworkflows.outbox.worker import HANDLERS as WORKER_HANDLERS
 from piworkflows.protocol.internal import COMMAND_MODELS
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.outbox import POOL_FRAMES, WORKER_FRAMES
+from piworkflows.protocol.internal.resolver import RESOLVER_FRAMES
 from piworkflows.protocol.internal.runner import RUNNER_FRAMES
+from piworkflows.runner.resolve import HANDLERS as RESOLVER_HANDLERS
 from piworkflows.supervisor.outbox import HANDLERS as POOL_HANDLERS
 from piworkflows.supervisor.scheduler import RELAYS
 from piworkflows.writer.commands import HANDLERS, REGISTRY
@@ -63,3 +65,9 @@ def test_the_outbox_pool_handles_every_worker_frame_and_nothing_else():
 
 def test_an_outbox_worker_handles_every_pool_frame_and_nothing_else():
     assert set(WORKER_HANDLERS) == set(POOL_FRAMES)
+
+
+def test_a_resolver_child_answers_every_request_and_nothing_else():
+    assert set(RESOLVER_HANDLERS) == set(RESOLVER_FRAMES)
+    for kind, request in RESOLVER_FRAMES.items():
+        assert request.kind == kind and request.answer.kind not in RESOLVER_FRAMES

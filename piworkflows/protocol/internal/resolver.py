@@ -1,28 +1,37 @@
-"""Frames between the supervisor and a resolver child (runner/resolve.py, supervisor/resolver.py)."""
+"""Frames between the supervisor and a resolver child (runner/resolve.py, supervisor/resolver.py).
+
+::
+
+    supervisor ── resolve ResolveRequest ──────────> resolver child
+               <── resolution Resolution ─────────
+               ── show WorkflowShowRequest ───────>
+               <── shown WorkflowShown ───────────
+               ── list WorkflowListRequest ───────>
+               <── listing WorkflowListing ───────
+
+``RESOLVER_FRAMES`` lists the requests by kind; each names the model of its
+answer. The child answers them through one table with exactly these keys
+(``tests/unit/test_registry.py``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from piworkflows.protocol.internal.base import Model
+from piworkflows.protocol.internal.base import Frame, Model
 from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.values import WorkflowOrigin
 
-
-class ResolveRequest(Model):
-    """To a resolver child: find, load and compile a workflow; compute its title."""
-
-    project_path: str
-    workflow_name: str
-    input: Any = None
+MAX_LISTED_WORKFLOWS = 256
 
 
-class Resolution(Model):
+class Resolution(Frame):
     """From a resolver child: the compiled definition and source identity, or why not (``message``:
     for a module that failed to load, the file, line and what went wrong, workflows/failures.py)."""
 
+    kind: ClassVar[str] = "resolution"
     ok: bool
     code: str | None = None  # when not ok: workflowNotFound | invalidDefinition | titleFailed
     message: str | None = None
@@ -34,19 +43,10 @@ class Resolution(Model):
     max_steps: int | None = None
 
 
-MAX_LISTED_WORKFLOWS = 256
-
-
-class WorkflowShowRequest(Model):
-    """To a resolver child: find, load and compile a workflow, to describe it (no input, no title)."""
-
-    project_path: str
-    workflow_name: str
-
-
-class WorkflowShown(Model):
+class WorkflowShown(Frame):
     """From a resolver child: the workflow that ``workflow_name`` finds, or why not (as Resolution)."""
 
+    kind: ClassVar[str] = "shown"
     ok: bool
     code: str | None = None  # when not ok: workflowNotFound | invalidDefinition
     message: str | None = None
@@ -56,12 +56,6 @@ class WorkflowShown(Model):
     description: str | None = None
     digest: str | None = None  # "sha256:<hex>" of the snapshot
     snapshot: dict[str, Any] | None = None  # the definition snapshot
-
-
-class WorkflowListRequest(Model):
-    """To a resolver child: every workflow source of the project, the user dir and the built-ins."""
-
-    project_path: str
 
 
 class LoadError(Model):
@@ -87,18 +81,51 @@ class ListedWorkflow(Model):
     error: LoadError | None = None
 
 
-class WorkflowListing(Model):
+class WorkflowListing(Frame):
     """From a resolver child: the workflows by name, then origin in resolve order; at most
     ``MAX_LISTED_WORKFLOWS`` (``truncated`` when there are more)."""
 
+    kind: ClassVar[str] = "listing"
     project_directory: str
     user_directory: str
     items: list[ListedWorkflow] = Field(max_length=MAX_LISTED_WORKFLOWS)
     truncated: bool = False
 
 
-RESOLVER_FRAMES: dict[str, tuple[type[Model], type[Model]]] = {
-    "resolve": (ResolveRequest, Resolution),
-    "show": (WorkflowShowRequest, WorkflowShown),
-    "list": (WorkflowListRequest, WorkflowListing),
+class ResolverRequest(Frame):
+    """A request to a resolver child; ``answer`` is the model of the frame it answers with."""
+
+    answer: ClassVar[type[Frame]]
+
+
+class ResolveRequest(ResolverRequest):
+    """To a resolver child: find, load and compile a workflow; compute its title."""
+
+    kind: ClassVar[str] = "resolve"
+    answer: ClassVar[type[Frame]] = Resolution
+    project_path: str
+    workflow_name: str
+    input: Any = None
+
+
+class WorkflowShowRequest(ResolverRequest):
+    """To a resolver child: find, load and compile a workflow, to describe it (no input, no title)."""
+
+    kind: ClassVar[str] = "show"
+    answer: ClassVar[type[Frame]] = WorkflowShown
+    project_path: str
+    workflow_name: str
+
+
+class WorkflowListRequest(ResolverRequest):
+    """To a resolver child: every workflow source of the project, the user dir and the built-ins."""
+
+    kind: ClassVar[str] = "list"
+    answer: ClassVar[type[Frame]] = WorkflowListing
+    project_path: str
+
+
+# What a resolver child answers, by kind.
+RESOLVER_FRAMES: dict[str, type[ResolverRequest]] = {
+    model.kind: model for model in (ResolveRequest, WorkflowShowRequest, WorkflowListRequest)
 }
