@@ -8,9 +8,12 @@ its kind's.
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from piworkflows.outbox.worker import HANDLERS as WORKER_HANDLERS
+from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal import COMMAND_MODELS
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.outbox import POOL_FRAMES, WORKER_FRAMES
@@ -18,6 +21,7 @@ from piworkflows.protocol.internal.resolver import RESOLVER_FRAMES
 from piworkflows.protocol.internal.runner import RUNNER_FRAMES
 from piworkflows.runner.resolve import HANDLERS as RESOLVER_HANDLERS
 from piworkflows.supervisor.outbox import HANDLERS as POOL_HANDLERS
+from piworkflows.supervisor.router import ROUTES
 from piworkflows.supervisor.scheduler import RELAYS
 from piworkflows.writer.commands import HANDLERS, REGISTRY
 
@@ -71,3 +75,14 @@ def test_a_resolver_child_answers_every_request_and_nothing_else():
     assert set(RESOLVER_HANDLERS) == set(RESOLVER_FRAMES)
     for kind, request in RESOLVER_FRAMES.items():
         assert request.kind == kind and request.answer.kind not in RESOLVER_FRAMES
+
+
+def test_the_router_routes_every_served_operation_and_nothing_else():
+    assert set(ROUTES) == set(client_v1.OPERATION_SHAPES)
+
+
+@pytest.mark.parametrize("operation", sorted(ROUTES))
+def test_a_route_takes_its_operations_payload_model(operation):
+    """A route that names its payload's type names the model its operation's payload is checked with."""
+    payload_type = typing.get_type_hints(ROUTES[operation])["payload"]
+    assert payload_type is typing.Any or payload_type is client_v1.OPERATION_SHAPES[operation][0]
