@@ -380,7 +380,7 @@ class Scheduler:
         if effect is None or body.get("effect_id") != effect.effect_id:
             return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no such effect in flight")
         body.update(claim=effect.claim, expected_revision=effect.revision)
-        reply = await self.request("effect.settle", body)
+        reply = await self.request(EffectSettleFrame.kind, body)
         if reply.outcome in ("accepted", "adopted"):
             handle.effect = None
             if handle.stop_after_effect:
