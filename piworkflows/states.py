@@ -44,6 +44,9 @@ EXECUTION_MODES = frozenset({"headless", "interactive"})
 RUN_LINEAGES = frozenset({"root", "restart", "recovery", "child"})
 RUNNER_OUTCOMES = frozenset({"exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"})
 RUNNER_COMMANDS = frozenset({"start", "resume", "continue", "restart"})
+# How a runner may end its run where no node is active (run.finish): an answered checkpoint's
+# route completes it or fails it, and workflow code that fails outside a node fails it.
+RUN_FINISH_STATUSES = frozenset({"completed", "failed"})
 
 NODE_KINDS = frozenset(
     {"agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"}
@@ -59,6 +62,11 @@ EFFECT_CLASSES = frozenset({"local", "external"})
 # or an outbox worker through the performer of that name (POOL_PERFORMERS).
 POOL_PERFORMERS = frozenset({"shell.exec", "http.request"})
 EFFECT_PERFORMERS = frozenset({"writer", "runner"}) | POOL_PERFORMERS
+# Who may perform a node's effect (node.reserve_effect): its action body in the runner, or the pool.
+NODE_EFFECT_PERFORMERS = frozenset({"runner"}) | POOL_PERFORMERS
+# How a performer reports an attempt ended (effect.settle): applied, rejected or ambiguous as the
+# effect table says; retry: it definitely did not act, and the next attempt is due later.
+EFFECT_SETTLEMENTS = frozenset({"applied", "rejected", "ambiguous", "retry"})
 RECOVERY_POLICIES = frozenset({"idempotent", "manual"})
 EFFECT_OWNER_SCOPES = frozenset({"server", "run", "resource_manager", "channel"})
 EFFECT_ATTEMPT_STATUSES = frozenset({"applying", "applied", "rejected", "failed", "ambiguous"})

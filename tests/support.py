@@ -6,7 +6,8 @@ import hashlib
 import itertools
 from typing import Any
 
-from piworkflows.protocol.internal import BlobValue, EffectRequest
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.writer.db import GroupExecutor, Submitted
 
 _ids = itertools.count(1)

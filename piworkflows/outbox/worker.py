@@ -2,12 +2,15 @@
 
 ::
 
-    supervisor ── perform {effectId, performer, idempotencyKey, recoveryPolicy, payload} ──> worker
-    worker ── spawned {pid} ──> supervisor (the command group into host.json) ── reply {accepted}
-    worker ── upload BlobPart ──> supervisor ── blob.put / blob.put_part (writer) ── reply
-             (each of a command's streams, stored before the settlement names it)
-    worker ── settle {settlement, result?, error?, errorCode?, viewContent?} ──> supervisor
-             ── effect.settle (writer: the streams linked to the run in the same transaction)
+    supervisor ── perform PerformEffect ──> worker
+    worker ── spawned CommandSpawned ──> supervisor (the command group into host.json) ── reply
+    worker ── blob.put_part BlobPutPartFrame ──> supervisor ── blob.put / blob.put_part (writer)
+             ── reply (each of a command's streams, stored before the settlement names it)
+    worker ── effect.settle EffectSettleFrame ──> supervisor ── effect.settle (writer: the
+             streams linked to the run in the same transaction)
+
+The frames are the models of ``protocol/internal/outbox.py``; what the
+supervisor sends is handled through one table, ``HANDLERS``.
 
 The claim, its numbered attempt and the settlement are the supervisor's: the
 worker holds no token and never opens SQLite. One effect at a time. A reader
@@ -24,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from piworkflows import faults
@@ -33,11 +37,14 @@ from piworkflows.performers.http import HttpPerformer
 from piworkflows.performers.shell import PERFORMER as SHELL
 from piworkflows.performers.shell import ShellPerformer
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobPart, Reply
+from piworkflows.protocol.internal.base import BlobValue, Frame
+from piworkflows.protocol.internal.content import BlobPart, BlobPutPartFrame
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_TEXT
 
-PERFORM, SPAWNED, UPLOAD, SETTLE = "perform", "spawned", "upload", "settle"
 STORED = ("accepted", "adopted")
 
 
@@ -69,18 +76,18 @@ class Worker:
                     pass
             os._exit(0)
 
-    def send(self, kind: str, body: dict[str, Any]) -> int:
+    def send(self, frame: Frame) -> int:
         self.ids += 1
-        self.stdout.write(frames.encode(kind, self.ids, body))
+        self.stdout.write(frames.encode(frame.kind, self.ids, frame.model_dump()))
         self.stdout.flush()
         return self.ids
 
     def spawned(self, pid: int) -> bool:
         """The supervisor records the group leader before the command runs anything."""
         self.group = pid
-        self.send(SPAWNED, {"pid": pid})
+        self.send(CommandSpawned(pid=pid))
         frame = self.inbox.get()
-        return bool(frame and frame["b"].get("accepted"))
+        return frame is not None and Reply.model_validate(frame["b"]).outcome == "accepted"
 
     def store_streams(self, streams: dict[str, Stream]) -> tuple[dict[str, Any], list[str]]:
         """Each non-empty stream as one text blob (decoded as UTF-8, an invalid byte replaced: UTF-8
@@ -108,7 +115,7 @@ class Worker:
         delay_ms = self.settings.writer_restart_min_ms
         while True:
             for part in BlobPart.parts_of(data, MEDIA_TEXT):
-                self.send(UPLOAD, part.model_dump())
+                self.send(BlobPutPartFrame(part=part))
                 frame = self.inbox.get()
                 reply = Reply.model_validate(frame["b"]) if frame is not None else None
                 if reply is None or reply.outcome not in STORED:
@@ -122,39 +129,44 @@ class Worker:
 
     def serve(self) -> None:
         while (frame := self.inbox.get()) is not None:
-            if frame["k"] != PERFORM:
-                continue
-            task = frame["b"]
-            faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
-            performer = self.performers.get(task["performer"])
-            if performer is None:
-                outcome = Outcome("rejected", error=f"no performer {task['performer']!r}", error_code="noPerformer")
-            else:
-                try:
-                    outcome = performer.perform(
-                        task["payload"], task["idempotencyKey"], task["recoveryPolicy"], self.spawned
-                    )
-                except Exception as exc:  # a performer bug: the attempt may have acted
-                    outcome = Outcome(
-                        "ambiguous", error=f"the performer failed: {type(exc).__name__}", error_code="performerFailed"
-                    )
-            self.group = None
-            result, stored = outcome.result, list[str]()
-            if outcome.streams:  # the command ran: its streams are stored before the result names them
-                refs, stored = self.store_streams(outcome.streams)
-                result = {**(result or {}), "streams": refs}
-            self.send(
-                SETTLE,
-                {
-                    "effectId": task["effectId"],
-                    "settlement": outcome.settlement,
-                    "result": result,
-                    "error": outcome.error,
-                    "errorCode": outcome.error_code,
-                    "externalRef": outcome.external_ref,
-                    "viewContent": stored,
-                },
+            handler = HANDLERS.get(frame["k"])
+            if handler is not None:
+                handler(self, frame["b"])
+
+    def perform(self, body: dict[str, Any]) -> None:
+        """One attempt of the effect, then its settlement (after the streams it names are stored)."""
+        task = PerformEffect.model_validate(body)
+        faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
+        performer = self.performers.get(task.performer)
+        if performer is None:
+            outcome = Outcome("rejected", error=f"no performer {task.performer!r}", error_code="noPerformer")
+        else:
+            try:
+                outcome = performer.perform(task.payload, task.idempotency_key, task.recovery_policy, self.spawned)
+            except Exception as exc:  # a performer bug: the attempt may have acted
+                outcome = Outcome(
+                    "ambiguous", error=f"the performer failed: {type(exc).__name__}", error_code="performerFailed"
+                )
+        self.group = None
+        result, stored = outcome.result, list[str]()
+        if outcome.streams:  # the command ran: its streams are stored before the result names them
+            refs, stored = self.store_streams(outcome.streams)
+            result = {**(result or {}), "streams": refs}
+        self.send(
+            EffectSettleFrame(
+                effect_id=task.effect_id,
+                settlement=outcome.settlement,
+                result=BlobValue.of_json(result) if result is not None else None,
+                error=BlobValue.of_text(outcome.error) if outcome.error is not None else None,
+                error_code=outcome.error_code,
+                external_ref=outcome.external_ref,
+                view_content=[bytes.fromhex(digest) for digest in stored],
             )
+        )
+
+
+# How each frame from the supervisor is handled (protocol/internal/outbox.py POOL_FRAMES, one to one).
+HANDLERS: dict[str, Callable[[Worker, dict[str, Any]], None]] = {PerformEffect.kind: Worker.perform}
 
 
 def _as_utf8(data: bytes) -> bytes:

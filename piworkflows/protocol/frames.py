@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from piworkflows.protocol.internal import MAX_FRAME_BYTES
+from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
 
 _HEADER = struct.Struct(">I")
 

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import REPLY, Reply
+from piworkflows.protocol.internal.writer import Reply
 
 LOST = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is not available")
 
@@ -53,7 +53,7 @@ class _Correlator:
     def _received(self, data: bytes) -> None:
         """Resolve the futures of the replies in ``data``; raises FrameError."""
         for frame in self._decoder.feed(data):
-            if frame["k"] == REPLY:
+            if frame["k"] == Reply.kind:
                 with self._lock:
                     future = self._pending.pop(frame["id"], None)
                 if future is not None and not future.done():

@@ -2,12 +2,14 @@
 
 ::
 
-    supervisor ── "resolve" ResolveRequest ─────> resolver child   discovery.resolve, load,
-               <── "resolution" Resolution ─────                   compile, title(ctx)
-               ── "show" WorkflowShowRequest ──>                   the same, no title
-               <── "shown" WorkflowShown ───────
-               ── "list" WorkflowListRequest ──>                   discovery.every_source,
-               <── "listing" WorkflowListing ───                   each loaded and compiled
+    supervisor ── resolve ResolveRequest ──────> resolver child   discovery.resolve, load,
+               <── resolution Resolution ──────                   compile, title(ctx)
+               ── show WorkflowShowRequest ────>                   the same, no title
+               <── shown WorkflowShown ────────
+               ── list WorkflowListRequest ────>                   discovery.every_source,
+               <── listing WorkflowListing ────                   each loaded and compiled
+
+(the frames: protocol/internal/resolver.py; each request is answered through one table, HANDLERS)
 
 Workflow code (the module, its title function) runs only here, never in the
 CLI, the supervisor or the writer. A module runs in a fresh namespace from
@@ -21,31 +23,31 @@ with its error, never the end of the list.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.resolver import (
     MAX_LISTED_WORKFLOWS,
     RESOLVER_FRAMES,
     ListedWorkflow,
     LoadError,
     Resolution,
     ResolveRequest,
-    RunSource,
+    ResolverRequest,
     WorkflowListing,
     WorkflowListRequest,
     WorkflowShown,
     WorkflowShowRequest,
 )
+from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows import CompiledWorkflow, WorkflowDefinitionError, discovery, failures
 from piworkflows.workflows.compiler import NAME
 from piworkflows.workflows.context import NodeContext
 
-ANSWER_KINDS = {"resolve": "resolution", "show": "shown", "list": "listing"}
 LISTED_TEXT = 1500  # a listed module's report
 LISTING_BYTES = 640 * 1024  # no item is added past this many bytes of items: the answer fits one message
 # What loading workflow code may raise: anything, a sys.exit() in module code too.
@@ -112,7 +114,7 @@ def show(request: WorkflowShowRequest) -> WorkflowShown:
     return WorkflowShown(
         ok=True,
         workflow_name=compiled.workflow.name,
-        origin=source.origin,  # type: ignore[arg-type]  # validated: one of WORKFLOW_ORIGINS
+        origin=source.origin,  # validated: one of WORKFLOW_ORIGINS
         source=source.identity.to_json(),
         description=compiled.workflow.description,
         digest=compiled.digest,
@@ -168,14 +170,18 @@ def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> List
     return ListedWorkflow(**listed, description=compiled.workflow.description)
 
 
-HANDLERS = {"resolve": resolve, "show": show, "list": list_workflows}
+# How each request is answered (protocol/internal/resolver.py RESOLVER_FRAMES, one to one).
+HANDLERS: dict[str, Callable[[Any], Frame]] = {
+    ResolveRequest.kind: resolve,
+    WorkflowShowRequest.kind: show,
+    WorkflowListRequest.kind: list_workflows,
+}
 
 
-def answer(kind: str, body: Any) -> BaseModel:
+def answer(kind: str, body: Any) -> Frame:
     """The answer to one request frame."""
-    request = RESOLVER_FRAMES[kind][0].model_validate(body)
-    result: BaseModel = HANDLERS[kind](request)  # type: ignore[operator]
-    return result
+    request: ResolverRequest = RESOLVER_FRAMES[kind].model_validate(body)
+    return HANDLERS[kind](request)
 
 
 def main() -> int:
@@ -186,6 +192,6 @@ def main() -> int:
     while data := stdin.read1(1 << 16):
         for frame in decoder.feed(data):
             result = answer(frame["k"], frame["b"])
-            stdout.write(frames.encode(ANSWER_KINDS[frame["k"]], frame["id"], result.model_dump()))
+            stdout.write(frames.encode(result.kind, frame["id"], result.model_dump()))
             stdout.flush()
     return 0

@@ -10,6 +10,9 @@
               or the module failed to load here) ──> ... ──> writer
     runner ── exiting ──> and waits for the next launch (the supervisor recycles it)
 
+Every frame is a model of ``protocol/internal/runner.py`` (the node frames of
+``nodes.py``), sent under its model's kind.
+
 The runner holds no claim token and never opens SQLite. It refuses changed
 code: a source whose SHA-256 (or built-in revision) or definition digest
 differs from the run's makes it exit asking to park the run
@@ -31,13 +34,21 @@ from piworkflows.performers import Outcome
 from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch
+from piworkflows.protocol.internal.base import BlobValue, Frame
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.nodes import (
+    NodeEffectReserveFrame,
+    NodeFinishFrame,
+    NodeStartFrame,
+    NodeWaitFrame,
+    RunFinishFrame,
+)
+from piworkflows.protocol.internal.runner import EffectAwait, RunnerExiting, RunnerLaunch
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import EFFECT_WORK_STATUSES
 from piworkflows.workflows import CompiledWorkflow, discovery, failures, routing
 from piworkflows.workflows.context import NodeContext
 from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
-
-LAUNCH, EXITING = "launch", "exiting"
 
 
 class Channel:
@@ -55,14 +66,14 @@ class Channel:
             self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
 
-    def send(self, kind: str, body: dict[str, Any]) -> int:
+    def send(self, frame: Frame) -> int:
         self.ids += 1
-        self.stdout.write(frames.encode(kind, self.ids, body))
+        self.stdout.write(frames.encode(frame.kind, self.ids, frame.model_dump()))
         self.stdout.flush()
         return self.ids
 
-    def request(self, kind: str, body: dict[str, Any]) -> Reply:
-        self.send(kind, body)
+    def request(self, frame: Frame) -> Reply:
+        self.send(frame)
         return Reply.model_validate(self.receive()["b"])
 
 
@@ -133,22 +144,21 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
     Returns how the node ended, ``EFFECT_AMBIGUOUS`` (the run parks for an
     operator), or None (fenced, cancelled, or the writer restarts: the next runner continues).
     """
+    effect = node.effect
     try:
         performer, payload = effect_request(node, ctx)
-        payload_value = BlobValue.of_json(payload)
+        reserve = NodeEffectReserveFrame(
+            attempt_id=attempt_id,
+            effect_type=effect.effect_type,
+            recovery_policy=effect.recovery_policy,
+            performer=performer,
+            max_attempts=effect.max_attempts,
+            payload=BlobValue.of_json(payload),
+        )
     except Exception as exc:  # the request could not be built: nothing was reserved
         return "failed", None, _error_text(exc), None
-    effect = node.effect
-    body = {
-        "attempt_id": attempt_id,
-        "effect_type": effect.effect_type,
-        "recovery_policy": effect.recovery_policy,
-        "performer": performer,
-        "max_attempts": effect.max_attempts,
-        "payload": payload_value.model_dump(),
-    }
     while True:
-        reserved = channel.request("effect.reserve", body)
+        reserved = channel.request(reserve)
         if reserved.outcome == "conflict" and (reserved.receipt or {}).get("code") == "effectKeyConflict":
             # another request holds this visit's key (the node built other arguments): a definite refusal
             return "failed", None, reserved.error or "the effect could not be reserved", "effectKeyConflict"
@@ -158,7 +168,7 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
         status = receipt["effectStatus"]
         if status in EFFECT_WORK_STATUSES and performer != "runner":
             while status in EFFECT_WORK_STATUSES:  # the pool performs it; the run's claim stays renewed meanwhile
-                waited = channel.request("effect.await", {"effect_id": receipt["effectId"]})
+                waited = channel.request(EffectAwait(effect_id=receipt["effectId"]))
                 if waited.outcome != "accepted" or waited.receipt is None:
                     return None
                 status = waited.receipt["effectStatus"]
@@ -174,12 +184,14 @@ def perform_effect(channel: Channel, node: ActionNode, ctx: NodeContext, attempt
         return EFFECT_AMBIGUOUS
     elif status == "applying" and "attemptNumber" in receipt:  # the supervisor claimed it for this runner
         outcome = _run_action(node, ctx)
-        settle: dict[str, Any] = {"effect_id": receipt["effectId"], "settlement": outcome.settlement}
-        if outcome.result is not None:
-            settle["result"] = BlobValue.of_json(outcome.result).model_dump()
-        if outcome.error is not None:
-            settle.update(error=BlobValue.of_text(outcome.error).model_dump(), error_code=outcome.error_code)
-        settled = channel.request("effect.settle", settle)
+        settle = EffectSettleFrame(
+            effect_id=receipt["effectId"],
+            settlement=outcome.settlement,
+            result=BlobValue.of_json(outcome.result) if outcome.result is not None else None,
+            error=BlobValue.of_text(outcome.error) if outcome.error is not None else None,
+            error_code=outcome.error_code if outcome.error is not None else None,
+        )
+        settled = channel.request(settle)
         if settled.outcome not in ("accepted", "adopted"):
             return None
     else:
@@ -228,10 +240,10 @@ def ask(channel: Channel, node: CheckpointNode, ctx: NodeContext, attempt_id: st
         request: dict[str, Any] = {"summary": str(node.summary(ctx) if callable(node.summary) else node.summary)}
         if node.run is not None:
             request["details"] = node.run(ctx)
-        value = BlobValue.of_json(request).model_dump()
+        value = BlobValue.of_json(request)
     except Exception as exc:
         return "failed", None, _error_text(exc), None
-    channel.request("node.wait", {"attempt_id": attempt_id, "request": value})
+    channel.request(NodeWaitFrame(attempt_id=attempt_id, request=value))
     return None
 
 
@@ -263,17 +275,17 @@ def make_context(
     )
 
 
-def _text(text: str) -> dict[str, Any]:
-    return BlobValue.of_text(text).model_dump()
+def _text(text: str) -> BlobValue:
+    return BlobValue.of_text(text)
 
 
-def end_run(channel: Channel, body: dict[str, Any]) -> dict[str, Any]:
+def end_run(channel: Channel, finish: RunFinishFrame) -> RunnerExiting:
     """run.finish: the run ends here, no node being active; the runner exits whatever the reply."""
-    channel.request("run.finish", body)
-    return {}
+    channel.request(finish)
+    return RunnerExiting()
 
 
-def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
+def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
     """Execute the run from its last durable boundary; returns the exiting message."""
     resolved = None
     try:
@@ -282,29 +294,28 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
     except Exception as exc:  # the module raised here (or compiles no longer): the run cannot go on
         said = failures.describe(exc, resolved).text if resolved else f"{_source_name(launch)}: {_error_text(exc)}"
         error = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
-        return end_run(channel, {"end_status": "failed", "error_code": "loadFailed", "error": _text(error)})
+        return end_run(channel, RunFinishFrame(end_status="failed", error_code="loadFailed", error=_text(error)))
     if compiled is None:
-        return {"parkReason": "workflowSourceChanged"}
+        return RunnerExiting(park_reason="workflowSourceChanged")
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
     visits: dict[str, int] = {}
     retries: dict[tuple[str, int], int] = {}  # an interrupted visit continues with its next attempt number
     route, last_output = routing.Route(next_node=compiled.start_at), None
     for step in launch.steps:
-        if step["interrupted"]:
-            retries[(step["nodePath"], step["visit"])] = step["attempt"]
+        if step.interrupted:
+            retries[(step.node_path, step.visit_number)] = step.attempt_number
             continue
-        visits[step["nodePath"]] = max(visits.get(step["nodePath"], 0), step["visit"])
-        results[step["nodePath"]] = {"outcome": step["outcome"], "output": step["output"]}
-        if step["outcome"] == "ok":
-            outputs[step["nodePath"]] = step["output"]
-        route, last_output = routing.route(compiled, step["nodePath"], step["outcome"], step["output"]), step["output"]
+        visits[step.node_path] = max(visits.get(step.node_path, 0), step.visit_number)
+        results[step.node_path] = {"outcome": step.outcome, "output": step.output}
+        if step.outcome == "ok":
+            outputs[step.node_path] = step.output
+        route, last_output = routing.route(compiled, step.node_path, step.outcome, step.output), step.output
     if route.routing_error is not None:  # the answer of the last step (a checkpoint) matches no route
-        return end_run(
-            channel, {"end_status": "failed", "error_code": "routingError", "error": _text(route.routing_error)}
-        )
+        failed = RunFinishFrame(end_status="failed", error_code="routingError", error=_text(route.routing_error))
+        return end_run(channel, failed)
     if route.next_node is None:  # the answered checkpoint ends the workflow: its answer is the output
-        return end_run(channel, {"end_status": "completed", "output": BlobValue.of_json(last_output).model_dump()})
+        return end_run(channel, RunFinishFrame(end_status="completed", output=BlobValue.of_json(last_output)))
     path: str | None = route.next_node
     executed = len(launch.steps)  # interrupted attempts count: each took a step
     max_steps = compiled.workflow.max_steps
@@ -313,11 +324,11 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         node = compiled.nodes[path]
         visit = visits.get(path, 0) + 1
         if started_attempt is None:
-            started = channel.request("node.start", {"node_path": path, **_attempt_fields(node, visit, retries, path)})
+            started = channel.request(NodeStartFrame(node_path=path, **_attempt_fields(node, visit, retries, path)))
             if started.outcome not in ("accepted", "adopted") or started.receipt is None:
-                return {}  # fenced: a stale runner stops at once
+                return RunnerExiting()  # fenced: a stale runner stops at once
             if "runStatus" in started.receipt:
-                return {}  # the run had no step left: the writer ended it (maxStepsExceeded)
+                return RunnerExiting()  # the run had no step left: the writer ended it (maxStepsExceeded)
             started_attempt = started.receipt["attemptId"]
         attempt_id, started_attempt = started_attempt, None
         visits[path] = visit
@@ -327,17 +338,16 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
             ctx = make_context(compiled, launch.input, outputs, results, _scope(path))
         except WorkflowCodeFailed as failure:  # not the node's own code: no outcome edge to follow
             channel.request(
-                "node.finish",
-                {
+                NodeFinishFrame(
                     **finish,
-                    "outcome": "failed",
-                    "error": _text(failure.text),
-                    "error_code": failure.code,
-                    "end_status": "failed",
-                    "run_error": _text(f"node '{path}': {failure.text}"),
-                },
+                    outcome="failed",
+                    error=_text(failure.text),
+                    error_code=failure.code,
+                    end_status="failed",
+                    run_error=_text(f"node '{path}': {failure.text}"),
+                )
             )
-            return {}
+            return RunnerExiting()
         if isinstance(node, CheckpointNode):
             ended = ask(channel, node, ctx, attempt_id)
         elif isinstance(node, ActionNode):
@@ -345,13 +355,13 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
         else:
             ended = execute(node, ctx)
         if ended is None:
-            return {}  # waiting, fenced, cancelled, or the writer restarts: the next runner continues
+            return RunnerExiting()  # waiting, fenced, cancelled, or the writer restarts: the next runner continues
         if ended == EFFECT_AMBIGUOUS:
-            return {"parkReason": EFFECT_AMBIGUOUS}
+            return RunnerExiting(park_reason=EFFECT_AMBIGUOUS)
         node_outcome, output, error, error_code = ended
         if node_outcome == "ok" or output is not None:  # a failed shell node keeps its command's output
             try:
-                finish["output"] = BlobValue.of_json(output).model_dump()
+                finish["output"] = BlobValue.of_json(output)
             except Exception as exc:  # not JSON
                 node_outcome, error = "failed", _error_text(exc)
         if node_outcome == "ok":
@@ -383,14 +393,14 @@ def run(channel: Channel, launch: RunnerLaunch) -> dict[str, Any]:
             finish["end_status"] = route.end_status
             if node_outcome != "ok":  # the node's failure ends the run: the run's error names it
                 finish["run_error"] = _text(f"node '{path}': {error}")
-        finished = channel.request("node.finish", finish)
+        finished = channel.request(NodeFinishFrame(**finish))
         if finished.outcome not in ("accepted", "adopted") or finished.receipt is None:
-            return {}
+            return RunnerExiting()
         if "runStatus" in finished.receipt:
-            return {}  # the run ended (also when the writer found no step left for the next node)
+            return RunnerExiting()  # the run ended (also when the writer found no step left for the next node)
         started_attempt = finished.receipt.get("nextAttemptId")
         path = finish.get("next_node")
-    return {}
+    return RunnerExiting()
 
 
 def _attempt_fields(node: Any, visit: int, retries: dict[tuple[str, int], int], path: str) -> dict[str, Any]:
@@ -404,6 +414,6 @@ def main() -> int:
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the channel
     while True:
         frame = channel.receive()  # SystemExit(0) when the supervisor closes stdin
-        if frame["k"] != LAUNCH:
+        if frame["k"] != RunnerLaunch.kind:
             return 2
-        channel.send(EXITING, run(channel, RunnerLaunch.model_validate(frame["b"])))
+        channel.send(run(channel, RunnerLaunch.model_validate(frame["b"])))

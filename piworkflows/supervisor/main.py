@@ -36,7 +36,7 @@ import psutil
 from piworkflows.errors import StatePathRefused
 from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import Reply
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.outbox import OutboxPool

@@ -7,10 +7,11 @@
              host.json) ── wait for a notice (wake) or the next retry time
           ── effect.claim (token here, hash in leases; the numbered attempt is recorded)
           ── perform ──> worker ── spawned {pid}: the command group into host.json first
-          ── upload (a command's stream, in parts) ──> blob.put / blob.put_part ── reply
-          ── settle ──> effect.settle under the claim (retry: pending at a backoff time; the
-             streams it names linked to the run), deduped in worker_messages ── waiters
+          ── blob.put_part (a command's stream, in parts) ──> blob.put / blob.put_part ── reply
+          ── effect.settle ──> effect.settle under the claim (retry: pending at a backoff time;
+             the streams it names linked to the run), deduped in worker_messages ── waiters
              (runners awaiting the effect) told
+       (the frames: protocol/internal/outbox.py; a worker's are handled through one table, HANDLERS)
     worker gone ── its command groups killed ── effect.abandon (a backoff time for an
              idempotent retry; manual: ambiguous) ── respawn after a growing delay
     renewal: claim.renew for every applying effect every claim_renew_ms
@@ -21,7 +22,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import random
@@ -29,17 +29,21 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
-from piworkflows import canonical, faults
+from piworkflows import faults
 from piworkflows.clock import woken
 from piworkflows.outbox.retry import next_attempt_at
-from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobPart, BlobPut, BlobPutPart, BlobValue, Reply, new_claim
+from piworkflows.protocol.internal.base import new_claim
+from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobPutPartFrame
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 
@@ -221,25 +225,22 @@ class OutboxPool:
                 if self._alive(slot):
                     continue
                 return
-            proc.stdin.write(frames.encode(PERFORM, 0, task))
+            proc.stdin.write(frames.encode(task.kind, 0, task.model_dump()))
             await proc.stdin.drain()
             while True:
                 frame = await self._next_frame(slot)
                 if frame is None:
                     return  # the worker died applying: _worker_gone abandons the attempt
-                if frame["k"] == SPAWNED:
-                    accepted = self._record_command(slot, frame["b"]["pid"])
-                    proc.stdin.write(frames.encode("reply", frame["id"], {"accepted": accepted}))
-                    await proc.stdin.drain()
-                elif frame["k"] == UPLOAD:
-                    reply = await self._upload(slot, BlobPart.model_validate(frame["b"]))
-                    proc.stdin.write(frames.encode("reply", frame["id"], reply.model_dump()))
-                    await proc.stdin.drain()
-                elif frame["k"] == SETTLE:
-                    await self._settle(slot, frame["b"])
+                handler = HANDLERS.get(frame["k"])
+                if handler is None:
+                    continue
+                reply = await handler(self, slot, frame["b"])
+                if reply is None:  # settled: the worker is free for the next effect
                     break
+                proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
+                await proc.stdin.drain()
 
-    async def _claim_next(self, slot: Slot) -> dict[str, Any] | None:
+    async def _claim_next(self, slot: Slot) -> PerformEffect | None:
         """Claim one due effect; with none due, wait for a notice or the next retry time (None:
         the pool stops or the worker is gone)."""
         while not self._stopping and self._alive(slot):
@@ -254,13 +255,13 @@ class OutboxPool:
                     receipt["effectId"], receipt.get("runId"), claim, reply.revision, receipt["attemptNumber"]
                 )
                 self.wake()  # more may be due: one more idle slot looks
-                return {
-                    "effectId": receipt["effectId"],
-                    "performer": receipt["performer"],
-                    "idempotencyKey": receipt["idempotencyKey"],
-                    "recoveryPolicy": receipt["recoveryPolicy"],
-                    "payload": receipt["payload"],
-                }
+                return PerformEffect(
+                    effect_id=receipt["effectId"],
+                    performer=receipt["performer"],
+                    idempotency_key=receipt["idempotencyKey"],
+                    recovery_policy=receipt["recoveryPolicy"],
+                    payload=receipt["payload"],
+                )
             if self._notices != notices:
                 continue  # a notice came while this slot asked: ask again
             wait_s = self.settings.outbox_idle_check_ms / 1000
@@ -271,6 +272,12 @@ class OutboxPool:
             slot.idle = False
             slot.wakeup.clear()
         return None
+
+    async def _spawned(self, slot: Slot, body: dict[str, Any]) -> Reply:
+        """Accepted once the command group is recorded; else the worker ends it."""
+        if self._record_command(slot, CommandSpawned.model_validate(body).pid):
+            return Reply(outcome="accepted")
+        return Reply(outcome="rejected", error="the command group was not recorded")
 
     def _record_command(self, slot: Slot, pid: int) -> bool:
         """The performer's command group, in host.json before it runs anything."""
@@ -294,9 +301,10 @@ class OutboxPool:
             self.supervisor.forget_child(identity.pid)
         slot.commands.clear()
 
-    async def _upload(self, slot: Slot, part: BlobPart) -> Reply:
+    async def _upload(self, slot: Slot, body: dict[str, Any]) -> Reply:
         """A part of a value the worker stores (a command's stream) to the writer: one that is the
         whole value goes as blob.put; the answer says ``complete`` once the value is stored."""
+        part = BlobPutPartFrame.model_validate(body).part
         whole = part.whole()
         if whole is None:
             reply = await self.request(BlobPutPart.kind, {"part": part.model_dump()}, slot.actor)
@@ -308,26 +316,19 @@ class OutboxPool:
             log.warning("a command's output was not stored: %s", (reply.receipt or {}).get("code", reply.outcome))
         return reply
 
-    async def _settle(self, slot: Slot, report: dict[str, Any]) -> None:
+    async def _settle(self, slot: Slot, frame_body: dict[str, Any]) -> None:
+        """effect.settle of the worker's attempt under the effect's claim; ends the exchange."""
+        report = EffectSettleFrame.model_validate(frame_body)
         effect = slot.effect
-        if effect is None or report.get("effectId") != effect.effect_id:
+        if effect is None or report.effect_id != effect.effect_id:
             log.warning("outbox worker %d reported an effect it does not hold", slot.index)
             return
         body: dict[str, Any] = {
-            "effect_id": effect.effect_id,
+            **report.model_dump(),
             "claim": effect.claim,
             "expected_revision": effect.revision,
-            "settlement": report["settlement"],
         }
-        if report.get("result") is not None:
-            body["result"] = BlobValue.of_json(report["result"]).model_dump()
-        if report.get("error") is not None:
-            body["error"] = BlobValue.of_text(report["error"]).model_dump()
-        for name, key in (("error_code", "errorCode"), ("external_ref", "externalRef")):
-            if report.get(key) is not None:
-                body[name] = report[key]
-        body["view_content"] = [bytes.fromhex(digest) for digest in report.get("viewContent") or []]
-        if report["settlement"] == "retry":
+        if report.settlement == "retry":
             body["retry_at"] = next_attempt_at(
                 int(time.time() * 1000),
                 effect.attempt,
@@ -335,18 +336,17 @@ class OutboxPool:
                 self.settings.effect_retry_max_ms,
                 self._rng,
             )
-        fingerprint = hashlib.sha256(canonical.dumps_bytes(report))
         body["worker_message"] = {
             "sender_scope": effect.effect_id,
-            "message_kind": "effect.settle",
+            "message_kind": report.kind,
             "message_id": f"{effect.claim['lease_generation']}:settle",
-            "fingerprint": fingerprint.digest(),
+            "fingerprint": report.fingerprint(),
             "run_id": effect.run_id,
         }
-        reply = await self.request("effect.settle", body, slot.actor)
+        reply = await self.request(report.kind, body, slot.actor)
         while reply.outcome == "unavailable" and not self._stopping:  # the writer restarts: the same
             await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # report again (deduped)
-            reply = await self.request("effect.settle", body, slot.actor)
+            reply = await self.request(report.kind, body, slot.actor)
         if reply.outcome not in ("accepted", "adopted", "claimLost"):
             log.warning("an effect settlement was not recorded: %s", reply.outcome)
         slot.effect = None
@@ -419,6 +419,17 @@ class OutboxPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for slot in self.slots:
             await self._worker_gone(slot)
+
+
+Handler = Callable[[OutboxPool, Slot, dict[str, Any]], Awaitable[Reply | None]]
+
+# How each frame from a worker is handled (protocol/internal/outbox.py WORKER_FRAMES, one to one):
+# a reply for the worker, or None once the effect is settled.
+HANDLERS: dict[str, Handler] = {
+    CommandSpawned.kind: OutboxPool._spawned,
+    BlobPutPartFrame.kind: OutboxPool._upload,
+    EffectSettleFrame.kind: OutboxPool._settle,
+}
 
 
 def _kill_group(pid: int) -> None:

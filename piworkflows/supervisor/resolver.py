@@ -5,7 +5,7 @@ the supervisor.
 
     Resolvers.resolve(project, workflow, input), .show(project, workflow), .list_workflows(project)
         an idle child (`python -m piworkflows.runner resolve`, package imported)
-        or a new one ── request frame on stdin ──> <── answer frame (internal.RESOLVER_FRAMES)
+        or a new one ── request frame on stdin ──> <── answer frame (protocol/internal/resolver.py)
         ── back to the idle set; killed instead on a timeout or a broken answer,
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
            children exist, further requests wait for one
@@ -25,14 +25,12 @@ import struct
 import sys
 from typing import Any, Protocol
 
-from pydantic import BaseModel
-
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
-    MAX_FRAME_BYTES,
-    RESOLVER_FRAMES,
+from piworkflows.protocol.internal.base import MAX_FRAME_BYTES, Frame
+from piworkflows.protocol.internal.resolver import (
     Resolution,
     ResolveRequest,
+    ResolverRequest,
     WorkflowListing,
     WorkflowListRequest,
     WorkflowShown,
@@ -99,7 +97,7 @@ class Resolvers:
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
         try:
-            answer = await self._ask("resolve", request)
+            answer = await self._ask(request)
         except Unanswered as exc:
             return Resolution(ok=False, code="invalidDefinition", message=str(exc))
         assert isinstance(answer, Resolution)
@@ -108,7 +106,7 @@ class Resolvers:
     async def show(self, project_path: str, workflow_name: str) -> WorkflowShown:
         request = WorkflowShowRequest(project_path=project_path, workflow_name=workflow_name)
         try:
-            answer = await self._ask("show", request)
+            answer = await self._ask(request)
         except Unanswered as exc:
             return WorkflowShown(ok=False, code="invalidDefinition", message=str(exc))
         assert isinstance(answer, WorkflowShown)
@@ -117,17 +115,17 @@ class Resolvers:
     async def list_workflows(self, project_path: str) -> WorkflowListing:
         """Every workflow of the project, the user dir and the built-ins; Unanswered if the child
         took too long (a module that hangs) or broke."""
-        answer = await self._ask("list", WorkflowListRequest(project_path=project_path))
+        answer = await self._ask(WorkflowListRequest(project_path=project_path))
         assert isinstance(answer, WorkflowListing)
         return answer
 
-    async def _ask(self, kind: str, request: BaseModel) -> BaseModel:
+    async def _ask(self, request: ResolverRequest) -> Frame:
         async with self._slots:
             child = self._idle.pop() if self._idle else await self._spawn()
             child.stderr.take()  # what it said for earlier requests was theirs
             try:
                 async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
-                    answer = await self._exchange(child, kind, request)
+                    answer = await self._exchange(child, request)
             except TimeoutError:
                 await self._end(child, failed=True)
                 limit = self.settings.resolve_timeout_ms
@@ -142,16 +140,16 @@ class Resolvers:
                 self._idle.append(child)
             return answer
 
-    async def _exchange(self, child: _Child, kind: str, request: BaseModel) -> BaseModel:
+    async def _exchange(self, child: _Child, request: ResolverRequest) -> Frame:
         assert child.proc.stdin is not None and child.proc.stdout is not None
-        child.proc.stdin.write(frames.encode(kind, child.uses + 1, request.model_dump()))
+        child.proc.stdin.write(frames.encode(request.kind, child.uses + 1, request.model_dump()))
         await child.proc.stdin.drain()
         (length,) = struct.unpack(">I", await child.proc.stdout.readexactly(4))
         if length > MAX_FRAME_BYTES:
             raise frames.FrameError("oversized answer")
         payload = await child.proc.stdout.readexactly(length)
         received = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
-        return RESOLVER_FRAMES[kind][1].model_validate(received[0]["b"])
+        return request.answer.model_validate(received[0]["b"])
 
     async def _end(self, child: _Child, failed: bool = False) -> None:
         """End the child; one that ``failed`` a request leaves its last stderr lines in server.log

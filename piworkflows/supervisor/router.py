@@ -9,7 +9,8 @@ A stored operation carries a ``client_receipt`` (client id, idempotency key,
 fingerprint), so the writer answers a repeat from ``host_commands``: the
 same request is ``adopted``, another request under the key is ``conflict``.
 Listed operations that this build does not serve yet are ``rejected`` with
-code ``notAvailable`` and store nothing.
+code ``notAvailable`` and store nothing. Each served operation has one route in
+``ROUTES`` (its keys are ``client_v1.OPERATION_SHAPES``'s, ``tests/unit/test_registry.py``).
 """
 
 from __future__ import annotations
@@ -28,16 +29,11 @@ from pydantic import ValidationError
 from piworkflows import canonical
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal import (
-    Actor,
-    BlobValue,
-    ClientReceiptKey,
-    Reply,
-    Resolution,
-    RunContentRead,
-    RunCreate,
-    RunLogs,
-)
+from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
+from piworkflows.protocol.internal.resolver import Resolution
+from piworkflows.protocol.internal.runs import RunCreate
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
@@ -50,34 +46,9 @@ WriterRequest = Callable[[str, dict[str, Any]], Awaitable[Reply]]
 class Router:
     def __init__(self, supervisor: Any) -> None:
         self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
-        self.routes: dict[str, Callable[[client_v1.Request, Any], Awaitable[client_v1.Response]]] = {
-            "checkpoint.answer": self.checkpoint_answer,
-            "run.cancel": self.run_cancel,
-            "run.delete": self.run_delete,
-            "run.pause": self.run_pause,
-            "run.resume": self.run_resume,
-            "run.restart": self.run_restart,
-            "run.start": self.run_start,
-            "run.status": self.run_status,
-            "run.list": self.run_list,
-            "server.status": self.server_status,
-            "server.stop": self.server_stop,
-            "protocol.schema": self.protocol_schema,
-            "state.status": self.state_read,
-            "state.verify": self.state_read,
-            "state.backup": self.state_backup,
-            "state.prune": self.state_prune,
-            "effect.list": self.effect_list,
-            "effect.confirm": self.effect_recovery,
-            "effect.retry": self.effect_recovery,
-            "workflow.list": self.workflow_list,
-            "workflow.show": self.workflow_show,
-            "run.logs": self.run_logs,
-        }
-        assert set(self.routes) == set(client_v1.OPERATION_SHAPES)
 
     async def handle(self, request: client_v1.Request) -> client_v1.Response:
-        route = self.routes.get(request.operation)
+        route = ROUTES.get(request.operation)
         if route is None:
             return refuse(request, CommandError("notAvailable", f"{request.operation} is not available in this build"))
         payload_model = client_v1.OPERATION_SHAPES[request.operation][0]
@@ -86,7 +57,7 @@ class Router:
         except ValidationError as exc:
             refusal = CommandError("validationFailed", "payload has " + describe_invalid_fields(exc.errors()))
             return refuse(request, refusal)
-        return await route(request, payload)
+        return await route(self, request, payload)
 
     async def server_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """Always answered: with the writer's counts when it can read them, and why nothing can be
@@ -456,6 +427,35 @@ class Router:
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=client_v1.schema_document())
+
+
+Route = Callable[[Router, client_v1.Request, Any], Awaitable[client_v1.Response]]
+
+# The route of each operation this build serves (client_v1.OPERATION_SHAPES, one to one).
+ROUTES: dict[str, Route] = {
+    "checkpoint.answer": Router.checkpoint_answer,
+    "run.cancel": Router.run_cancel,
+    "run.delete": Router.run_delete,
+    "run.pause": Router.run_pause,
+    "run.resume": Router.run_resume,
+    "run.restart": Router.run_restart,
+    "run.start": Router.run_start,
+    "run.status": Router.run_status,
+    "run.list": Router.run_list,
+    "server.status": Router.server_status,
+    "server.stop": Router.server_stop,
+    "protocol.schema": Router.protocol_schema,
+    "state.status": Router.state_read,
+    "state.verify": Router.state_read,
+    "state.backup": Router.state_backup,
+    "state.prune": Router.state_prune,
+    "effect.list": Router.effect_list,
+    "effect.confirm": Router.effect_recovery,
+    "effect.retry": Router.effect_recovery,
+    "workflow.list": Router.workflow_list,
+    "workflow.show": Router.workflow_show,
+    "run.logs": Router.run_logs,
+}
 
 
 def _source_mismatch(payload: client_v1.RunStartPayload, resolution: Resolution) -> str | None:

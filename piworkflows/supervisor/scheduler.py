@@ -9,7 +9,8 @@
       ── launch ── runner messages: claim + expected revision + message key attached,
          forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
          not sent when the run's end or wait already ended the runner record)
-    effects: effect.reserve ── pool performers (shell, http): the outbox pool is woken; the
+    runner frames (protocol/internal/runner.py) go through one table, RELAYS, by kind
+    effects: node.reserve_effect ── pool performers (shell, http): the outbox pool is woken; the
          runner sends effect.await, answered when the pool settled it (or after effect_await_ms)
          with its status, and reserves again to adopt the result
        ── an action body (performer "runner"): effect.claim for it (token here, a numbered
@@ -33,6 +34,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,18 @@ import psutil
 from piworkflows import canonical
 from piworkflows.clock import woken
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import BlobValue, Reply, RunnerLaunch, RunSource, new_claim
+from piworkflows.protocol.internal.base import BlobValue, new_claim
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.nodes import (
+    NodeEffectReserveFrame,
+    NodeFinishFrame,
+    NodeStartFrame,
+    NodeWaitFrame,
+    RunFinishFrame,
+)
+from piworkflows.protocol.internal.runner import CompletedStep, EffectAwait, RunnerExiting, RunnerLaunch
+from piworkflows.protocol.internal.runs import RunSource
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
 from piworkflows.supervisor.logs import log_failure
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
@@ -52,7 +65,6 @@ log = logging.getLogger("piworkflows.supervisor")
 RUNNER_MARKER = "piworkflows.runner"
 RUNS_PER_PROCESS = 1000  # a runner process is recycled after this many runs (a Python start: ~0.4 s CPU)
 SERVER = {"actor_class": "server"}
-RUN_MESSAGES = frozenset({"node.start", "node.finish", "node.wait", "run.finish"})  # forwarded under the claim
 
 
 @dataclass
@@ -202,7 +214,7 @@ class Scheduler:
                 source=_source(state.receipt["source"]),
                 definition_digest=state.receipt["definitionDigest"],
                 input=state.receipt["input"],
-                steps=state.receipt["steps"],
+                steps=[_step(step) for step in state.receipt["steps"]],
             )
             outcome = await self._relay(handle, proc, launch)
         except ChildNotRecorded as exc:  # ended before it ran anything; the run waits for the next launch
@@ -278,47 +290,46 @@ class Scheduler:
 
     async def _relay(self, handle: RunnerHandle, proc: asyncio.subprocess.Process, launch: RunnerLaunch) -> str:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(frames.encode("launch", 0, launch.model_dump()))
+        proc.stdin.write(frames.encode(launch.kind, 0, launch.model_dump()))
         await proc.stdin.drain()
         decoder = frames.FrameDecoder()
         while data := await proc.stdout.read(1 << 16):
             for frame in decoder.feed(data):
-                if frame["k"] == "exiting":
-                    handle.park_reason = (frame["b"] or {}).get("parkReason") or handle.park_reason
-                    handle.done = True
+                relay = RELAYS.get(frame["k"])
+                if relay is None:
+                    reply: Reply | None = Reply(
+                        outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message"
+                    )
+                else:
+                    reply = await relay(self, handle, frame)
+                if reply is None:  # the runner is done with its run
                     return "cancelled" if handle.stopping else "exited"
-                reply = await self._forward(handle, frame)
-                proc.stdin.write(frames.encode("reply", frame["id"], reply.model_dump()))
+                proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
                 await proc.stdin.drain()
         code = await proc.wait()
         if handle.stopping:
             return "cancelled"
         return "exited" if code == 0 else "crashed"
 
-    async def _forward(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
-        kind = frame["k"]
-        if kind == "effect.settle":
-            return await self._settle_effect(handle, dict(frame["b"]))
-        if kind == "effect.reserve":
-            reply = await self._forward_run_message(handle, frame, "node.reserve_effect")
-            if (
-                reply.outcome in ("accepted", "adopted")
-                and reply.receipt
-                and reply.receipt["effectStatus"] == "pending"
-            ):
-                if frame["b"].get("performer") == "runner":  # an action body: the runner acts itself
-                    return await self._claim_effect(handle, reply.receipt["effectId"])
-                self.supervisor.outbox.wake()  # the pool performs it; the runner awaits the settlement
-            return reply
-        if kind == "effect.await":
-            return await self._await_effect(handle, frame["b"]["effect_id"])
-        if kind not in RUN_MESSAGES:
-            return Reply(outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message")
-        return await self._forward_run_message(handle, frame, kind)
+    async def _exiting(self, handle: RunnerHandle, frame: dict[str, Any]) -> None:
+        """The runner is done with its run; it may ask the run to park."""
+        handle.park_reason = RunnerExiting.model_validate(frame["b"]).park_reason or handle.park_reason
+        handle.done = True
 
-    async def _await_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
+    async def _reserve_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """node.reserve_effect under the run's claim; a pending effect is then claimed for the runner
+        (an action body acts itself) or left to the pool (woken; the runner awaits the settlement)."""
+        reply = await self._forward_run_message(handle, frame)
+        if reply.outcome in ("accepted", "adopted") and reply.receipt and reply.receipt["effectStatus"] == "pending":
+            if frame["b"].get("performer") == "runner":  # an action body: the runner acts itself
+                return await self._claim_effect(handle, reply.receipt["effectId"])
+            self.supervisor.outbox.wake()  # the pool performs it; the runner awaits the settlement
+        return reply
+
+    async def _await_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         """Until the pool settles the effect (or it becomes ambiguous), at most effect_await_ms;
         the answer is its status now (the runner adopts a settled one by reserving again)."""
+        effect_id = EffectAwait.model_validate(frame["b"]).effect_id
         pool = self.supervisor.outbox
         handle.awaiting = settled = pool.watch(effect_id)
         try:
@@ -362,20 +373,24 @@ class Scheduler:
             return Reply(outcome="accepted", receipt={**reply.receipt, "effectStatus": "applying"})
         return reply
 
-    async def _settle_effect(self, handle: RunnerHandle, body: dict[str, Any]) -> Reply:
+    async def _settle_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """effect.settle of the action body's attempt, under the effect's claim."""
+        body = dict(frame["b"])
         effect = handle.effect
         if effect is None or body.get("effect_id") != effect.effect_id:
             return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no such effect in flight")
         body.update(claim=effect.claim, expected_revision=effect.revision)
-        reply = await self.request("effect.settle", body)
+        reply = await self.request(EffectSettleFrame.kind, body)
         if reply.outcome in ("accepted", "adopted"):
             handle.effect = None
             if handle.stop_after_effect:
                 self._stop_handle(handle)
         return reply
 
-    async def _forward_run_message(self, handle: RunnerHandle, frame: dict[str, Any], kind: str) -> Reply:
-        body = dict(frame["b"])
+    async def _forward_run_message(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """The writer command of the frame's kind: the runner's fields under the run's claim, at the
+        revision the runner last saw, deduplicated by the message key."""
+        kind, body = frame["k"], dict(frame["b"])
         message = canonical.dumps_bytes(
             {"kind": kind, "body": {k: v for k, v in body.items() if not isinstance(v, (bytes, dict))}}
         )
@@ -516,12 +531,40 @@ class Scheduler:
             self._forget(proc)
 
 
+Relay = Callable[[Scheduler, RunnerHandle, dict[str, Any]], Awaitable[Reply | None]]
+
+# How each runner frame is served (protocol/internal/runner.py RUNNER_FRAMES, one to one): a reply
+# for the runner, or None when the runner is done with its run.
+RELAYS: dict[str, Relay] = {
+    NodeStartFrame.kind: Scheduler._forward_run_message,
+    NodeFinishFrame.kind: Scheduler._forward_run_message,
+    NodeWaitFrame.kind: Scheduler._forward_run_message,
+    RunFinishFrame.kind: Scheduler._forward_run_message,
+    NodeEffectReserveFrame.kind: Scheduler._reserve_effect,
+    EffectSettleFrame.kind: Scheduler._settle_effect,
+    EffectAwait.kind: Scheduler._await_effect,
+    RunnerExiting.kind: Scheduler._exiting,
+}
+
+
 def _signal_group(pid: int, signum: int) -> None:
     """The group of a runner this supervisor spawned itself (its own handle, not a pid from disk)."""
     try:
         os.killpg(pid, signum)
     except ProcessLookupError:
         pass
+
+
+def _step(step: dict[str, Any]) -> CompletedStep:
+    """A step of run.resume_state's receipt as the launch carries it."""
+    return CompletedStep(
+        node_path=step["nodePath"],
+        visit_number=step["visit"],
+        attempt_number=step["attempt"],
+        outcome=step["outcome"],
+        output=step["output"],
+        interrupted=step["interrupted"],
+    )
 
 
 def _source(view_source: dict[str, Any]) -> RunSource:

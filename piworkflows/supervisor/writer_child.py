@@ -21,7 +21,7 @@ from typing import Any
 
 from piworkflows.errors import CommandError, StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import Reply, WriterHealth
+from piworkflows.protocol.internal.writer import Reply, WriterHealth
 from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity

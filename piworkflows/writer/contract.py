@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import Actor, BlobValue, Claim, Command, EffectRequest, ReadCommand
+from piworkflows.protocol.internal.base import Actor, BlobValue, Claim, Command, ReadCommand
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.writer import records
 
 C = TypeVar("C", bound="Command | ReadCommand")
@@ -52,7 +53,7 @@ class Result:
 
 
 class Handler(Generic[C]):
-    """One command kind. Subclasses set ``kind``, ``model`` and ``actors``.
+    """One command kind. Subclasses set ``model`` and ``actors``; ``kind`` is the model's.
 
     ``stores_refusals``: a refusal is stored under the command's key like an
     acceptance, so a repeat answers it again. A handler whose refusals depend on
@@ -60,11 +61,16 @@ class Handler(Generic[C]):
     False: its refusal is answered but not stored, and a repeat is checked again.
     """
 
-    kind: ClassVar[str]
-    model: ClassVar[type]
+    kind: ClassVar[str]  # the model's kind (set when a subclass names its model)
+    model: ClassVar[type[Command] | type[ReadCommand]]
     actors: ClassVar[frozenset[str]]
     read_only: ClassVar[bool] = False
     stores_refusals: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "model" in vars(cls):
+            cls.kind = cls.model.kind
 
     def run(self, tx: Tx, cmd: C) -> Result:
         if tx.actor.actor_class not in self.actors:

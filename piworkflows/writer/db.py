@@ -36,7 +36,9 @@ from piworkflows import faults
 from piworkflows.clock import Clock
 from piworkflows.errors import CommandError, describe_invalid_fields
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import COMMAND_MODELS, BlobPutPart, Reply
+from piworkflows.protocol.internal import COMMAND_MODELS
+from piworkflows.protocol.internal.content import BlobPutPart
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.writer import local_effects, prune, records, schema
 from piworkflows.writer.commands import REGISTRY

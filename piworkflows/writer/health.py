@@ -21,7 +21,7 @@ from pathlib import Path
 
 from piworkflows.errors import CommandError, StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths, free_bytes
-from piworkflows.protocol.internal import Fatal, Reply, WriterHealth
+from piworkflows.protocol.internal.writer import Fatal, Reply, WriterHealth
 
 _SQLITE_CONDITIONS = {
     sqlite3.SQLITE_FULL: "diskFull",

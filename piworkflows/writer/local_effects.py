@@ -21,7 +21,8 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from piworkflows.protocol.internal import Actor, BlobValue, EffectRequest
+from piworkflows.protocol.internal.base import Actor, BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.writer import records
 
 log = logging.getLogger("piworkflows.writer")

@@ -39,19 +39,12 @@ from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import CommandError, StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import (
-    FATAL,
-    HEALTH,
-    LOG,
-    READY,
-    REPLY,
+from piworkflows.protocol.internal.state import StateBackup, StateCompact, StatePrune
+from piworkflows.protocol.internal.writer import (
     Fatal,
     LogRecord,
     Ready,
     Reply,
-    StateBackup,
-    StateCompact,
-    StatePrune,
     WriterHealth,
 )
 from piworkflows.protocol.link import AsyncLink, Link
@@ -84,7 +77,7 @@ class PipeLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             body = LogRecord(level=record.levelno, message=self.format(record)[:4096]).model_dump()
-            frames.send(self.sock, LOG, 0, body)
+            frames.send(self.sock, LogRecord.kind, 0, body)
         except Exception:
             self.handleError(record)
 
@@ -213,7 +206,7 @@ class WriterLoop:
             log.error("writes fail: %s", code)
         else:
             log.info("writes commit again")
-        frames.send(self.sock, HEALTH, 0, now.model_dump())
+        frames.send(self.sock, now.kind, 0, now.model_dump())
 
     def _refusal(self, code: str | None) -> Reply:
         return health.refusal(code, self.health.free_bytes)
@@ -376,12 +369,14 @@ def _writes(item: Submitted) -> bool:
 
 def _encode_reply(corr_id: int, reply: Reply) -> bytes:
     try:
-        return frames.encode(REPLY, corr_id, reply.model_dump())
+        return frames.encode(Reply.kind, corr_id, reply.model_dump())
     except frames.FrameError:  # a read too large for one frame: refused, the writer carries on
         log.error("a reply did not fit one frame")
         too_large = CommandError("responseTooLarge", "the answer is larger than one message; ask for less")
         return frames.encode(
-            REPLY, corr_id, Reply(outcome="rejected", receipt=too_large.receipt(), error=too_large.message).model_dump()
+            Reply.kind,
+            corr_id,
+            Reply(outcome="rejected", receipt=too_large.receipt(), error=too_large.message).model_dump(),
         )
 
 
@@ -408,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(
             "the state database cannot be used: %s", exc.reason if isinstance(exc, StateIncompatible) else fatal.message
         )
-        frames.send(sock, FATAL, 0, fatal.model_dump())
+        frames.send(sock, fatal.kind, 0, fatal.model_dump())
         return EXIT_INCOMPATIBLE
     ready = Ready(
         pid=os.getpid(),
@@ -416,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         schema_version=schema.SCHEMA_VERSION,
         ddl_sha256=schema.ddl_sha256(),
     )
-    frames.send(sock, READY, 0, ready.model_dump())
+    frames.send(sock, ready.kind, 0, ready.model_dump())
     return loop.serve()
 
 
@@ -498,7 +493,7 @@ def spawn(
         popen.kill()
         popen.wait()
         raise
-    if first["k"] == FATAL:
+    if first["k"] == Fatal.kind:
         ours.close()
         popen.wait()
         fatal = Fatal.model_validate(first["b"])
@@ -507,7 +502,7 @@ def spawn(
         raise WriterStartError(fatal.message, fatal.code, fatal.free_bytes)
 
     def on_frame(frame: dict) -> None:
-        if frame["k"] == HEALTH:
+        if frame["k"] == WriterHealth.kind:
             if on_health is not None:
                 on_health(WriterHealth.model_validate(frame["b"]))
         else:
@@ -518,7 +513,7 @@ def spawn(
 
 
 def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float) -> dict:
-    """Wait for READY or FATAL, relaying the log records that come before it."""
+    """Wait for the ready or fatal frame, relaying the log records that come before it."""
     sock.settimeout(timeout)
     try:
         while True:
@@ -526,9 +521,9 @@ def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float
             if received is None:
                 raise WriterStartError("the writer exited before it was ready")
             for index, frame in enumerate(received):
-                if frame["k"] == LOG:
+                if frame["k"] == LogRecord.kind:
                     _relay_log(frame)
-                elif frame["k"] in (READY, FATAL):
+                elif frame["k"] in (Ready.kind, Fatal.kind):
                     for later in received[index + 1 :]:
                         _relay_log(later)
                     return frame
@@ -542,6 +537,6 @@ def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float
 
 def _relay_log(frame: dict) -> None:
     """Write a writer's log record to this process's log (the server log)."""
-    if frame["k"] == LOG:
+    if frame["k"] == LogRecord.kind:
         record = LogRecord.model_validate(frame["b"])
         log.log(record.level, "writer: %s", record.message)

@@ -14,15 +14,15 @@ from typing import Any
 
 from piworkflows import canonical
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.base import (
     Actor,
     BlobValue,
     Claim,
     ClientReceiptKey,
-    EffectRequest,
     WorkerMessageKey,
     server_owner_id,
 )
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.states import MEDIA_TEXT, POOL_PERFORMERS
 
 # --- projects -----------------------------------------------------------------

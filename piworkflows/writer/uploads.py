@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import BlobPart, BlobValue, verify_value
+from piworkflows.protocol.internal.base import BlobValue, verify_value
+from piworkflows.protocol.internal.content import BlobPart
 
 Key = tuple[bytes, str, int]  # digest, media type, byte length: one upload
 

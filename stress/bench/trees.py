@@ -14,7 +14,7 @@ from pathlib import Path
 
 from piworkflows.clock import FakeClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.workflows import discovery
 from piworkflows.writer.db import GroupExecutor, Submitted, open_database

@@ -26,7 +26,7 @@ from typing import Any
 
 from piworkflows.clock import SystemClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.writer import db, schema

@@ -17,7 +17,7 @@ import pytest
 
 from piworkflows.client import WorkflowClient
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.writer.process import spawn
 from tests.engine_util import BLOCKING, start, view, write

@@ -9,6 +9,7 @@ the settlement names the streams it stored, and the node's output stays bounded.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import select
 import subprocess
@@ -19,10 +20,13 @@ from typing import Any
 
 import pytest
 
-from piworkflows.outbox.worker import PERFORM, SETTLE, SPAWNED, UPLOAD
 from piworkflows.performers import shell
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import MAX_INLINE_BLOB_BYTES, BlobPart, Reply
+from piworkflows.protocol.internal.base import MAX_INLINE_BLOB_BYTES
+from piworkflows.protocol.internal.content import BlobPutPartFrame
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
+from piworkflows.protocol.internal.writer import Reply
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.integration]
 
@@ -63,7 +67,7 @@ class Supervisor:
         return self.waiting.pop(0)
 
     def reply(self, frame: dict[str, Any], reply: Reply) -> None:
-        self.send("reply", frame["id"], reply.model_dump())
+        self.send(reply.kind, frame["id"], reply.model_dump())
 
 
 @pytest.fixture
@@ -81,29 +85,27 @@ def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_
     payload = shell.payload(
         {"command": sys.executable, "args": ["-c", SCRIPT]}, max_output_chars=10, allow_non_zero_exit=False
     )
-    supervisor.send(
-        PERFORM,
-        0,
-        {
-            "effectId": "effect-1",
-            "performer": shell.PERFORMER,
-            "idempotencyKey": "key-1",
-            "recoveryPolicy": "idempotent",
-            "payload": payload,
-        },
+    perform = PerformEffect(
+        effect_id="effect-1",
+        performer=shell.PERFORMER,
+        idempotency_key="key-1",
+        recovery_policy="idempotent",
+        payload=payload,
     )
+    supervisor.send(perform.kind, 0, perform.model_dump())
     spawned = supervisor.receive()
-    assert spawned["k"] == SPAWNED
-    supervisor.send("reply", spawned["id"], {"accepted": True})  # its group recorded
+    assert spawned["k"] == CommandSpawned.kind
+    supervisor.reply(spawned, Reply(outcome="accepted"))  # its group recorded
 
     first = supervisor.receive()
-    assert first["k"] == UPLOAD and BlobPart.model_validate(first["b"]).offset == 0
+    assert first["k"] == BlobPutPartFrame.kind
+    assert BlobPutPartFrame.model_validate(first["b"]).part.offset == 0
     supervisor.reply(first, Reply(outcome="unavailable", receipt={"code": "uploadsFull"}, error="full"))
     received: dict[int, bytes] = {}
     digests = set()
     while True:  # sent again from the start: every part, in order, until the value is complete
         frame = supervisor.receive()
-        part = BlobPart.model_validate(frame["b"])
+        part = BlobPutPartFrame.model_validate(frame["b"]).part
         if part.byte_length != len(STDOUT):
             break  # the next stream
         assert part.offset == sum(map(len, received.values())) and len(part.data) <= MAX_INLINE_BLOB_BYTES
@@ -117,11 +119,13 @@ def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_
     assert (part.offset, part.data, part.byte_length) == (0, b"a warning\n", 10)  # stderr: one part
     supervisor.reply(frame, Reply(outcome="accepted", receipt={"complete": True}))
     settle = supervisor.receive()
-    assert settle["k"] == SETTLE
-    report = settle["b"]
-    assert report["settlement"] == "applied" and report["result"]["output"]["stdout"] == "0123456789"
+    assert settle["k"] == EffectSettleFrame.kind
+    report = EffectSettleFrame.model_validate(settle["b"])
+    assert report.settlement == "applied" and report.result is not None
+    result = json.loads(report.result.data)
+    assert result["output"]["stdout"] == "0123456789"
     stdout_digest, stderr_digest = hashlib.sha256(STDOUT).hexdigest(), hashlib.sha256(b"a warning\n").hexdigest()
-    assert report["result"]["streams"] == {
+    assert result["streams"] == {
         "stdout": {
             "digest": "sha256:" + stdout_digest,
             "mediaType": "text/plain;charset=utf-8",
@@ -137,4 +141,4 @@ def test_streams_are_uploaded_in_parts_again_after_unavailable_and_named_by_the_
             "seenBytes": 10,
         },
     }
-    assert report["viewContent"] == [stdout_digest, stderr_digest]
+    assert report.view_content == [bytes.fromhex(stdout_digest), bytes.fromhex(stderr_digest)]

@@ -16,7 +16,7 @@ import pytest
 
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.writer import schema
 from piworkflows.writer.process import spawn

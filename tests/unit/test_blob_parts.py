@@ -17,7 +17,8 @@ import pytest
 
 from piworkflows.clock import FakeClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import MAX_INLINE_BLOB_BYTES, BlobPart
+from piworkflows.protocol.internal.base import MAX_INLINE_BLOB_BYTES
+from piworkflows.protocol.internal.content import BlobPart
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 from piworkflows.writer.db import GroupExecutor, open_database

@@ -8,7 +8,8 @@ import msgpack
 import pytest
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import MAX_FRAME_BYTES, Reply
+from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.writer.process import _encode_reply
 
 pytestmark = pytest.mark.timeout(30)

@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from piworkflows import canonical
 from piworkflows.clock import FakeClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue, EffectRequest, Reply
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.writer.db import GroupExecutor, Submitted, open_database
 from tests.support import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from piworkflows.protocol.internal import ResolveRequest, WorkflowListRequest, WorkflowShowRequest
+from piworkflows.protocol.internal.resolver import ResolveRequest, WorkflowListRequest, WorkflowShowRequest
 from piworkflows.runner import resolve as resolver
 from piworkflows.workflows import discovery, failures
 

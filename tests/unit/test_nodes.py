@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.writer.invariants import violations
 from tests.support import claim_run, run_create, run_group, run_state, runner_exited, submitted, take_epoch, token_hash
 

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from piworkflows.protocol.internal import BlobValue
+from piworkflows.protocol.internal.base import BlobValue
 from tests.support import claim_effect, effect_request, reserve, run_group, settle, take_epoch
 
 pytestmark = pytest.mark.timeout(30)

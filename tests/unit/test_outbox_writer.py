@@ -20,7 +20,8 @@ from hypothesis.control import currently_in_test_context
 from piworkflows import canonical
 from piworkflows.clock import FakeClock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal import BlobValue, EffectRequest
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.settings import Settings
 from piworkflows.writer import records
 from piworkflows.writer.db import GroupExecutor, Submitted, open_database

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from piworkflows.protocol.internal import Reply
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor import retention as retention_module
 from piworkflows.supervisor.retention import Retention

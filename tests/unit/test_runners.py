@@ -157,7 +157,7 @@ def test_startup_recovery_finds_runners_of_older_epochs(queued):
 
 
 def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_the_view(queued):
-    from piworkflows.protocol.internal import BlobValue
+    from piworkflows.protocol.internal.base import BlobValue
 
     run_group(queued, claim_run())
     died = runner_exited(1, outcome="crashed")
@@ -178,7 +178,7 @@ def test_a_dead_runner_park_detail_is_kept_with_a_no_progress_park_and_shown_in_
 
 
 def test_a_park_detail_is_short_text_and_only_kept_with_a_no_progress_park(queued):
-    from piworkflows.protocol.internal import BlobValue
+    from piworkflows.protocol.internal.base import BlobValue
 
     run_group(queued, claim_run())
     long = runner_exited(1, outcome="crashed")

@@ -264,7 +264,7 @@ def test_error_codes_are_camel_case() -> None:
 def test_runner_park_reasons_are_what_the_runner_exit_message_accepts():
     from typing import get_args
 
-    from piworkflows.protocol.internal import RunnerExited
+    from piworkflows.protocol.internal.runners import RunnerExited
 
     literal, none = get_args(RunnerExited.model_fields["park_reason"].annotation)
     assert none is type(None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal import REPLY, BlobValue
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
 from piworkflows.writer.views.runs import INLINE_VALUE_BYTES, PAGE_ROWS, STEP_VALUES_BYTES
@@ -185,7 +186,7 @@ def test_step_values_stay_within_one_frame_newest_first_and_the_active_step_past
         add_step(executor.conn, index, output={"n": index, "text": "y" * 60_000})
     add_step(executor.conn, PAGE_ROWS, kind="checkpoint", status="waiting", request={"summary": "go on?"})
     view = read(executor, "run.get", {"run_id": "run-1"}).receipt
-    frames.encode(REPLY, 1, {"receipt": view})  # one reply frame holds it
+    frames.encode(Reply.kind, 1, {"receipt": view})  # one reply frame holds it
     items = view["steps"]["items"]
     assert len(items) == PAGE_ROWS and view["steps"]["cursor"] == PAGE_ROWS - 1
     inline = [item["stepIndex"] for item in items if "omitted" not in item["output"]]

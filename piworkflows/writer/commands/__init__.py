@@ -1,15 +1,17 @@
 """The handler registry: each internal command kind maps to exactly one handler.
 
 ``tests/unit/test_registry.py`` checks that this registry and
-``protocol.internal.COMMAND_MODELS`` match one to one.
+``protocol.internal.COMMAND_MODELS`` (the package's ``__init__``) match one to one.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from piworkflows.writer.commands import content, control, effects, logs, nodes, runners, runs, server, state
 from piworkflows.writer.contract import Handler
 
-HANDLERS: tuple[Handler, ...] = (
+HANDLERS: tuple[Handler[Any], ...] = (
     *content.HANDLERS,
     *server.HANDLERS,
     *runs.HANDLERS,
@@ -21,5 +23,5 @@ HANDLERS: tuple[Handler, ...] = (
     *logs.HANDLERS,
 )
 
-REGISTRY: dict[str, Handler] = {handler.kind: handler for handler in HANDLERS}
+REGISTRY: dict[str, Handler[Any]] = {handler.kind: handler for handler in HANDLERS}
 assert len(REGISTRY) == len(HANDLERS), "two handlers claim one command kind"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
+from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.writer import records
 from piworkflows.writer.contract import Handler, Result, Tx
 from piworkflows.writer.uploads import Received
@@ -14,7 +14,6 @@ ANY_SERVER_ROLE = frozenset({"server", "client", "runner", "outbox", "channel", 
 class EnsureProject(Handler[ProjectEnsure]):
     """One stable id per canonical project path; repeating it adopts the row."""
 
-    kind = ProjectEnsure.kind
     model = ProjectEnsure
     actors = frozenset({"server", "client", "operator"})
 
@@ -26,7 +25,6 @@ class EnsureProject(Handler[ProjectEnsure]):
 class PutBlob(Handler[BlobPut]):
     """Store a verified value (e.g. an oversized runner result); repeats adopt."""
 
-    kind = BlobPut.kind
     model = BlobPut
     actors = ANY_SERVER_ROLE
 
@@ -39,7 +37,6 @@ class PutBlobPart(Handler[BlobPutPart]):
     """One part of an upload (writer/uploads.py): a value stored already is adopted at once; the
     value that this part completed, verified while it was decoded, is stored like blob.put stores it."""
 
-    kind = BlobPutPart.kind
     model = BlobPutPart
     actors = ANY_SERVER_ROLE
 
@@ -74,7 +71,6 @@ class PutBlobPart(Handler[BlobPutPart]):
 class ReadBlob(Handler[BlobRead]):
     """A bounded part of a stored value; the reader verifies the whole digest."""
 
-    kind = BlobRead.kind
     model = BlobRead
     actors = ANY_SERVER_ROLE
     read_only = True
@@ -95,7 +91,6 @@ class ReadBlob(Handler[BlobRead]):
 class FindReceipt(Handler[ReceiptFind]):
     """A stored client answer; a key reused for another request is a conflict."""
 
-    kind = ReceiptFind.kind
     model = ReceiptFind
     actors = frozenset({"server"})
     read_only = True

@@ -20,7 +20,7 @@ its outcome: a later pause or cancel is a conflict naming it.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCancel, RunControl, RunPause, RunRestart, RunResume
+from piworkflows.protocol.internal.control import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
@@ -56,7 +56,6 @@ class ControlHandler(ResourceHandler):
 
 
 class PauseRun(ControlHandler):
-    kind = RunPause.kind
     model = RunPause
 
     def transition(self, tx: Tx, cmd: RunPause, resource: records.Resource | None) -> Change:
@@ -93,7 +92,6 @@ class PauseRun(ControlHandler):
 
 
 class ResumeRun(ControlHandler):
-    kind = RunResume.kind
     model = RunResume
 
     def transition(self, tx: Tx, cmd: RunResume, resource: records.Resource | None) -> Change:
@@ -134,7 +132,6 @@ class CancelRun(ControlHandler):
     outcome (a later cancel is a conflict naming it).
     """
 
-    kind = RunCancel.kind
     model = RunCancel
 
     def transition(self, tx: Tx, cmd: RunCancel, resource: records.Resource | None) -> Change:
@@ -176,7 +173,6 @@ class RestartRun(ControlHandler):
     """One child run per restart: the parent's revision advances, so a competing
     restart at the same expected revision is a conflict and a retry adopts."""
 
-    kind = RunRestart.kind
     model = RunRestart
 
     def transition(self, tx: Tx, cmd: RunRestart, resource: records.Resource | None) -> Change:

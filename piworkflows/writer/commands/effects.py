@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
-    BlobValue,
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
     EffectConfirm,
@@ -48,7 +48,6 @@ def effect_target(tx: Tx, effect_id: str, claim: Any = None) -> Target:
 class ReserveEffects(ResourceHandler[EffectReserve]):
     """A source resource records follow-up effects at its exact revision."""
 
-    kind = EffectReserve.kind
     model = EffectReserve
     actors = frozenset({"server", "runner", "channel", "operator"})
 
@@ -62,7 +61,6 @@ class ReserveEffects(ResourceHandler[EffectReserve]):
 class ClaimEffect(ResourceHandler[EffectClaim]):
     """Take a new claim generation on a due pending effect and record its attempt."""
 
-    kind = EffectClaim.kind
     model = EffectClaim
     actors = frozenset({"server", "outbox"})
 
@@ -140,7 +138,6 @@ class SettleEffect(ResourceHandler[EffectSettle]):
     result names (``view_content``: a shell command's streams) are linked to the run in the same
     transaction (``run_view_content``), so they live as long as the run and go with it."""
 
-    kind = EffectSettle.kind
     model = EffectSettle
     actors = frozenset({"server", "outbox"})
     claim_required = True
@@ -245,7 +242,6 @@ def _view_content(tx: Tx, run_id: str | None, digests: list[bytes]) -> list[tupl
 class AbandonEffect(ResourceHandler[EffectAbandon]):
     """Its claimant died while applying: a new attempt later (idempotent) or an operator (manual)."""
 
-    kind = EffectAbandon.kind
     model = EffectAbandon
     actors = frozenset({"server"})
     claim_required = True
@@ -276,7 +272,6 @@ class RecoverEffects(Handler[EffectRecover]):
     """Pool effects left applying under a dead claim (their server epoch crashed, or the claim
     expired): each attempt ends uncertain, as if its worker's death had been seen."""
 
-    kind = EffectRecover.kind
     model = EffectRecover
     actors = frozenset({"server"})
 
@@ -344,7 +339,6 @@ def _run_unfinished(tx: Tx, effect_id: str) -> None:
 class ConfirmEffect(ResourceHandler[EffectConfirm]):
     """An operator's evidence that the ambiguous attempt acted: ``applied``, with the note."""
 
-    kind = EffectConfirm.kind
     model = EffectConfirm
     actors = OPERATORS
     fenced_by_transition = True
@@ -379,7 +373,6 @@ class ConfirmEffect(ResourceHandler[EffectConfirm]):
 class RetryEffect(ResourceHandler[EffectRetry]):
     """An operator asks for a new attempt: ``pending`` and due now; its claim records the attempt."""
 
-    kind = EffectRetry.kind
     model = EffectRetry
     actors = OPERATORS
     fenced_by_transition = True
@@ -407,7 +400,6 @@ class RetryEffect(ResourceHandler[EffectRetry]):
 class ListEffects(Handler[EffectList]):
     """What an operator reviews: no payloads, results, error texts or secrets."""
 
-    kind = EffectList.kind
     model = EffectList
     actors = frozenset({"server", "client", "operator"})
     read_only = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunContentRead, RunLogs
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
 from piworkflows.writer.contract import Handler, Result, Tx
 from piworkflows.writer.views import logs as views
 
@@ -11,7 +11,6 @@ READERS = frozenset({"server", "client", "operator"})
 
 
 class ReadRunLogs(Handler[RunLogs]):
-    kind = RunLogs.kind
     model = RunLogs
     actors = READERS
     read_only = True
@@ -26,7 +25,6 @@ class ReadRunLogs(Handler[RunLogs]):
 class ReadRunContent(Handler[RunContentRead]):
     """A part of a value linked to the run (run id, digest and media type all match the link)."""
 
-    kind = RunContentRead.kind
     model = RunContentRead
     actors = READERS
     read_only = True

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
-    BlobValue,
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.effects import EffectRequest
+from piworkflows.protocol.internal.nodes import (
     CheckpointAnswer,
-    EffectRequest,
     NodeEffectReserve,
     NodeFinish,
     NodeStart,
@@ -165,7 +165,6 @@ def ending(
 
 
 class StartNode(RunnerTransition[NodeStart]):
-    kind = NodeStart.kind
     model = NodeStart
 
     def transition(self, tx: Tx, cmd: NodeStart, resource: records.Resource | None) -> Change:
@@ -197,7 +196,6 @@ class StartNode(RunnerTransition[NodeStart]):
 
 
 class FinishNode(RunnerTransition[NodeFinish]):
-    kind = NodeFinish.kind
     model = NodeFinish
 
     def transition(self, tx: Tx, cmd: NodeFinish, resource: records.Resource | None) -> Change:
@@ -270,7 +268,6 @@ class FinishNode(RunnerTransition[NodeFinish]):
 class FinishRun(RunnerTransition[RunFinish]):
     """The run ends where no node is active (after an answered checkpoint, or a module that failed to load)."""
 
-    kind = RunFinish.kind
     model = RunFinish
 
     def transition(self, tx: Tx, cmd: RunFinish, resource: records.Resource | None) -> Change:
@@ -295,7 +292,6 @@ class FinishRun(RunnerTransition[RunFinish]):
 class WaitNode(RunnerTransition[NodeWait]):
     """waiting | parked | no claim | no runner: the runner exits after this commit."""
 
-    kind = NodeWait.kind
     model = NodeWait
 
     def transition(self, tx: Tx, cmd: NodeWait, resource: records.Resource | None) -> Change:
@@ -338,7 +334,6 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
     claim is ended here first; the run's live claim proves its performer is gone.
     """
 
-    kind = NodeEffectReserve.kind
     model = NodeEffectReserve
 
     def transition(self, tx: Tx, cmd: NodeEffectReserve, resource: records.Resource | None) -> Change:
@@ -398,7 +393,6 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
 class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
     """One winner: the first answer completes the node; a later one is a conflict naming it."""
 
-    kind = CheckpointAnswer.kind
     model = CheckpointAnswer
     actors = frozenset({"client", "operator", "human"})
     # A waiting checkpoint means no runner holds the run; a later answer meets the

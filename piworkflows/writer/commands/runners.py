@@ -19,7 +19,7 @@ advances the run's presentation revision.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.runners import (
     ClaimableRuns,
     ClaimRenew,
     OrphanedRunners,
@@ -49,7 +49,6 @@ _CLAIMABLE = """
 
 
 class ClaimRun(ResourceHandler[RunClaim]):
-    kind = RunClaim.kind
     model = RunClaim
     actors = SERVER_ONLY
 
@@ -97,7 +96,6 @@ class ClaimRun(ResourceHandler[RunClaim]):
 class RecordRunnerSpawned(Handler[RunnerSpawned]):
     """Identity only: no run state changes, so no revision; fenced by the live claim."""
 
-    kind = RunnerSpawned.kind
     model = RunnerSpawned
     actors = SERVER_ONLY
 
@@ -114,7 +112,6 @@ class RecordRunnerSpawned(Handler[RunnerSpawned]):
 
 
 class RecordRunnerExited(ResourceHandler[RunnerExited]):
-    kind = RunnerExited.kind
     model = RunnerExited
     actors = SERVER_ONLY
     fenced_by_transition = True  # the runner is gone and its claim may have expired: its runner epoch fences
@@ -204,7 +201,6 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
 
 
 class ListClaimable(Handler[ClaimableRuns]):
-    kind = ClaimableRuns.kind
     model = ClaimableRuns
     actors = SERVER_ONLY
     read_only = True
@@ -218,7 +214,6 @@ class ListClaimable(Handler[ClaimableRuns]):
 
 
 class ListOrphans(Handler[OrphanedRunners]):
-    kind = OrphanedRunners.kind
     model = OrphanedRunners
     actors = SERVER_ONLY
     read_only = True
@@ -239,7 +234,6 @@ class ListOrphans(Handler[OrphanedRunners]):
 class RenewClaim(Handler[ClaimRenew]):
     """Renew the exact live claim (no revision: nothing changed but its expiry)."""
 
-    kind = ClaimRenew.kind
     model = ClaimRenew
     actors = SERVER_ONLY
 
@@ -251,7 +245,6 @@ class RenewClaim(Handler[ClaimRenew]):
 class ReadResumeState(Handler[ResumeState]):
     """The run's input and completed attempts (outputs through their media type), in step order."""
 
-    kind = ResumeState.kind
     model = ResumeState
     actors = SERVER_ONLY
     read_only = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import RunCreate, RunGet, RunList
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import runs as views
@@ -23,7 +23,6 @@ def run_target(tx: Tx, run_id: str, expected_revision: int | None = None) -> Tar
 
 
 class CreateRun(ResourceHandler[RunCreate]):
-    kind = RunCreate.kind
     model = RunCreate
     actors = frozenset({"client", "server", "operator"})
 
@@ -118,7 +117,6 @@ READERS = frozenset({"server", "client", "operator"})
 
 
 class ListRuns(Handler[RunList]):
-    kind = RunList.kind
     model = RunList
     actors = READERS
     read_only = True
@@ -139,7 +137,6 @@ class ListRuns(Handler[RunList]):
 
 
 class GetRun(Handler[RunGet]):
-    kind = RunGet.kind
     model = RunGet
     actors = READERS
     read_only = True

@@ -8,7 +8,7 @@ expire, and every claim stamped with an older epoch is dead from that commit.
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.server import (
     ServerCounts,
     ServerRecordStop,
     ServerReleaseEpoch,
@@ -24,7 +24,6 @@ SERVER_ONLY = frozenset({"server"})
 
 
 class TakeEpoch(ResourceHandler[ServerTakeEpoch]):
-    kind = ServerTakeEpoch.kind
     model = ServerTakeEpoch
     actors = SERVER_ONLY
 
@@ -76,7 +75,6 @@ def _verify_epoch_claim(tx: Tx, server_epoch: int, claim_token_hash: bytes) -> N
 class RenewEpoch(Handler[ServerRenewEpoch]):
     """The heartbeat: renews the exact live epoch claim (no event; nothing changed)."""
 
-    kind = ServerRenewEpoch.kind
     model = ServerRenewEpoch
     actors = SERVER_ONLY
 
@@ -93,7 +91,6 @@ class RenewEpoch(Handler[ServerRenewEpoch]):
 class ReleaseEpoch(Handler[ServerReleaseEpoch]):
     """A clean shutdown clears the live claim; the epoch number stays."""
 
-    kind = ServerReleaseEpoch.kind
     model = ServerReleaseEpoch
     actors = SERVER_ONLY
 
@@ -110,7 +107,6 @@ class ReleaseEpoch(Handler[ServerReleaseEpoch]):
 class RecordStop(ResourceHandler[ServerRecordStop]):
     """server.stop from a client: an audited, idempotent control on the server resource."""
 
-    kind = ServerRecordStop.kind
     model = ServerRecordStop
     actors = frozenset({"client", "operator"})
 
@@ -130,7 +126,6 @@ class RecordStop(ResourceHandler[ServerRecordStop]):
 class Counts(Handler[ServerCounts]):
     """Counts only: run queue phases, expired claims, pending interactions, ambiguous effects."""
 
-    kind = ServerCounts.kind
     model = ServerCounts
     actors = SERVER_ONLY
     read_only = True

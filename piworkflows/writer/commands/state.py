@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import (
+from piworkflows.protocol.internal.state import (
     RunDelete,
     StateBackup,
     StateCompact,
@@ -68,7 +68,6 @@ def _database_bytes(tx: Tx) -> dict[str, int]:
 
 
 class Status(Handler[StateStatus]):
-    kind = StateStatus.kind
     model = StateStatus
     actors = MAINTAINERS
     read_only = True
@@ -91,7 +90,6 @@ class Status(Handler[StateStatus]):
 
 
 class Verify(Handler[StateVerify]):
-    kind = StateVerify.kind
     model = StateVerify
     actors = MAINTAINERS
     read_only = True
@@ -105,7 +103,6 @@ class Backup(Handler[StateBackup]):
     """The receipt of a backup the writer loop made and verified (``performed``); a request the
     loop found invalid is refused here, with the same words, and not stored."""
 
-    kind = StateBackup.kind
     model = StateBackup
     actors = MAINTAINERS
     stores_refusals = False  # they depend on the filesystem at that moment (a directory made private, a file gone)
@@ -121,7 +118,6 @@ class Prune(Handler[StatePrune]):
     """A dry run selects and changes nothing; an apply (after the loop made and verified its
     backup) rechecks the selection and deletes the eligible trees and unreferenced blobs."""
 
-    kind = StatePrune.kind
     model = StatePrune
     actors = MAINTAINERS
     stores_refusals = False  # its backup path's refusals depend on the filesystem at that moment
@@ -146,7 +142,6 @@ class Retain(Handler[StateRetain]):
     """One tree per transaction: the oldest eligible one after the sweep's cursor, rechecked now;
     the caller yields between and passes the receipt's cursor on."""
 
-    kind = StateRetain.kind
     model = StateRetain
     actors = frozenset({"server"})
 
@@ -160,7 +155,6 @@ class Retain(Handler[StateRetain]):
 class Compact(Handler[StateCompact]):
     """Never inside a group: the writer loop checkpoints and vacuums between groups."""
 
-    kind = StateCompact.kind
     model = StateCompact
     actors = frozenset({"server"})
 
@@ -172,7 +166,6 @@ class DeleteRun(Handler[RunDelete]):
     """The narrow deletion control: one terminal root-run tree, named by its root, deleted with
     prune's own blockers (any finish time counts) and deletion path; refused naming the blocker."""
 
-    kind = RunDelete.kind
     model = RunDelete
     actors = frozenset({"client", "operator"})
 

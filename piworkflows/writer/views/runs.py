@@ -17,7 +17,8 @@ import sqlite3
 from typing import Any
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal import MAX_FRAME_BYTES, MAX_PARK_DETAIL_BYTES
+from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
+from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display

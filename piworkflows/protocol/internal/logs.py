@@ -1,0 +1,33 @@
+"""A run's steps and the values linked to it (writer/commands/logs.py)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from piworkflows.protocol.internal.base import MAX_BLOB_READ_BYTES, Digest, Id, ReadCommand
+from piworkflows.protocol.internal.values import MediaType
+
+
+class RunLogs(ReadCommand):
+    """A run's steps in order (of one node, if named) after step ``after``: outcome, times, the
+    output and error (bounded inline) and a shell step's stream references (run.logs)."""
+
+    kind: ClassVar[str] = "run.logs"
+    run_id: Id
+    node_path: str | None = Field(default=None, min_length=1, max_length=1024)
+    after: int | None = Field(default=None, ge=0)
+    limit: int = Field(default=64, ge=1, le=256)
+
+
+class RunContentRead(ReadCommand):
+    """A bounded part of a value linked to the run in ``run_view_content``: the run id, the digest
+    and the media type must all match the link. The reader verifies the whole digest."""
+
+    kind: ClassVar[str] = "run.content"
+    run_id: Id
+    digest: Digest
+    media_type: MediaType
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=MAX_BLOB_READ_BYTES, ge=1, le=MAX_BLOB_READ_BYTES)

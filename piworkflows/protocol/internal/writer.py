@@ -1,0 +1,71 @@
+"""Frames of the writer's link (writer/process.py, protocol/link.py): its handshake, replies, log
+records and health.
+
+::
+
+    writer ── ready Ready | fatal Fatal ──> supervisor      (the handshake: one of the two, first)
+    writer ── reply Reply ──> supervisor                     (each command's answer, after its commit)
+    writer ── log LogRecord ──> supervisor                   (written to the server log)
+    writer ── health WriterHealth ──> supervisor             (its ability to commit changed)
+
+``Reply`` is also the body of every ``reply`` frame a supervisor sends a child
+(a runner's or an outbox worker's request, relayed or answered).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.values import Outcome, WriterHealthCode, WriterStartFailure
+
+
+class Reply(Frame):
+    """The writer's answer, sent only after the command's transaction committed."""
+
+    kind: ClassVar[str] = "reply"
+    outcome: Outcome
+    revision: int | None = None
+    receipt: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Ready(Frame):
+    """The writer verified the schema and answers commands from now on."""
+
+    kind: ClassVar[str] = "ready"
+    pid: int
+    schema_name: str
+    schema_version: int
+    ddl_sha256: bytes
+
+
+class Fatal(Frame):
+    """Why a writer cannot open the state database: ``stateIncompatible``, ``databaseCorrupt``,
+    ``statePathRefused``, ``diskFull`` (with the free bytes it saw), ``ioError``, ``cannotOpen``."""
+
+    kind: ClassVar[str] = "fatal"
+    code: WriterStartFailure
+    message: str
+    free_bytes: int | None = None
+
+
+class WriterHealth(Frame):
+    """What the writer can do now, sent when it changes: commit (``code`` None); ``diskFull`` or
+    ``ioError`` (each write group fails until one commits again); ``databaseCorrupt`` (every write
+    refused, reads still answered). ``message`` is for server status and the log."""
+
+    kind: ClassVar[str] = "health"
+    code: WriterHealthCode | None
+    message: str | None = None
+    free_bytes: int | None = None
+
+
+class LogRecord(Frame):
+    """A child's log record, written to the server log by the supervisor."""
+
+    kind: ClassVar[str] = "log"
+    level: int
+    message: str = Field(max_length=4096)
