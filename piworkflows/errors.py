@@ -10,6 +10,7 @@ sentences: never tokens, payloads or stack traces.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 OUTCOMES = ("accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable")
@@ -68,7 +69,7 @@ CODES: dict[str, str] = {
 }
 
 
-def describe_invalid_fields(errors: list[dict[str, Any]]) -> str:
+def describe_invalid_fields(errors: Sequence[Mapping[str, Any]]) -> str:
     """Name the fields of a failed validation without echoing client input.
 
     ``errors`` is pydantic's ``ValidationError.errors()``. Known fields are

@@ -21,7 +21,7 @@ import hashlib
 import json
 from datetime import datetime
 from itertools import accumulate
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError
 
@@ -29,7 +29,7 @@ from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
 from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
-SCHEMA = "pi-workflows.client.v1"
+SCHEMA: Final = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
 # The deepest ``[``/``{`` nesting of a received line, the envelope object being level 1. JavaScript's
 # parser accepts far deeper text; Python's readers recurse once per level, so the limit is ours.
@@ -523,14 +523,19 @@ class RunRestartPayload(Payload):
     coordinatorEpoch: int | None = None  # sent by session clients; not part of the fingerprint
 
 
+EffectListStatus = Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]
+
+
+def _open_effect_statuses() -> list[EffectListStatus]:
+    return ["pending", "applying", "ambiguous"]
+
+
 class EffectListPayload(Payload):
     """effect.list: unsettled and ambiguous effects by default, newest first; optionally of one run
     (the envelope's runId) or one effect. Never payloads, results, error texts or secrets."""
 
     effectId: str | None = Field(default=None, min_length=1, max_length=256)
-    statuses: list[Literal["pending", "applying", "applied", "rejected", "ambiguous", "cancelled"]] = Field(
-        default_factory=lambda: ["pending", "applying", "ambiguous"], min_length=1, max_length=6
-    )
+    statuses: list[EffectListStatus] = Field(default_factory=_open_effect_statuses, min_length=1, max_length=6)
     limit: int = Field(default=256, ge=1, le=256)
 
 

@@ -22,10 +22,11 @@ with its error, never the end of the list.
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import Frame
@@ -186,7 +187,7 @@ def answer(kind: str, body: Any) -> Frame:
 
 def main() -> int:
     """Answer request frames on stdin, one answer frame each, until stdin closes."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin, stdout = cast(io.BufferedReader, sys.stdin.buffer), sys.stdout.buffer
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frames
     decoder = frames.FrameDecoder()
     while data := stdin.read1(1 << 16):

@@ -293,8 +293,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         compiled = load_checked(launch, resolved)
     except Exception as exc:  # the module raised here (or compiles no longer): the run cannot go on
         said = failures.describe(exc, resolved).text if resolved else f"{_source_name(launch)}: {_error_text(exc)}"
-        error = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
-        return end_run(channel, RunFinishFrame(end_status="failed", error_code="loadFailed", error=_text(error)))
+        text = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
+        return end_run(channel, RunFinishFrame(end_status="failed", error_code="loadFailed", error=_text(text)))
     if compiled is None:
         return RunnerExiting(park_reason="workflowSourceChanged")
     outputs: dict[str, Any] = {}
@@ -348,6 +348,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
                 )
             )
             return RunnerExiting()
+        ended: Ended | str | None
         if isinstance(node, CheckpointNode):
             ended = ask(channel, node, ctx, attempt_id)
         elif isinstance(node, ActionNode):
@@ -356,7 +357,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
             ended = execute(node, ctx)
         if ended is None:
             return RunnerExiting()  # waiting, fenced, cancelled, or the writer restarts: the next runner continues
-        if ended == EFFECT_AMBIGUOUS:
+        if isinstance(ended, str):  # the one text perform_effect returns
             return RunnerExiting(park_reason=EFFECT_AMBIGUOUS)
         node_outcome, output, error, error_code = ended
         if node_outcome == "ok" or output is not None:  # a failed shell node keeps its command's output

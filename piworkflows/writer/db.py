@@ -135,7 +135,7 @@ class GroupExecutor:
         Raises GroupFailed when nothing of the group may be acknowledged.
         """
         replies: list[tuple[int, Reply]] = []
-        decoded: list[tuple[Submitted, Handler, Any]] = []
+        decoded: list[tuple[Submitted, Handler[Any], Any]] = []
         for item in batch[: self.settings.group_max_commands]:
             handler = REGISTRY.get(item.kind)
             if handler is None:
@@ -206,7 +206,7 @@ class GroupExecutor:
         """The follow-up transaction of local effects (writer/local_effects.py); after the replies were sent."""
         return local_effects.apply_pending(self.conn, self.clock.now_ms())
 
-    def _run_one(self, handler: Handler, cmd: Any) -> Reply:
+    def _run_one(self, handler: Handler[Any], cmd: Any) -> Reply:
         conn = self.conn
         tx = Tx(conn, self.clock.now_ms(), cmd.actor)
         key = None if handler.read_only else (cmd.client_receipt or cmd.worker_message)

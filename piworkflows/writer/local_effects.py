@@ -20,6 +20,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from piworkflows.protocol.internal.base import Actor, BlobValue
 from piworkflows.protocol.internal.effects import EffectRequest
@@ -51,13 +52,15 @@ def settle_queue(run_id: str, queue_status: str) -> EffectRequest:
     )
 
 
-def _apply_settle_queue(conn: sqlite3.Connection, run_id: str, payload: dict, now: int) -> None:
+def _apply_settle_queue(conn: sqlite3.Connection, run_id: str, payload: dict[str, Any], now: int) -> None:
     conn.execute(
         "UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?", (payload["queueStatus"], now, run_id)
     )  # the run view does not show the queue phase: its presentation revision stays
 
 
-APPLIERS: dict[str, Callable[[sqlite3.Connection, str, dict, int], None]] = {SETTLE_QUEUE: _apply_settle_queue}
+APPLIERS: dict[str, Callable[[sqlite3.Connection, str, dict[str, Any], int], None]] = {
+    SETTLE_QUEUE: _apply_settle_queue
+}
 
 
 def apply_pending(conn: sqlite3.Connection, now: int) -> int:

@@ -501,7 +501,7 @@ def spawn(
             raise StateIncompatible("reported by the writer")
         raise WriterStartError(fatal.message, fatal.code, fatal.free_bytes)
 
-    def on_frame(frame: dict) -> None:
+    def on_frame(frame: dict[str, Any]) -> None:
         if frame["k"] == WriterHealth.kind:
             if on_health is not None:
                 on_health(WriterHealth.model_validate(frame["b"]))
@@ -512,7 +512,7 @@ def spawn(
     return WriterProcess(popen, link, Ready.model_validate(first["b"]))
 
 
-def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float) -> dict:
+def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float) -> dict[str, Any]:
     """Wait for the ready or fatal frame, relaying the log records that come before it."""
     sock.settimeout(timeout)
     try:
@@ -535,7 +535,7 @@ def _handshake(sock: socket.socket, decoder: frames.FrameDecoder, timeout: float
         sock.settimeout(None)
 
 
-def _relay_log(frame: dict) -> None:
+def _relay_log(frame: dict[str, Any]) -> None:
     """Write a writer's log record to this process's log (the server log)."""
     if frame["k"] == LogRecord.kind:
         record = LogRecord.model_validate(frame["b"])

@@ -19,12 +19,16 @@ its outcome: a later pause or cancel is a conflict naming it.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.control import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+
+R = TypeVar("R", bound=RunControl)
 
 CONTROLLERS = frozenset({"client", "operator", "server"})
 # Parked for these, a run is resumed by an operator (an ambiguous effect needs its own review).
@@ -47,7 +51,7 @@ def _live_generation(tx: Tx, run_id: str) -> int | None:
     return lease.lease_generation if lease is not None and lease.owner_id else None
 
 
-class ControlHandler(ResourceHandler):
+class ControlHandler(ResourceHandler[R]):
     actors = CONTROLLERS
     fenced_by_transition = True
 
@@ -55,7 +59,7 @@ class ControlHandler(ResourceHandler):
         return run_target(tx, cmd.run_id, cmd.expected_revision)
 
 
-class PauseRun(ControlHandler):
+class PauseRun(ControlHandler[RunPause]):
     model = RunPause
 
     def transition(self, tx: Tx, cmd: RunPause, resource: records.Resource | None) -> Change:
@@ -91,7 +95,7 @@ class PauseRun(ControlHandler):
         )
 
 
-class ResumeRun(ControlHandler):
+class ResumeRun(ControlHandler[RunResume]):
     model = RunResume
 
     def transition(self, tx: Tx, cmd: RunResume, resource: records.Resource | None) -> Change:
@@ -123,7 +127,7 @@ class ResumeRun(ControlHandler):
         )
 
 
-class CancelRun(ControlHandler):
+class CancelRun(ControlHandler[RunCancel]):
     """One transaction: run cancelled, active attempts cancelled, pending effects cancelled,
     applying effects ambiguous, queue cancelled, claim released, runner record ended.
 
@@ -169,7 +173,7 @@ class CancelRun(ControlHandler):
         )
 
 
-class RestartRun(ControlHandler):
+class RestartRun(ControlHandler[RunRestart]):
     """One child run per restart: the parent's revision advances, so a competing
     restart at the same expected revision is a conflict and a retry adopts."""
 

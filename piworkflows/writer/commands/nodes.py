@@ -285,7 +285,7 @@ class FinishRun(RunnerTransition[RunFinish]):
         value = cmd.output or cmd.error
         assert value is not None  # the model requires one of them
         output, error = (value.digest, None) if cmd.end_status == "completed" else (None, value.digest)
-        receipt = {"errorCode": cmd.error_code} if cmd.error_code else {}
+        receipt: dict[str, object] = {"errorCode": cmd.error_code} if cmd.error_code else {}
         return ending(tx, cmd.run_id, cmd.end_status, output, error, cmd.error_code, [value], receipt)
 
 

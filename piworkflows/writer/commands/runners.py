@@ -127,7 +127,7 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         ).fetchone()
         if row is None:
             raise CommandError("invalidTransition", "no such live runner record", runnerEpoch=cmd.runner_epoch)
-        return row
+        return int(row[0]), int(row[1])
 
     def transition(self, tx: Tx, cmd: RunnerExited, resource: records.Resource | None) -> Change:
         assert resource is not None
