@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import psutil
 
+from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import StatePathRefused
 from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
@@ -67,16 +68,18 @@ class Supervisor:
         settings: Settings,
         peer_check: PeerCheck = same_user,
         writer_env: dict[str, str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.paths = paths
         self.settings = settings
+        self.clock: Clock = clock or SystemClock()
         self.lock = HostLock(paths)
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
         self.resolvers = Resolvers(self, settings)
         self.scheduler = Scheduler(self)
         self.outbox = OutboxPool(self)
-        self.retention = Retention(self)
+        self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.router = Router(self)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -98,6 +101,10 @@ class Supervisor:
         if not self._stop.is_set():
             self._stop_reason = reason
             self._stop.set()
+
+    def _busy(self) -> bool:
+        """Not idle for automatic retention: the server stops, or a runner is active."""
+        return self.state != "running" or bool(self.scheduler.active)
 
     def _record_writer(self, identity: Identity | None) -> None:
         with self._registry_lock:

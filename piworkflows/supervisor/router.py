@@ -397,13 +397,9 @@ class Router:
 
     async def _maintenance(self, kind: str, body: dict[str, Any]) -> Reply:
         """A maintenance command in flight keeps automatic retention away."""
-        retention = self.supervisor.retention
-        retention.maintenance_in_flight += 1
-        try:
+        with self.supervisor.retention.maintenance():
             reply: Reply = await self.supervisor.writer.request(kind, body)
-            return reply
-        finally:
-            retention.maintenance_in_flight -= 1
+        return reply
 
     async def state_prune(self, request: client_v1.Request, payload: client_v1.StatePrunePayload) -> client_v1.Response:
         """A dry run is a read (not stored); an apply is stored with its key, answered after the
