@@ -23,7 +23,7 @@ import asyncio
 import logging
 import struct
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -40,6 +40,7 @@ from piworkflows.protocol.internal import (
 )
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import ChildRecorder
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -51,12 +52,6 @@ UNRESOLVED = "the workflow code could not be loaded (its resolver child broke)"
 
 class Unanswered(Exception):
     """The child took too long or broke (it was ended); the message says which."""
-
-
-class ChildRecorder(Protocol):
-    def record_child(self, identity: Identity) -> None: ...
-
-    def forget_child(self, pid: int) -> None: ...
 
 
 class _Child:
