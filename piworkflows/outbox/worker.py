@@ -13,11 +13,13 @@ The claim, its numbered attempt and the settlement are the supervisor's: the
 worker holds no token and never opens SQLite. One effect at a time. A reader
 thread watches stdin: when the supervisor is gone (end of file), the command
 group the worker started is killed and the worker exits at once, so nothing
-acts without an owner.
+acts without an owner. Its own log records go to the supervisor as LOG frames
+(protocol/child_log.py), and from there to server.log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -33,9 +35,12 @@ from piworkflows.performers.http import HttpPerformer
 from piworkflows.performers.shell import PERFORMER as SHELL
 from piworkflows.performers.shell import ShellPerformer
 from piworkflows.protocol import frames
+from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal import BlobPart, Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_TEXT
+
+log = logging.getLogger("piworkflows.outbox")
 
 PERFORM, SPAWNED, UPLOAD, SETTLE = "perform", "spawned", "upload", "settle"
 STORED = ("accepted", "adopted")
@@ -128,6 +133,7 @@ class Worker:
             faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
             performer = self.performers.get(task["performer"])
             if performer is None:
+                log.error("effect %s names no performer this worker has", task["effectId"])
                 outcome = Outcome("rejected", error=f"no performer {task['performer']!r}", error_code="noPerformer")
             else:
                 try:
@@ -135,6 +141,12 @@ class Worker:
                         task["payload"], task["idempotencyKey"], task["recoveryPolicy"], self.spawned
                     )
                 except Exception as exc:  # a performer bug: the attempt may have acted
+                    log.error(
+                        "effect %s: the %s performer failed (%s); the attempt is ambiguous",
+                        task["effectId"],
+                        task["performer"],
+                        type(exc).__name__,
+                    )
                     outcome = Outcome(
                         "ambiguous", error=f"the performer failed: {type(exc).__name__}", error_code="performerFailed"
                     )
@@ -168,6 +180,7 @@ def _as_utf8(data: bytes) -> bytes:
 
 def main() -> int:
     worker = Worker(sys.stdin.buffer, sys.stdout.buffer, Settings.from_env())
+    relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
     worker.serve()
     return 0

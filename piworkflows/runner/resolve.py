@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from piworkflows.protocol import frames
+from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal import (
     MAX_LISTED_WORKFLOWS,
     RESOLVER_FRAMES,
@@ -181,6 +182,7 @@ def answer(kind: str, body: Any) -> BaseModel:
 def main() -> int:
     """Answer request frames on stdin, one answer frame each, until stdin closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    relay_logs(stdout)  # the package's own log records, as LOG frames before an answer
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frames
     decoder = frames.FrameDecoder()
     while data := stdin.read1(1 << 16):

@@ -6,7 +6,8 @@ only if it is this user's (``paths.open_private``). A line that cannot be
 written (a full or failing disk) is dropped, never raised and never printed
 as a traceback; the next line that can be written first says how many were
 lost. Lines any client can cause go through a ``RateLimit`` per kind, so no
-client can rotate the startup lines out.
+client can rotate the startup lines out. Children's own log records arrive as
+LOG frames and are written with the child's role and pid (``relay_child_log``).
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ fake clock (supervisor/outbox.py over the seams of supervisor/seams.py). No work
 from __future__ import annotations
 
 import asyncio
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from piworkflows.clock import FakeClock
-from piworkflows.protocol.internal import Reply, server_owner_id
+from piworkflows.outbox.worker import SETTLE
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal import LOG, LogRecord, Reply, server_owner_id
 from piworkflows.settings import Settings
 from piworkflows.supervisor.outbox import Claimed, OutboxPool
 from piworkflows.supervisor.registry import Identity
@@ -194,3 +198,30 @@ def test_a_cancel_kills_only_the_workers_applying_the_runs_effects():
     built.slots[1].effect = claimed("run-2")
     built.cancel_run("run-1")
     assert [slot.cancelled for slot in built.slots] == [True, False, False]
+
+
+def test_the_reader_relays_a_workers_log_records_to_the_server_log_and_hands_on_the_rest(
+    caplog: pytest.LogCaptureFixture,
+):
+    async def scenario() -> list[Any]:
+        built, _, _, _ = pool(FakeWriter())
+        slot = built.slots[0]
+        stdout = asyncio.StreamReader()
+        worker = SimpleNamespace(pid=4242, stdout=stdout)
+        reading = asyncio.ensure_future(built._read(slot, worker))  # type: ignore[arg-type]
+        record = LogRecord(level=logging.ERROR, message="effect effect-1 names no performer this worker has")
+        stdout.feed_data(frames.encode(LOG, 0, record.model_dump()))
+        stdout.feed_data(frames.encode(LOG, 0, {"level": "loud"}))  # not a log record: said, not relayed
+        stdout.feed_data(frames.encode(SETTLE, 1, {"effectId": "effect-1"}))
+        stdout.feed_eof()
+        await reading
+        return list(slot.frames)
+
+    with caplog.at_level(logging.INFO, logger="piworkflows"):
+        handed_on = asyncio.run(scenario())
+    assert [frame and frame["k"] for frame in handed_on] == [SETTLE, None]  # None: the worker's end
+    relayed = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert relayed == [
+        ("piworkflows.outbox", logging.ERROR, "outbox worker 4242: effect effect-1 names no performer this worker has"),
+        ("piworkflows.outbox", logging.WARNING, "outbox worker 4242 sent a malformed log record"),
+    ]
