@@ -484,8 +484,9 @@ class Scheduler:
         receipt = exited.receipt or {}
         if receipt.get("parkReason") == "runnerNoProgress":
             log.warning("%s parked runnerNoProgress: %s before it saved progress", run_id, ended)
-        else:
-            log.warning("the runner of %s ended before it was done: %s (%s)", run_id, ended, receipt.get("placement"))
+        else:  # the run is requeued (or it finished meanwhile: placement)
+            placement = f" (the run: {receipt['placement']})" if receipt.get("placement") else ""
+            log.warning("the runner of %s ended before it was done: %s%s", run_id, ended, placement)
         for line in lines:
             log.warning("runner of %s stderr: %s", run_id, line)
 

@@ -4,7 +4,7 @@ child ends without the server ending it, how it ended and its last stderr lines.
 An outbox worker child sends its log records as LOG frames (this test as its supervisor). Then a
 real server each: a worker that crashes with a traceback on stderr, or is killed with SIGKILL,
 leaves how it ended and its stderr lines; a runner that refuses a changed workflow source logs
-why, with its pid.
+why, with its pid; a runner that dies after its run made progress leaves how and its stderr lines.
 """
 
 from __future__ import annotations
@@ -96,3 +96,31 @@ def test_a_runners_own_log_record_reaches_server_log(server, project):
     pid = line.split(" WARNING runner ")[1].split(":")[0]
     assert pid.isdigit()
     assert MARKER not in server.server_log()
+
+
+# The second node's runner dies once (after the first node's progress), saying why on stderr.
+CRASH_ONCE = """
+import os, sys
+from piworkflows.workflows import compute, define_workflow, edge
+def crash_once(ctx):
+    if not os.path.exists(ctx.input["flag"]):
+        open(ctx.input["flag"], "w").close()
+        print("the helper table is missing", file=sys.stderr, flush=True)
+        os._exit(3)
+    return {"second": True}
+workflow = define_workflow("crashonce", "first", {
+    "first": compute(lambda ctx: {"first": True}),
+    "second": compute(crash_once),
+}, [edge("first", "second")])
+"""
+
+
+def test_a_runner_that_dies_after_progress_leaves_how_it_ended_and_its_stderr_lines(server, project, tmp_path):
+    write(project, "crashonce", CRASH_ONCE)
+    run_id = start(server, project, "crashonce", {"flag": str(tmp_path / "crashed")})
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]  # requeued: the next runner finished it
+    log_line(
+        server, f"the runner of {run_id} ended before it was done: the runner exited with code 3 (the run: requeued)"
+    )
+    log_line(server, f"runner of {run_id} stderr: the helper table is missing")
