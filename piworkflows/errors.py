@@ -11,12 +11,13 @@ sentences: never tokens, payloads or stack traces.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
-OUTCOMES = ("accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable")
+Outcome = Literal["accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 # code -> the outcome it is always answered with
-CODES: dict[str, str] = {
+CODES: dict[str, Outcome] = {
     # conflict
     "staleRevision": "conflict",
     "idempotencyKeyReused": "conflict",

@@ -16,11 +16,13 @@ The claim, its numbered attempt and the settlement are the supervisor's: the
 worker holds no token and never opens SQLite. One effect at a time. A reader
 thread watches stdin: when the supervisor is gone (end of file), the command
 group the worker started is killed and the worker exits at once, so nothing
-acts without an owner.
+acts without an owner. Its own log records go to the supervisor as LOG frames
+(protocol/child_log.py), and from there to server.log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -37,6 +39,7 @@ from piworkflows.performers.http import HttpPerformer
 from piworkflows.performers.shell import PERFORMER as SHELL
 from piworkflows.performers.shell import ShellPerformer
 from piworkflows.protocol import frames
+from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import BlobValue, Frame
 from piworkflows.protocol.internal.content import BlobPart, BlobPutPartFrame
 from piworkflows.protocol.internal.effects import EffectSettleFrame
@@ -44,6 +47,8 @@ from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_TEXT
+
+log = logging.getLogger("piworkflows.outbox")
 
 STORED = ("accepted", "adopted")
 
@@ -139,11 +144,18 @@ class Worker:
         faults.hit(faults.OUTBOX_AFTER_ATTEMPT_RECORDED)
         performer = self.performers.get(task.performer)
         if performer is None:
+            log.error("effect %s names no performer this worker has", task.effect_id)
             outcome = Outcome("rejected", error=f"no performer {task.performer!r}", error_code="noPerformer")
         else:
             try:
                 outcome = performer.perform(task.payload, task.idempotency_key, task.recovery_policy, self.spawned)
             except Exception as exc:  # a performer bug: the attempt may have acted
+                log.error(
+                    "effect %s: the %s performer failed (%s); the attempt is ambiguous",
+                    task.effect_id,
+                    task.performer,
+                    type(exc).__name__,
+                )
                 outcome = Outcome(
                     "ambiguous", error=f"the performer failed: {type(exc).__name__}", error_code="performerFailed"
                 )
@@ -180,6 +192,7 @@ def _as_utf8(data: bytes) -> bytes:
 
 def main() -> int:
     worker = Worker(sys.stdin.buffer, sys.stdout.buffer, Settings.from_env())
+    relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
     worker.serve()
     return 0

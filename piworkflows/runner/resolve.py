@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from piworkflows.protocol import frames
+from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.resolver import (
     MAX_LISTED_WORKFLOWS,
@@ -188,6 +189,7 @@ def answer(kind: str, body: Any) -> Frame:
 def main() -> int:
     """Answer request frames on stdin, one answer frame each, until stdin closes."""
     stdin, stdout = cast(io.BufferedReader, sys.stdin.buffer), sys.stdout.buffer
+    relay_logs(stdout)  # the package's own log records, as LOG frames before an answer
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the answer frames
     decoder = frames.FrameDecoder()
     while data := stdin.read1(1 << 16):

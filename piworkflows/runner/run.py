@@ -16,7 +16,8 @@ Every frame is a model of ``protocol/internal/runner.py`` (the node frames of
 The runner holds no claim token and never opens SQLite. It refuses changed
 code: a source whose SHA-256 (or built-in revision) or definition digest
 differs from the run's makes it exit asking to park the run
-``workflowSourceChanged``. A reply other than accepted (a stale claim) ends
+``workflowSourceChanged`` (and says so in server.log: its own log records go to
+the supervisor as LOG frames, protocol/child_log.py). A reply other than accepted (a stale claim) ends
 it at once. Workflow code that fails outside a node's own execution (the
 module's load, the route after an answer, an include's input) fails the run
 with an error naming the file or node; the runner never dies of it.
@@ -25,6 +26,7 @@ with an error naming the file or node; the runner never dies of it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +36,7 @@ from piworkflows.performers import Outcome
 from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
+from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import BlobValue, Frame
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.nodes import (
@@ -49,6 +52,8 @@ from piworkflows.states import EFFECT_WORK_STATUSES
 from piworkflows.workflows import CompiledWorkflow, discovery, failures, routing
 from piworkflows.workflows.context import NodeContext
 from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
+
+log = logging.getLogger("piworkflows.runner")
 
 
 class Channel:
@@ -296,6 +301,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         text = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
         return end_run(channel, RunFinishFrame(end_status="failed", error_code="loadFailed", error=_text(text)))
     if compiled is None:
+        log.warning("%s: its workflow source changed since the run started; it parks", launch.run_id)
         return RunnerExiting(park_reason="workflowSourceChanged")
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
@@ -412,6 +418,7 @@ def _attempt_fields(node: Any, visit: int, retries: dict[tuple[str, int], int], 
 def main() -> int:
     """Serve launches one after another (one run each) until stdin closes."""
     channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
+    relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # workflow code that prints cannot corrupt the channel
     while True:
         frame = channel.receive()  # SystemExit(0) when the supervisor closes stdin

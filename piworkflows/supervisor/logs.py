@@ -6,7 +6,8 @@ only if it is this user's (``paths.open_private``). A line that cannot be
 written (a full or failing disk) is dropped, never raised and never printed
 as a traceback; the next line that can be written first says how many were
 lost. Lines any client can cause go through a ``RateLimit`` per kind, so no
-client can rotate the startup lines out.
+client can rotate the startup lines out. Children's own log records arrive as
+LOG frames and are written with the child's role and pid (``relay_child_log``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from piworkflows import faults
 from piworkflows.paths import StatePaths, open_private
+from piworkflows.protocol.internal.writer import LogRecord
 from piworkflows.settings import Settings
 
 FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
@@ -91,6 +96,18 @@ def configure(paths: StatePaths, settings: Settings, to_stderr: bool) -> None:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter(FORMAT))
         root.addHandler(stream)
+
+
+def relay_child_log(role: str, pid: int, body: Any) -> None:
+    """A child's own log record (a LOG frame: protocol/child_log.py) into server.log, with the
+    child's role and pid; the record is the child's package code's, never workflow data."""
+    logger = logging.getLogger("piworkflows." + role.split()[0])
+    try:
+        record = LogRecord.model_validate(body)
+    except ValidationError:
+        logger.warning("%s %d sent a malformed log record", role, pid)
+        return
+    logger.log(min(max(record.level, logging.DEBUG), logging.CRITICAL), "%s %d: %s", role, pid, record.message)
 
 
 def log_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:

@@ -30,9 +30,11 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import psutil
 
+from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import StatePathRefused
 from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
@@ -45,6 +47,7 @@ from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.retention import Retention
 from piworkflows.supervisor.router import Router
 from piworkflows.supervisor.scheduler import Scheduler
+from piworkflows.supervisor.seams import Load, ask_while_unavailable
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
 from piworkflows.supervisor.writer_child import WriterChild
 
@@ -67,17 +70,18 @@ class Supervisor:
         settings: Settings,
         peer_check: PeerCheck = same_user,
         writer_env: dict[str, str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.paths = paths
         self.settings = settings
+        self.clock: Clock = clock or SystemClock()
         self.lock = HostLock(paths)
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
         self.resolvers = Resolvers(self, settings)
-        self.scheduler = Scheduler(self)
-        self.outbox = OutboxPool(self)
-        self.retention = Retention(self)
-        self.router = Router(self)
+        self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
+        self.outbox, self.scheduler = self._pool_and_scheduler()
+        self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
         self.epoch = 0
@@ -98,6 +102,59 @@ class Supervisor:
         if not self._stop.is_set():
             self._stop_reason = reason
             self._stop.set()
+
+    def _pool_and_scheduler(self) -> tuple[OutboxPool, Scheduler]:
+        """A new outbox pool and scheduler (at the start, and for a new epoch), wired to each
+        other through this supervisor, whose scheduler and pool they always are."""
+        pool = OutboxPool(
+            self.writer,
+            self,
+            self.settings,
+            self.clock,
+            server_epoch=lambda: self.epoch,
+            wake_scheduler=self.wake_scheduler,
+        )
+        scheduler = Scheduler(
+            self.writer,
+            self,
+            pool,
+            self.settings,
+            self.clock,
+            server_epoch=lambda: self.epoch,
+            request_retention=self.retention.request,
+        )
+        return pool, scheduler
+
+    # --- what the components ask of each other (supervisor/seams.py) -------------------
+
+    def wake_scheduler(self) -> None:
+        """A run may be claimable (started, answered, resumed, an effect it waited for settled)."""
+        self.scheduler.wake()
+
+    def wake_outbox(self) -> None:
+        """An effect may be due."""
+        self.outbox.wake()
+
+    def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
+        self.scheduler.stop_run(run_id, let_effect_settle)
+
+    def cancel_effects(self, run_id: str) -> None:
+        self.outbox.cancel_run(run_id)
+
+    def maintenance(self) -> AbstractContextManager[None]:
+        return self.retention.maintenance()
+
+    def load(self) -> Load:
+        return Load(
+            active_runners=len(self.scheduler.active),
+            connections=len(self.server.connections),
+            max_connections=self.server.max_connections,
+            fd_limit=self.server.fd_limit,
+        )
+
+    def _busy(self) -> bool:
+        """Not idle for automatic retention: the server stops, or a runner is active."""
+        return self.state != "running" or bool(self.scheduler.active)
 
     def _record_writer(self, identity: Identity | None) -> None:
         with self._registry_lock:
@@ -206,7 +263,7 @@ class Supervisor:
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+            await self.clock.sleep_ms(self.settings.claim_renew_ms)
             if self._registry_unsaved:
                 self.save_registry()
             body = {
@@ -236,9 +293,9 @@ class Supervisor:
         while (await self._take_epoch()).outcome != "accepted":
             if self._stop.is_set():
                 return
-            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
+            await self.clock.sleep_ms(self.settings.claim_renew_ms)
         log.info("serving under server epoch %d", self.epoch)
-        self.scheduler, self.outbox = Scheduler(self), OutboxPool(self)
+        self.outbox, self.scheduler = self._pool_and_scheduler()
         await self.outbox.start()
         await self.scheduler.start()
 
@@ -250,11 +307,8 @@ class Supervisor:
         await self.outbox.stop()
         await self.resolvers.close()
         body = {"actor": SERVER, "server_epoch": self.epoch, "claim_token_hash": self.token_hash}
-        deadline = asyncio.get_running_loop().time() + self.settings.stop_grace_ms / 1000
-        while True:
-            reply = await self.writer.request("server.release_epoch", body)
-            if reply.outcome != "unavailable" or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # the writer is restarting
+        reply = await ask_while_unavailable(
+            self.writer, "server.release_epoch", body, self.settings, self.clock, within_ms=self.settings.stop_grace_ms
+        )
         if reply.outcome != "accepted":
             log.warning("the epoch claim was not released: %s", reply.outcome)

@@ -17,6 +17,14 @@
     renewal: claim.renew for every applying effect every claim_renew_ms
     cancel of a run: the command groups of its effects are killed (the cancel's commit
              already made them ambiguous and released their claims)
+    logs:    a worker's own log records (LOG frames) go to server.log with its pid; its
+             stderr is a pipe of which the last lines are kept (supervisor/stderr.py) and
+             written to server.log when the worker ends without the pool ending it
+
+The pool depends on narrow seams (supervisor/seams.py): the writer's requests,
+host.json's child records, the server epoch and the scheduler's wake, and waits
+on its Clock. ``claim(slot)`` is one claim step and ``renew()`` one renewal
+pass; tests drive them with a fake writer and a fake clock.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import os
 import random
 import signal
 import sys
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,22 +43,25 @@ from typing import Any
 import psutil
 
 from piworkflows import faults
-from piworkflows.clock import woken
+from piworkflows.clock import Clock
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import new_claim
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobPutPartFrame
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
-from piworkflows.protocol.internal.writer import Reply
-from piworkflows.supervisor.logs import log_failure
+from piworkflows.protocol.internal.writer import LogRecord, Reply
+from piworkflows.settings import Settings
+from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable
+from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
 
 WORKER_MARKER = "piworkflows.outbox"
 SERVER = {"actor_class": "server"}
-_STEADY_S = 10.0  # a worker that lived this long restarts after the shortest delay again
+_STEADY_MS = 10_000  # a worker that lived this long restarts after the shortest delay again
 
 
 @dataclass
@@ -61,6 +71,15 @@ class Claimed:
     claim: dict[str, Any]
     revision: int
     attempt: int
+
+
+@dataclass(frozen=True)
+class ClaimStep:
+    """What one claim step found: an effect claimed (its perform frame), or how long the
+    slot waits for a notice before it asks again (0: a notice came while it asked)."""
+
+    task: PerformEffect | None
+    wait_ms: float = 0
 
 
 @dataclass
@@ -76,6 +95,8 @@ class Slot:
     idle: bool = False  # waiting for a notice or the next retry time
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     spawns: int = 0
+    stderr: StderrTail | None = None  # the worker's last stderr lines
+    broke: bool = False  # the worker closed its channel by itself (it exited or died) or sent a bad frame
 
     @property
     def actor(self) -> dict[str, str]:
@@ -83,19 +104,34 @@ class Slot:
 
 
 class OutboxPool:
-    def __init__(self, supervisor: Any) -> None:
-        self.supervisor = supervisor
-        self.settings = supervisor.settings
+    def __init__(
+        self,
+        writer: WriterRequests,
+        recorder: ChildRecorder,
+        settings: Settings,
+        clock: Clock,
+        *,
+        server_epoch: Callable[[], int],
+        wake_scheduler: Callable[[], None],
+    ) -> None:
+        self.writer = writer
+        self.recorder = recorder  # host.json: workers and their command groups
+        self.settings = settings
+        self.clock = clock
+        self.server_epoch = server_epoch  # the epoch the pool's claims are taken under
+        self.wake_scheduler = wake_scheduler  # a run that waited for an effect may be claimable again
         self.slots = [Slot(i) for i in range(self.settings.outbox_workers)]
         self._notices = 0  # post-commit notices so far
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._rng = random.Random()
 
     async def request(self, kind: str, body: dict[str, Any], actor: dict[str, str] = SERVER) -> Reply:
-        reply: Reply = await self.supervisor.writer.request(kind, {"actor": actor, **body})
-        return reply
+        return await self.writer.request(kind, {"actor": actor, **body})
+
+    def _stopped(self) -> bool:
+        return self._stopping
 
     def wake(self) -> None:
         """A post-commit notice: an effect may be due. One idle slot looks (no herd of claims);
@@ -122,30 +158,30 @@ class OutboxPool:
 
     # --- runners awaiting an effect ---------------------------------------------------
 
-    def watch(self, effect_id: str) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(effect_id, set()).add(future)
-        return future
+    def watch(self, effect_id: str) -> asyncio.Event:
+        """Set when the pool settled or abandoned the effect."""
+        settled = asyncio.Event()
+        self._waiters.setdefault(effect_id, set()).add(settled)
+        return settled
 
-    def unwatch(self, effect_id: str, future: asyncio.Future[None]) -> None:
+    def unwatch(self, effect_id: str, settled: asyncio.Event) -> None:
         waiting = self._waiters.get(effect_id)
         if waiting is not None:
-            waiting.discard(future)
+            waiting.discard(settled)
             if not waiting:
                 del self._waiters[effect_id]
 
     def _notify(self, effect_id: str) -> None:
-        for future in self._waiters.pop(effect_id, set()):
-            if not future.done():
-                future.set_result(None)
-        self.supervisor.scheduler.wake()  # a run that waited for the effect may be claimable again
+        for settled in self._waiters.pop(effect_id, set()):
+            settled.set()
+        self.wake_scheduler()  # a run that waited for the effect may be claimable again
 
     # --- slots ------------------------------------------------------------------------
 
     async def _run_slot(self, slot: Slot) -> None:
         delay = self.settings.outbox_restart_min_ms
         while not self._stopping:
-            began = time.monotonic()
+            began = self.clock.monotonic_ms()
             try:
                 await self._spawn(slot)
                 await self._serve(slot)
@@ -159,12 +195,12 @@ class OutboxPool:
             if slot.cancelled:  # ended on purpose: back at once
                 slot.cancelled = False
                 continue
-            steady = time.monotonic() - began > _STEADY_S
+            steady = self.clock.monotonic_ms() - began > _STEADY_MS
             delay = (
                 self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms, delay * 2)
             )
             log.warning("outbox worker %d exited; restarting in %d ms", slot.index, delay)
-            await asyncio.sleep(delay / 1000)
+            await self.clock.sleep_ms(delay)
 
     async def _spawn(self, slot: Slot) -> None:
         # The worker reads this server's settings from its environment, as the writer does. A
@@ -179,17 +215,20 @@ class OutboxPool:
             WORKER_MARKER,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
             env=env,
         )
+        assert proc.stderr is not None
+        stderr = StderrTail(proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars)
         try:
-            self.supervisor.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
+            self.recorder.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
         except ChildNotRecorded:
             _kill_group(proc.pid)
             await proc.wait()
+            stderr.close()
             raise
-        slot.proc, slot.frames, slot.arrived = proc, deque(), asyncio.Event()
+        slot.proc, slot.frames, slot.arrived, slot.stderr, slot.broke = proc, deque(), asyncio.Event(), stderr, False
         slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
 
     async def _read(self, slot: Slot, proc: asyncio.subprocess.Process) -> None:
@@ -197,12 +236,17 @@ class OutboxPool:
         decoder = frames.FrameDecoder()
         try:
             while data := await proc.stdout.read(1 << 16):
-                slot.frames.extend(decoder.feed(data))
+                for frame in decoder.feed(data):
+                    if frame["k"] == LogRecord.kind:  # its own log record: to server.log, never to the slot
+                        relay_child_log("outbox worker", proc.pid, frame["b"])
+                    else:
+                        slot.frames.append(frame)
                 slot.arrived.set()
         except Exception as exc:  # a malformed frame: the worker is not trusted any more
             log_failure(log, f"outbox worker {slot.index} sent a bad frame", exc)
             _kill_group(proc.pid)
         finally:
+            slot.broke = True  # ended by itself unless the pool ended it (cancel, stop)
             slot.frames.append(None)  # end of the worker
             slot.arrived.set()
             slot.wakeup.set()  # idle, the slot sees its worker gone at once
@@ -244,31 +288,13 @@ class OutboxPool:
         """Claim one due effect; with none due, wait for a notice or the next retry time (None:
         the pool stops or the worker is gone)."""
         while not self._stopping and self._alive(slot):
-            notices = self._notices
-            claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
-            asked = {k: claim[k] for k in ("owner_id", "claim_token_hash", "ttl_ms")}
-            reply = await self.request("effect.claim", asked, slot.actor)
-            receipt = reply.receipt or {}
-            if reply.outcome == "accepted" and reply.revision is not None:
-                claim["lease_generation"] = receipt["leaseGeneration"]
-                slot.effect = Claimed(
-                    receipt["effectId"], receipt.get("runId"), claim, reply.revision, receipt["attemptNumber"]
-                )
-                self.wake()  # more may be due: one more idle slot looks
-                return PerformEffect(
-                    effect_id=receipt["effectId"],
-                    performer=receipt["performer"],
-                    idempotency_key=receipt["idempotencyKey"],
-                    recovery_policy=receipt["recoveryPolicy"],
-                    payload=receipt["payload"],
-                )
-            if self._notices != notices:
+            step = await self.claim(slot)
+            if step.task is not None:
+                return step.task
+            if not step.wait_ms:
                 continue  # a notice came while this slot asked: ask again
-            wait_s = self.settings.outbox_idle_check_ms / 1000
-            if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
-                wait_s = min(wait_s, max(0.005, (receipt["nextDueAt"] - time.time() * 1000) / 1000))
             slot.idle = True
-            await woken(slot.wakeup, wait_s)
+            await self.clock.woken(slot.wakeup, step.wait_ms)
             slot.idle = False
             slot.wakeup.clear()
         return None
@@ -279,6 +305,36 @@ class OutboxPool:
             return Reply(outcome="accepted")
         return Reply(outcome="rejected", error="the command group was not recorded")
 
+    async def claim(self, slot: Slot) -> ClaimStep:
+        """One claim step: ask the writer for one due effect under a new claim for the slot (the
+        numbered attempt is recorded with it). None due: how long to wait, at most
+        outbox_idle_check_ms, less when the next retry is due sooner."""
+        notices = self._notices
+        claim = new_claim(self.server_epoch(), self.settings.claim_ttl_ms)
+        asked = {k: claim[k] for k in ("owner_id", "claim_token_hash", "ttl_ms")}
+        reply = await self.request("effect.claim", asked, slot.actor)
+        receipt = reply.receipt or {}
+        if reply.outcome == "accepted" and reply.revision is not None:
+            claim["lease_generation"] = receipt["leaseGeneration"]
+            slot.effect = Claimed(
+                receipt["effectId"], receipt.get("runId"), claim, reply.revision, receipt["attemptNumber"]
+            )
+            self.wake()  # more may be due: one more idle slot looks
+            task = PerformEffect(
+                effect_id=receipt["effectId"],
+                performer=receipt["performer"],
+                idempotency_key=receipt["idempotencyKey"],
+                recovery_policy=receipt["recoveryPolicy"],
+                payload=receipt["payload"],
+            )
+            return ClaimStep(task)
+        if self._notices != notices:
+            return ClaimStep(None)
+        wait_ms: float = self.settings.outbox_idle_check_ms
+        if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
+            wait_ms = min(wait_ms, max(5, receipt["nextDueAt"] - self.clock.now_ms()))
+        return ClaimStep(None, wait_ms)
+
     def _record_command(self, slot: Slot, pid: int) -> bool:
         """The performer's command group, in host.json before it runs anything."""
         if slot.effect is None or self._stopping:
@@ -288,7 +344,7 @@ class OutboxPool:
         except psutil.Error:
             return False
         try:
-            self.supervisor.record_child(identity)
+            self.recorder.record_child(identity)
         except ChildNotRecorded:
             return False  # the worker ends the group: nothing ran
         slot.commands.append(identity)
@@ -298,7 +354,7 @@ class OutboxPool:
         for identity in slot.commands:
             if identity.find() is not None:
                 _kill_group(identity.pid)
-            self.supervisor.forget_child(identity.pid)
+            self.recorder.forget_child(identity.pid)
         slot.commands.clear()
 
     async def _upload(self, slot: Slot, body: dict[str, Any]) -> Reply:
@@ -330,7 +386,7 @@ class OutboxPool:
         }
         if report.settlement == "retry":
             body["retry_at"] = next_attempt_at(
-                int(time.time() * 1000),
+                self.clock.now_ms(),
                 effect.attempt,
                 self.settings.effect_retry_base_ms,
                 self.settings.effect_retry_max_ms,
@@ -343,10 +399,11 @@ class OutboxPool:
             "fingerprint": report.fingerprint(),
             "run_id": effect.run_id,
         }
-        reply = await self.request(report.kind, body, slot.actor)
-        while reply.outcome == "unavailable" and not self._stopping:  # the writer restarts: the same
-            await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)  # report again (deduped)
-            reply = await self.request(report.kind, body, slot.actor)
+        # the writer restarts: the same report again (deduplicated), until it answers or the pool stops
+        body["actor"] = slot.actor
+        reply = await ask_while_unavailable(
+            self.writer, report.kind, body, self.settings, self.clock, within_ms=None, stopping=self._stopped
+        )
         if reply.outcome not in ("accepted", "adopted", "claimLost"):
             log.warning("an effect settlement was not recorded: %s", reply.outcome)
         slot.effect = None
@@ -355,43 +412,69 @@ class OutboxPool:
 
     async def _worker_gone(self, slot: Slot) -> None:
         self._end_commands(slot)
-        proc = slot.proc
+        proc, slot.proc = slot.proc, None
         if proc is not None:
+            by_itself = slot.broke and not (slot.cancelled or self._stopping)
+            if by_itself and proc.returncode is None:  # it closed its channel: let it finish exiting
+                try:
+                    async with asyncio.timeout(self.settings.child_stderr_drain_ms / 1000):
+                        await proc.wait()
+                except TimeoutError:
+                    pass
             if proc.returncode is None:
                 _kill_group(proc.pid)
                 await proc.wait()
-            self.supervisor.forget_child(proc.pid)
+            self.recorder.forget_child(proc.pid)
+            await self._end_stderr(slot, proc, by_itself)
         effect, slot.effect = slot.effect, None
         if effect is not None:  # the attempt may or may not have acted
             retry_at = next_attempt_at(
-                int(time.time() * 1000),
+                self.clock.now_ms(),
                 effect.attempt,
                 self.settings.effect_retry_base_ms,
                 self.settings.effect_retry_max_ms,
                 self._rng,
             )
-            body = {"effect_id": effect.effect_id, "claim": effect.claim, "retry_at": retry_at}
-            reply = await self.request("effect.abandon", body)
-            for _ in range(50):  # the writer restarts: ask again (a repeat finds it abandoned)
-                if reply.outcome != "unavailable":
-                    break
-                await asyncio.sleep(self.settings.writer_restart_min_ms / 1000)
-                reply = await self.request("effect.abandon", body)
+            body = {"actor": SERVER, "effect_id": effect.effect_id, "claim": effect.claim, "retry_at": retry_at}
+            # the writer restarts: ask again (a repeat finds it abandoned), also while the pool stops
+            reply = await ask_while_unavailable(
+                self.writer, "effect.abandon", body, self.settings, self.clock, within_ms=self.settings.stop_grace_ms
+            )
             if reply.outcome not in ("accepted", "claimLost"):
                 log.warning("an abandoned effect was not recorded: %s", reply.outcome)
             self._notify(effect.effect_id)
             self.wake()
 
+    async def _end_stderr(self, slot: Slot, proc: asyncio.subprocess.Process, by_itself: bool) -> None:
+        """A worker that ended without the pool ending it leaves how it ended and its last stderr
+        lines in server.log."""
+        stderr, slot.stderr = slot.stderr, None
+        if stderr is None:
+            return
+        if by_itself and proc.returncode is not None:
+            await stderr.drained(self.settings.child_stderr_drain_ms / 1000)
+            log.warning(
+                "outbox worker %d (pid %d) ended: %s", slot.index, proc.pid, exit_text("worker", proc.returncode)
+            )
+            for line in stderr.take():
+                log.warning("outbox worker %d (pid %d) stderr: %s", slot.index, proc.pid, line)
+        stderr.close()
+
     async def _renewal(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
-            for slot in self.slots:
-                effect = slot.effect
-                if effect is None:
-                    continue
-                reply = await self.request("claim.renew", {"resource_id": effect.effect_id, "claim": effect.claim})
-                if reply.outcome == "claimLost" and slot.effect is effect:
-                    self._end_commands(slot)  # the effect is no longer this slot's (a cancel ended it)
+            await self.clock.sleep_ms(self.settings.claim_renew_ms)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One renewal pass: claim.renew for every applying effect; a slot whose effect is no
+        longer its own (a cancel ended it) ends its command groups."""
+        for slot in self.slots:
+            effect = slot.effect
+            if effect is None:
+                continue
+            reply = await self.request("claim.renew", {"resource_id": effect.effect_id, "claim": effect.claim})
+            if reply.outcome == "claimLost" and slot.effect is effect:
+                self._end_commands(slot)
 
     def cancel_run(self, run_id: str) -> None:
         """After a committed cancel: the workers applying the run's effects are killed with their
@@ -411,9 +494,9 @@ class OutboxPool:
         self._stopping = True
         for slot in self.slots:
             slot.wakeup.set()
-        deadline = time.monotonic() + self.settings.stop_grace_ms / 1000
-        while any(slot.effect is not None for slot in self.slots) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        deadline = self.clock.monotonic_ms() + self.settings.stop_grace_ms
+        while any(slot.effect is not None for slot in self.slots) and self.clock.monotonic_ms() < deadline:
+            await self.clock.sleep_ms(20)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

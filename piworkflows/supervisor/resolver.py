@@ -12,9 +12,10 @@ the supervisor.
 
 A bare Python start costs well over 100 ms here, so children answer many
 requests. Every child is in host.json while it lives; an idle child exits by
-itself when the supervisor is gone (its stdin closes). A child's last stderr
-lines are kept (supervisor/stderr.py) and written to server.log when it is
-ended for a timeout or a broken answer (it died, or hung).
+itself when the supervisor is gone (its stdin closes). A child's own log
+records (LOG frames before its answer) go to server.log with its pid; its last
+stderr lines are kept (supervisor/stderr.py) and written to server.log when it
+is ended for a timeout or a broken answer (it died, or hung).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import asyncio
 import logging
 import struct
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import MAX_FRAME_BYTES, Frame
@@ -36,8 +37,11 @@ from piworkflows.protocol.internal.resolver import (
     WorkflowShown,
     WorkflowShowRequest,
 )
+from piworkflows.protocol.internal.writer import LogRecord
 from piworkflows.settings import Settings
+from piworkflows.supervisor.logs import relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import ChildRecorder
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -49,12 +53,6 @@ UNRESOLVED = "the workflow code could not be loaded (its resolver child broke)"
 
 class Unanswered(Exception):
     """The child took too long or broke (it was ended); the message says which."""
-
-
-class ChildRecorder(Protocol):
-    def record_child(self, identity: Identity) -> None: ...
-
-    def forget_child(self, pid: int) -> None: ...
 
 
 class _Child:
@@ -144,12 +142,15 @@ class Resolvers:
         assert child.proc.stdin is not None and child.proc.stdout is not None
         child.proc.stdin.write(frames.encode(request.kind, child.uses + 1, request.model_dump()))
         await child.proc.stdin.drain()
-        (length,) = struct.unpack(">I", await child.proc.stdout.readexactly(4))
-        if length > MAX_FRAME_BYTES:
-            raise frames.FrameError("oversized answer")
-        payload = await child.proc.stdout.readexactly(length)
-        received = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
-        return request.answer.model_validate(received[0]["b"])
+        while True:  # its log records, then the answer
+            (length,) = struct.unpack(">I", await child.proc.stdout.readexactly(4))
+            if length > MAX_FRAME_BYTES:
+                raise frames.FrameError("oversized answer")
+            payload = await child.proc.stdout.readexactly(length)
+            (frame,) = frames.FrameDecoder().feed(struct.pack(">I", length) + payload)
+            if frame["k"] != LogRecord.kind:
+                return request.answer.model_validate(frame["b"])
+            relay_child_log("resolver", child.proc.pid, frame["b"])
 
     async def _end(self, child: _Child, failed: bool = False) -> None:
         """End the child; one that ``failed`` a request leaves its last stderr lines in server.log

@@ -11,11 +11,15 @@ same request is ``adopted``, another request under the key is ``conflict``.
 Listed operations that this build does not serve yet are ``rejected`` with
 code ``notAvailable`` and store nothing. Each served operation has one route in
 ``ROUTES`` (its keys are ``client_v1.OPERATION_SHAPES``'s, ``tests/unit/test_registry.py``).
+
+The router depends on narrow seams (supervisor/seams.py): the writer's requests
+and health, the resolver children, the server's facts (state, epoch, load,
+stop, maintenance) and what a committed command sets going (RunControl); it
+waits on its Clock. Tests drive it with fakes of each.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import logging
@@ -27,16 +31,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from piworkflows import canonical
-from piworkflows.errors import CommandError, describe_invalid_fields
+from piworkflows.clock import Clock
+from piworkflows.errors import CommandError, Outcome, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
 from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
 from piworkflows.protocol.internal.resolver import Resolution
 from piworkflows.protocol.internal.runs import RunCreate
 from piworkflows.protocol.internal.writer import Reply
+from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
+from piworkflows.supervisor.seams import RunControl, ServerHost, WorkflowResolvers, WriterStatus, ask_while_unavailable
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -44,8 +51,21 @@ WriterRequest = Callable[[str, dict[str, Any]], Awaitable[Reply]]
 
 
 class Router:
-    def __init__(self, supervisor: Any) -> None:
-        self.supervisor = supervisor  # the facts the server answers from (epoch, state, writer)
+    def __init__(
+        self,
+        writer: WriterStatus,
+        resolvers: WorkflowResolvers,
+        host: ServerHost,
+        runs: RunControl,
+        settings: Settings,
+        clock: Clock,
+    ) -> None:
+        self.writer = writer
+        self.resolvers = resolvers
+        self.host = host  # the facts the server answers from (state, epoch, load)
+        self.runs = runs  # what a committed command sets going
+        self.settings = settings
+        self.clock = clock
 
     async def handle(self, request: client_v1.Request) -> client_v1.Response:
         route = ROUTES.get(request.operation)
@@ -62,54 +82,51 @@ class Router:
     async def server_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """Always answered: with the writer's counts when it can read them, and why nothing can be
         committed when that is so (a full disk, a damaged database, no writer)."""
-        reason = self.supervisor.writer.unavailable_reason()
-        state = self.supervisor.state
+        reason = self.writer.unavailable_reason()
+        state = self.host.state
         if state != "stopping" and reason is not None:
             state = "refusing" if reason["code"] == "databaseCorrupt" else "unavailable"
-        reply = await self.supervisor.writer.request("server.counts", {"actor": {"actor_class": "server"}})
+        reply = await self.writer.request("server.counts", {"actor": {"actor_class": "server"}})
         counts = reply.receipt if reply.outcome == "accepted" and reply.receipt else {}
+        load = self.host.load()
         receipt = client_v1.ServerStatusReceipt(
             state=state,
-            reason=reason,
+            reason=client_v1.UnavailableReason.model_validate(reason) if reason is not None else None,
             socketAvailable=True,
-            epoch=self.supervisor.epoch,
-            activeRunners=len(self.supervisor.scheduler.active),
-            connections=len(self.supervisor.server.connections),
-            maxConnections=self.supervisor.server.max_connections,
-            fdLimit=self.supervisor.server.fd_limit,
+            epoch=self.host.epoch,
+            activeRunners=load.active_runners,
+            connections=load.connections,
+            maxConnections=load.max_connections,
+            fdLimit=load.fd_limit,
             **counts,
         )
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
 
     async def server_stop(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
-        """Recorded on the server resource, then carried out. A writer lost meanwhile is asked again
-        with the same key (for up to stop_grace_ms); when nothing can be committed (a full disk, a
-        damaged database, no writer) the stop is carried out all the same, answered unconfirmed."""
-        body = {
-            "actor": client_actor(request),
-            "client_receipt": receipt_key(request),
-            "server_epoch": self.supervisor.epoch,
-        }
-        deadline = asyncio.get_running_loop().time() + self.supervisor.settings.stop_grace_ms / 1000
-        reply = await self.supervisor.writer.request("server.record_stop", body)
-        while _code(reply) == "writerRestarting" and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(self.supervisor.settings.writer_restart_min_ms / 1000)
-            reply = await self.supervisor.writer.request("server.record_stop", body)
+        """Recorded on the server resource, then carried out. While nothing can be committed (a
+        writer restarting, a full disk) it is asked again with the same key for up to
+        stop_grace_ms; then, or with a damaged database, the stop is carried out all the same,
+        answered unconfirmed."""
+        epoch = self.host.epoch
+        body = {"actor": client_actor(request), "client_receipt": receipt_key(request), "server_epoch": epoch}
+        reply = await ask_while_unavailable(
+            self.writer, "server.record_stop", body, self.settings, self.clock, within_ms=self.settings.stop_grace_ms
+        )
         # adopted: the stop was recorded but its first answer was lost (the
         # writer died after COMMIT); it is still this epoch's stop to carry out.
         if reply.outcome == "accepted" or (
-            reply.outcome == "adopted" and (reply.receipt or {}).get("serverEpoch") == self.supervisor.epoch
+            reply.outcome == "adopted" and (reply.receipt or {}).get("serverEpoch") == epoch
         ):
-            self.supervisor.request_stop("server.stop from a client")
+            self.host.request_stop("server.stop from a client")
         elif reply.outcome == "unavailable" or _code(reply) == "databaseCorrupt":
-            self.supervisor.request_stop(f"server.stop from a client (not confirmed as recorded: {_code(reply)})")
-            receipt = client_v1.ServerStopReceipt(stopping=True, serverEpoch=self.supervisor.epoch, recorded=False)
+            self.host.request_stop(f"server.stop from a client (not confirmed as recorded: {_code(reply)})")
+            receipt = client_v1.ServerStopReceipt(stopping=True, serverEpoch=epoch, recorded=False)
             return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
         return from_reply(request, reply)
 
     async def stored_answer(self, request: client_v1.Request) -> client_v1.Response | None:
         """The answer stored for this exact request (adopted), a key conflict, or None."""
-        reply = await self.supervisor.writer.request(
+        reply = await self.writer.request(
             "receipt.find", {"actor": {"actor_class": "server"}, "key": receipt_key(request)}
         )
         if reply.outcome != "accepted":
@@ -117,7 +134,7 @@ class Router:
         if not reply.receipt or not reply.receipt["found"]:
             return None
         answer = reply.receipt["answer"]
-        outcome = "adopted" if answer["outcome"] == "accepted" else answer["outcome"]
+        outcome: Outcome = "adopted" if answer["outcome"] == "accepted" else answer["outcome"]
         return client_v1.Response(
             requestId=request.requestId,
             outcome=outcome,
@@ -136,7 +153,7 @@ class Router:
         """
         project_path = os.path.realpath(payload.projectPath)
         try:
-            resolution = await self.supervisor.resolvers.resolve(project_path, payload.workflowName, payload.input)
+            resolution = await self.resolvers.resolve(project_path, payload.workflowName, payload.input)
         except ChildNotRecorded:
             return refuse(request, _no_resolver())
         refusal = None
@@ -148,7 +165,7 @@ class Router:
         if refusal is not None:
             stored = await self.stored_answer(request)
             return stored if stored is not None else refuse(request, refusal)
-        assert resolution.snapshot is not None and resolution.max_steps is not None
+        assert resolution.snapshot is not None and resolution.source is not None and resolution.max_steps is not None
         create = RunCreate(
             actor=Actor(actor_class="client", actor_id=request.clientId),
             client_receipt=ClientReceiptKey(**receipt_key(request)),
@@ -164,9 +181,9 @@ class Router:
             execution_mode=payload.executionMode,
             origin_session_id=payload.originSessionId,
         )
-        reply = await self.supervisor.writer.request("run.create", create.model_dump())
+        reply = await self.writer.request("run.create", create.model_dump())
         if reply.outcome == "accepted":
-            self.supervisor.scheduler.wake()
+            self.runs.wake_scheduler()
         return from_reply(request, reply)
 
     async def workflow_list(
@@ -175,7 +192,7 @@ class Router:
         """Discovered, loaded and compiled in a resolver child; a module that fails to load is an
         item with its error."""
         try:
-            listing = await self.supervisor.resolvers.list_workflows(os.path.realpath(payload.projectPath))
+            listing = await self.resolvers.list_workflows(os.path.realpath(payload.projectPath))
         except ChildNotRecorded:
             return refuse(request, _no_resolver())
         except Unanswered as exc:
@@ -187,7 +204,7 @@ class Router:
                 source=item.source,
                 description=item.description,
                 shadowedBy=item.shadowed_by,
-                error=item.error.model_dump() if item.error else None,
+                error=client_v1.LoadError.model_validate(item.error.model_dump()) if item.error else None,
             )
             for item in listing.items
         ]
@@ -204,7 +221,7 @@ class Router:
     ) -> client_v1.Response:
         """Resolved and compiled like run.start's workflow, in a resolver child; nothing is stored."""
         try:
-            shown = await self.supervisor.resolvers.show(os.path.realpath(payload.projectPath), payload.workflowName)
+            shown = await self.resolvers.show(os.path.realpath(payload.projectPath), payload.workflowName)
         except ChildNotRecorded:
             return refuse(request, _no_resolver())
         if not shown.ok:
@@ -224,9 +241,7 @@ class Router:
     async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         if request.runId is None:
             return refuse(request, CommandError("validationFailed", "run.status names the run in runId"))
-        reply = await self.supervisor.writer.request(
-            "run.get", {"actor": client_actor(request), "run_id": request.runId}
-        )
+        reply = await self.writer.request("run.get", {"actor": client_actor(request), "run_id": request.runId})
         return from_reply(request, reply)
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
@@ -241,7 +256,7 @@ class Router:
             body["project_path"] = os.path.realpath(payload.projectPath)
         if payload.cursor is not None:
             body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
-        return from_reply(request, await self.supervisor.writer.request("run.list", body))
+        return from_reply(request, await self.writer.request("run.list", body))
 
     async def run_logs(self, request: client_v1.Request, payload: client_v1.RunLogsPayload) -> client_v1.Response:
         """A page of the run's steps, or (``content``) a part of a value linked to the run, its bytes
@@ -252,13 +267,13 @@ class Router:
         content = payload.content
         if content is None:
             body.update(node_path=payload.nodePath, after=payload.after, limit=payload.limit)
-            return from_reply(request, await self.supervisor.writer.request(RunLogs.kind, body))
+            return from_reply(request, await self.writer.request(RunLogs.kind, body))
         body.update(
             digest=bytes.fromhex(content.digest.removeprefix("sha256:")),
             media_type=content.mediaType,
             offset=content.offset,
         )
-        reply = await self.supervisor.writer.request(RunContentRead.kind, body)
+        reply = await self.writer.request(RunContentRead.kind, body)
         if reply.outcome == "accepted" and reply.receipt is not None:
             data = base64.b64encode(reply.receipt["data"]).decode("ascii")
             reply = reply.model_copy(update={"receipt": {**reply.receipt, "data": data}})
@@ -282,9 +297,9 @@ class Router:
         }
         if request.expectedRevision is not None:
             body["expected_revision"] = request.expectedRevision
-        reply = await self.supervisor.writer.request("checkpoint.answer", body)
+        reply = await self.writer.request("checkpoint.answer", body)
         if reply.outcome == "accepted":
-            self.supervisor.scheduler.wake()
+            self.runs.wake_scheduler()
         return from_reply(request, reply)
 
     async def run_control(self, request: client_v1.Request, extra: dict[str, Any] | None = None) -> Reply | None:
@@ -299,7 +314,7 @@ class Router:
         }
         if request.expectedRevision is not None:
             body["expected_revision"] = request.expectedRevision
-        reply: Reply = await self.supervisor.writer.request(request.operation, body)
+        reply: Reply = await self.writer.request(request.operation, body)
         return reply
 
     async def run_cancel(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -307,9 +322,9 @@ class Router:
         reply = await self.run_control(request)
         if reply is None:
             return refuse(request, CommandError("validationFailed", "run.cancel names the run in runId"))
-        if reply.outcome in ("accepted", "adopted"):
-            self.supervisor.scheduler.stop_run(request.runId)
-            self.supervisor.outbox.cancel_run(request.runId)
+        if reply.outcome in ("accepted", "adopted") and request.runId is not None:
+            self.runs.stop_run(request.runId)
+            self.runs.cancel_effects(request.runId)
         return from_reply(request, reply)
 
     async def run_pause(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -319,8 +334,8 @@ class Router:
             return refuse(request, CommandError("validationFailed", "run.pause names the run in runId"))
         # Only now: a replayed pause must not stop a runner that a later resume started. (A first
         # answer lost in a crash leaves the old runner fenced: its next write fails and it exits.)
-        if reply.outcome == "accepted":
-            self.supervisor.scheduler.stop_run(request.runId, let_effect_settle=True)
+        if reply.outcome == "accepted" and request.runId is not None:
+            self.runs.stop_run(request.runId, let_effect_settle=True)
         return from_reply(request, reply)
 
     async def run_resume(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -328,7 +343,7 @@ class Router:
         if reply is None:
             return refuse(request, CommandError("validationFailed", "run.resume names the run in runId"))
         if reply.outcome == "accepted":
-            self.supervisor.scheduler.wake()
+            self.runs.wake_scheduler()
         return from_reply(request, reply)
 
     async def run_delete(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
@@ -336,7 +351,7 @@ class Router:
         if request.runId is None:
             return refuse(request, CommandError("validationFailed", "run.delete names the root run in runId"))
         body = {"actor": client_actor(request), "client_receipt": receipt_key(request), "run_id": request.runId}
-        return from_reply(request, await self.supervisor.writer.request("run.delete", body))
+        return from_reply(request, await self.writer.request("run.delete", body))
 
     async def run_restart(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """A child run of a finished run; the expected revision is the parent's runRevision."""
@@ -346,14 +361,12 @@ class Router:
         reply = await self.run_control(request, {"child_run_id": "run-" + uuid.uuid4().hex})
         assert reply is not None
         if reply.outcome == "accepted":
-            self.supervisor.scheduler.wake()
+            self.runs.wake_scheduler()
         return from_reply(request, reply)
 
     async def state_read(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """state.status / state.verify: reads on the writer's connection, between write groups."""
-        return from_reply(
-            request, await self.supervisor.writer.request(request.operation, {"actor": client_actor(request)})
-        )
+        return from_reply(request, await self.writer.request(request.operation, {"actor": client_actor(request)}))
 
     async def state_backup(
         self, request: client_v1.Request, payload: client_v1.StateBackupPayload
@@ -368,13 +381,9 @@ class Router:
 
     async def _maintenance(self, kind: str, body: dict[str, Any]) -> Reply:
         """A maintenance command in flight keeps automatic retention away."""
-        retention = self.supervisor.retention
-        retention.maintenance_in_flight += 1
-        try:
-            reply: Reply = await self.supervisor.writer.request(kind, body)
-            return reply
-        finally:
-            retention.maintenance_in_flight -= 1
+        with self.host.maintenance():
+            reply: Reply = await self.writer.request(kind, body)
+        return reply
 
     async def state_prune(self, request: client_v1.Request, payload: client_v1.StatePrunePayload) -> client_v1.Response:
         """A dry run is a read (not stored); an apply is stored with its key, answered after the
@@ -401,7 +410,7 @@ class Router:
             "statuses": payload.statuses,
             "limit": payload.limit,
         }
-        return from_reply(request, await self.supervisor.writer.request("effect.list", body))
+        return from_reply(request, await self.writer.request("effect.list", body))
 
     async def effect_recovery(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """effect.confirm / effect.retry, stored with the receipt; the parked run continues (a
@@ -419,10 +428,10 @@ class Router:
             body["note"] = payload.note
             if output is not None:
                 body["output"] = output.model_dump()
-        reply = await self.supervisor.writer.request(request.operation, body)
+        reply = await self.writer.request(request.operation, body)
         if reply.outcome == "accepted":
-            self.supervisor.outbox.wake()
-            self.supervisor.scheduler.wake()
+            self.runs.wake_outbox()
+            self.runs.wake_scheduler()
         return from_reply(request, reply)
 
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:

@@ -17,13 +17,20 @@
          attempt) ── effect.settle under that claim; a runner that dies applying: effect.abandon
     renewal: claim.renew for every live runner (and its applying effect) every
              claim_renew_ms, even while workflow code blocks (the runner does not take part)
-    stderr:  each runner's last lines are kept (supervisor/stderr.py); a runner that ends
-             before it saved progress has them written to server.log, and its last line
-             (or how it died) goes with runner.exited as the park detail
+    logs:    a runner's own log records (LOG frames) go to server.log with its pid; its last
+             stderr lines are kept (supervisor/stderr.py): a runner that ends by itself
+             without saying it is done (it died) has them written to server.log, and its
+             last line (or how it died) goes with runner.exited as the park detail
 
 At startup, and after the writer restarted, runner records that no runner of
 this supervisor serves are closed as orphaned (older epochs; replies lost in a
 writer crash): their runs become claimable again with a new generation.
+
+The scheduler depends on narrow seams (supervisor/seams.py): the writer's
+requests and restart count, host.json's child records, the outbox pool's
+effect watch, the server epoch and retention's trigger; it waits on its Clock.
+``admit()`` is one admission step and ``renew()`` one renewal pass; tests
+drive them with a fake writer and a fake clock.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import Any
 import psutil
 
 from piworkflows import canonical
-from piworkflows.clock import woken
+from piworkflows.clock import Clock
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.effects import EffectSettleFrame
@@ -54,10 +61,12 @@ from piworkflows.protocol.internal.nodes import (
 )
 from piworkflows.protocol.internal.runner import CompletedStep, EffectAwait, RunnerExiting, RunnerLaunch
 from piworkflows.protocol.internal.runs import RunSource
-from piworkflows.protocol.internal.writer import Reply
+from piworkflows.protocol.internal.writer import LogRecord, Reply
+from piworkflows.settings import Settings
 from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PARK_REASONS
-from piworkflows.supervisor.logs import log_failure
+from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import ChildRecorder, EffectPool, WriterRestarts, refusal
 from piworkflows.supervisor.stderr import StderrTail, exit_text, park_detail
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -81,7 +90,7 @@ class RunnerHandle:
     effect: EffectInFlight | None = None  # the effect this runner is applying, claimed on its behalf
     stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
     record_ended: bool = False  # a commit ended the runner record with the run's end or wait: no exit to record
-    awaiting: asyncio.Future[None] | None = None  # the runner waits for the pool to settle an effect
+    awaiting: asyncio.Event | None = None  # the runner waits for the pool to settle an effect
 
 
 @dataclass
@@ -92,12 +101,29 @@ class EffectInFlight:
 
 
 class Scheduler:
-    def __init__(self, supervisor: Any) -> None:
-        self.supervisor = supervisor
-        self.settings = supervisor.settings
+    def __init__(
+        self,
+        writer: WriterRestarts,
+        recorder: ChildRecorder,
+        pool: EffectPool,
+        settings: Settings,
+        clock: Clock,
+        *,
+        server_epoch: Callable[[], int],
+        request_retention: Callable[[], None],
+    ) -> None:
+        self.writer = writer
+        self.recorder = recorder  # host.json: runner process groups
+        self.pool = pool  # performs shell and http effects; runners await its settlements
+        self.settings = settings
+        self.clock = clock
+        self.server_epoch = server_epoch  # the epoch the scheduler's claims are taken under
+        self.request_retention = request_retention  # a lifecycle trigger: a runner ended
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._timers: set[asyncio.Task[None]] = set()  # kills after stop_grace_ms
+        self._reconciled = writer.restarts  # the writer's restarts when runner records were last reconciled
         self._stopping = False
         # Runner children kept waiting (package imported) for the next launch: a Python start
         # costs well over 100 ms here. A process serves runs one at a time, is recycled after
@@ -109,14 +135,14 @@ class Scheduler:
         self._spares = self.settings.max_runners
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
-        reply: Reply = await self.supervisor.writer.request(kind, {"actor": SERVER, **body})
-        return reply
+        return await self.writer.request(kind, {"actor": SERVER, **body})
 
     def wake(self) -> None:
         self._wake.set()
 
     async def start(self) -> None:
         await self._reconcile()
+        self._reconciled = self.writer.restarts
         self._tasks = [
             asyncio.create_task(self._admission(), name="admission"),
             asyncio.create_task(self._renewal(), name="claim-renewal"),
@@ -131,7 +157,7 @@ class Scheduler:
         admission task, so no launch interleaves with it."""
         live = [handle.runner_epoch for handle in self.active.values()]
         orphans = await self.request(
-            "runner.orphans", {"server_epoch": self.supervisor.epoch, "active_runner_epochs": live}
+            "runner.orphans", {"server_epoch": self.server_epoch(), "active_runner_epochs": live}
         )
         if orphans.outcome != "accepted" or orphans.receipt is None:
             return False
@@ -148,26 +174,30 @@ class Scheduler:
         return True
 
     async def _admission(self) -> None:
-        reconciled = self.supervisor.writer.restarts
         while not self._stopping:
-            await woken(self._wake, self.settings.scheduler_tick_ms / 1000)
+            await self.clock.woken(self._wake, self.settings.scheduler_tick_ms)
             self._wake.clear()
-            restarts = self.supervisor.writer.restarts
-            if restarts != reconciled and await self._reconcile():
-                reconciled = restarts
-            free = self.settings.max_runners - len(self.active)
-            if free <= 0 or self._stopping:
-                continue
-            reply = await self.request("run.claimable", {"limit": free})
-            for run_id in (reply.receipt or {}).get("runIds", []):
-                if run_id not in self.active and not self._stopping:
-                    try:
-                        await self._launch(run_id)
-                    except Exception as exc:  # one run's launch failure never stops the scheduler
-                        log_failure(log, f"launching a runner for {run_id} failed", exc)
+            await self.admit()
+
+    async def admit(self) -> None:
+        """One admission step: after a writer restart, close the runner records no runner serves;
+        then claim claimable runs up to the free runner capacity and launch a runner for each."""
+        restarts = self.writer.restarts
+        if restarts != self._reconciled and await self._reconcile():
+            self._reconciled = restarts
+        free = self.settings.max_runners - len(self.active)
+        if free <= 0 or self._stopping:
+            return
+        reply = await self.request("run.claimable", {"limit": free})
+        for run_id in (reply.receipt or {}).get("runIds", []):
+            if run_id not in self.active and not self._stopping:
+                try:
+                    await self._launch(run_id)
+                except Exception as exc:  # one run's launch failure never stops the scheduler
+                    log_failure(log, f"launching a runner for {run_id} failed", exc)
 
     async def _launch(self, run_id: str) -> None:
-        claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
+        claim = new_claim(self.server_epoch(), self.settings.claim_ttl_ms)
         claimed = await self.request(
             "run.claim",
             {
@@ -253,7 +283,7 @@ class Scheduler:
             proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars
         )
         try:
-            self.supervisor.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
+            self.recorder.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
         except ChildNotRecorded:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
@@ -263,7 +293,7 @@ class Scheduler:
 
     def _forget(self, proc: asyncio.subprocess.Process) -> None:
         """A runner process that is gone: out of host.json, its stderr no longer read."""
-        self.supervisor.forget_child(proc.pid)
+        self.recorder.forget_child(proc.pid)
         tail = self._stderr.pop(proc.pid, None)
         if tail is not None:
             tail.close()
@@ -295,13 +325,11 @@ class Scheduler:
         decoder = frames.FrameDecoder()
         while data := await proc.stdout.read(1 << 16):
             for frame in decoder.feed(data):
+                if frame["k"] == LogRecord.kind:  # its own log record: to server.log, never answered
+                    relay_child_log("runner", proc.pid, frame["b"])
+                    continue
                 relay = RELAYS.get(frame["k"])
-                if relay is None:
-                    reply: Reply | None = Reply(
-                        outcome="rejected", receipt={"code": "unknownCommand"}, error="not a runner message"
-                    )
-                else:
-                    reply = await relay(self, handle, frame)
+                reply = await relay(self, handle, frame) if relay else refusal("unknownCommand", "not a runner message")
                 if reply is None:  # the runner is done with its run
                     return "cancelled" if handle.stopping else "exited"
                 proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
@@ -323,29 +351,24 @@ class Scheduler:
         if reply.outcome in ("accepted", "adopted") and reply.receipt and reply.receipt["effectStatus"] == "pending":
             if frame["b"].get("performer") == "runner":  # an action body: the runner acts itself
                 return await self._claim_effect(handle, reply.receipt["effectId"])
-            self.supervisor.outbox.wake()  # the pool performs it; the runner awaits the settlement
+            self.pool.wake()  # the pool performs it; the runner awaits the settlement
         return reply
 
     async def _await_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         """Until the pool settles the effect (or it becomes ambiguous), at most effect_await_ms;
         the answer is its status now (the runner adopts a settled one by reserving again)."""
         effect_id = EffectAwait.model_validate(frame["b"]).effect_id
-        pool = self.supervisor.outbox
-        handle.awaiting = settled = pool.watch(effect_id)
+        handle.awaiting = settled = self.pool.watch(effect_id)
         try:
             status = await self._effect_status(effect_id)
             if status in EFFECT_WORK_STATUSES and not handle.stopping:
-                try:
-                    async with asyncio.timeout(self.settings.effect_await_ms / 1000):
-                        await asyncio.shield(settled)
-                except TimeoutError:
-                    pass
+                await self.clock.woken(settled, self.settings.effect_await_ms)
                 status = await self._effect_status(effect_id)
         finally:
             handle.awaiting = None
-            pool.unwatch(effect_id, settled)
+            self.pool.unwatch(effect_id, settled)
         if status is None:
-            return Reply(outcome="unavailable", receipt={"code": "unavailable"}, error="the effect cannot be read now")
+            return refusal("unavailable", "the effect cannot be read now")
         return Reply(outcome="accepted", receipt={"effectId": effect_id, "effectStatus": status})
 
     async def _effect_status(self, effect_id: str) -> str | None:
@@ -357,7 +380,7 @@ class Scheduler:
 
     async def _claim_effect(self, handle: RunnerHandle, effect_id: str) -> Reply:
         """The runner performs its node's effect: claim it for it (a numbered attempt, before it acts)."""
-        claim = new_claim(self.supervisor.epoch, self.settings.claim_ttl_ms)
+        claim = new_claim(self.server_epoch(), self.settings.claim_ttl_ms)
         reply = await self.request(
             "effect.claim",
             {
@@ -378,7 +401,7 @@ class Scheduler:
         body = dict(frame["b"])
         effect = handle.effect
         if effect is None or body.get("effect_id") != effect.effect_id:
-            return Reply(outcome="rejected", receipt={"code": "invalidTransition"}, error="no such effect in flight")
+            return refusal("invalidTransition", "no such effect in flight")
         body.update(claim=effect.claim, expected_revision=effect.revision)
         reply = await self.request(EffectSettleFrame.kind, body)
         if reply.outcome in ("accepted", "adopted"):
@@ -407,7 +430,7 @@ class Scheduler:
                 "fingerprint": hashlib.sha256(message).digest(),
             },
         )
-        reply: Reply = await self.supervisor.writer.request(kind, body)
+        reply = await self.writer.request(kind, body)
         if reply.outcome in ("accepted", "adopted") and reply.revision is not None:
             handle.revision = reply.revision
             handle.record_ended = "runStatus" in (reply.receipt or {})
@@ -439,7 +462,7 @@ class Scheduler:
         if handle.record_ended:  # the run ended or waits: that commit ended the runner record
             self.active.pop(handle.run_id, None)
             self.wake()
-            self.supervisor.retention.request()
+            self.request_retention()
             return
         body: dict[str, Any] = {
             "run_id": handle.run_id,
@@ -455,32 +478,49 @@ class Scheduler:
         reply = await self.request("runner.exited", body)
         if reply.outcome not in ("accepted", "rejected"):
             log.warning("the exit of a runner was not recorded: %s", reply.outcome)
-        elif (reply.receipt or {}).get("parkReason") == "runnerNoProgress":
-            ended = exit_text("runner", returncode) if returncode is not None else "the runner stopped"
-            log.warning("%s parked runnerNoProgress: %s before it saved progress", handle.run_id, ended)
-            for line in lines:
-                log.warning("runner of %s stderr: %s", handle.run_id, line)
+        elif (reply.receipt or {}).get("parkReason") == "runnerNoProgress" or (
+            proc is not None and not handle.done and not handle.stopping  # it died: the run goes on
+        ):
+            self._log_ended(handle.run_id, reply, lines, returncode)
         self.active.pop(handle.run_id, None)
         self.wake()
-        self.supervisor.retention.request()  # a lifecycle trigger: retention looks when all is idle
+        self.request_retention()  # a lifecycle trigger: retention looks when all is idle
+
+    def _log_ended(self, run_id: str, exited: Reply, lines: list[str], returncode: int | None) -> None:
+        """A runner that ended before it saved progress, or died: how, and its last stderr lines
+        (those of a runner that finished its run, or that the server stopped, stay out of server.log)."""
+        ended = exit_text("runner", returncode) if returncode is not None else "the runner stopped"
+        receipt = exited.receipt or {}
+        if receipt.get("parkReason") == "runnerNoProgress":
+            log.warning("%s parked runnerNoProgress: %s before it saved progress", run_id, ended)
+        else:  # the run is requeued (or it finished meanwhile: placement)
+            placement = f" (the run: {receipt['placement']})" if receipt.get("placement") else ""
+            log.warning("the runner of %s ended before it was done: %s%s", run_id, ended, placement)
+        for line in lines:
+            log.warning("runner of %s stderr: %s", run_id, line)
 
     async def _renewal(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(self.settings.claim_renew_ms / 1000)
-            for handle in list(self.active.values()):
-                if handle.done:
-                    continue  # its run ended or waits: the claim was released with that commit
-                if handle.effect is not None:
-                    await self.request(
-                        "claim.renew", {"resource_id": handle.effect.effect_id, "claim": handle.effect.claim}
-                    )
-                if handle.stop_after_effect:
-                    continue  # paused: the run's claim was released with the pause
-                reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
-                proc = handle.proc
-                if reply.outcome == "claimLost" and not handle.done and proc is not None and proc.returncode is None:
-                    handle.stopping = True  # a runner without its claim must not write; never reused
-                    _signal_group(proc.pid, signal.SIGKILL)
+            await self.clock.sleep_ms(self.settings.claim_renew_ms)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One renewal pass: claim.renew for every live runner's run (and the effect it applies);
+        a runner whose claim is lost is killed (it must not write; it is never reused)."""
+        for handle in list(self.active.values()):
+            if handle.done:
+                continue  # its run ended or waits: the claim was released with that commit
+            if handle.effect is not None:
+                await self.request(
+                    "claim.renew", {"resource_id": handle.effect.effect_id, "claim": handle.effect.claim}
+                )
+            if handle.stop_after_effect:
+                continue  # paused: the run's claim was released with the pause
+            reply = await self.request("claim.renew", {"resource_id": handle.run_id, "claim": handle.claim})
+            proc = handle.proc
+            if reply.outcome == "claimLost" and not handle.done and proc is not None and proc.returncode is None:
+                handle.stopping = True
+                _signal_group(proc.pid, signal.SIGKILL)
 
     def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
         """After a committed cancel or pause: stop the run's runner group (it is never reused).
@@ -501,17 +541,20 @@ class Scheduler:
         The process is this supervisor's own unreaped child, so its pid cannot name another one.
         """
         handle.stopping = True
-        if handle.awaiting is not None and not handle.awaiting.done():
-            handle.awaiting.set_result(None)  # its runner stops: no need to wait for the effect
+        if handle.awaiting is not None:
+            handle.awaiting.set()  # its runner stops: no need to wait for the effect
         proc = handle.proc
         if proc is not None and proc.returncode is None:
             _signal_group(proc.pid, signal.SIGTERM)
 
-            def kill_if_alive() -> None:
+            async def kill_if_alive() -> None:
+                await self.clock.sleep_ms(self.settings.stop_grace_ms)
                 if proc.returncode is None:
                     _signal_group(proc.pid, signal.SIGKILL)
 
-            asyncio.get_running_loop().call_later(self.settings.stop_grace_ms / 1000, kill_if_alive)
+            timer = asyncio.create_task(kill_if_alive(), name=f"kill-runner-{proc.pid}")
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
 
     async def stop(self) -> None:
         """Shutdown: stop every runner group; their runs park at the last durable boundary."""

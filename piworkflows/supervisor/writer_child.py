@@ -19,18 +19,19 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from piworkflows.errors import CommandError, StateIncompatible
+from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.writer import Reply, WriterHealth
 from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
+from piworkflows.supervisor.seams import refusal
 from piworkflows.writer.process import WriterProcess, WriterStartError, spawn
 
 log = logging.getLogger("piworkflows.supervisor")
 
 WRITER_MARKER = "piworkflows.writer"
-RESTARTING = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is restarting")
+RESTARTING = refusal("writerRestarting", "the writer is restarting")
 # Reasons a writer cannot start that another start does not mend: an operator acts.
 PERMANENT = frozenset({"stateIncompatible", "databaseCorrupt", "statePathRefused"})
 
@@ -86,7 +87,7 @@ class WriterChild:
     def up(self) -> bool:
         return self._proc is not None and not self._stopping and not self._proc.link.closed
 
-    async def request(self, kind: str, body: dict) -> Reply:
+    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         proc = self._proc
         if proc is None or self._stopping or proc.link.closed:
             return self._down_reply()
@@ -111,8 +112,7 @@ class WriterChild:
         if failure is None or failure.code not in ("diskFull", "ioError", "databaseCorrupt"):
             return RESTARTING
         details = {"freeBytes": failure.free_bytes} if failure.code == "diskFull" else {}
-        refusal = CommandError(failure.code, str(failure), **details)
-        return Reply(outcome=refusal.outcome, receipt=refusal.receipt(), error=refusal.message)
+        return refusal(failure.code, str(failure), **details)
 
     @property
     def pid(self) -> int | None:

@@ -1,8 +1,8 @@
 """A command sent during a retention sweep of 2,000 trees commits before the sweep's next tree.
 
-The real writer process and the real retention loop (``supervisor/retention.py``); only the
-supervisor around them is a stand-in, and it logs every request it sends to the writer and
-every reply, in order. The writer answers each group after its commit on one pipe, in commit
+The real writer process and the real retention sweep (``supervisor/retention.py``); only the
+writer link is wrapped, to log every request retention sends to the writer and every reply, in
+order. The writer answers each group after its commit on one pipe, in commit
 order, so the order of the replies in the log is the commit order: the test asserts that
 order, never a time.
 """
@@ -10,10 +10,10 @@ order, never a time.
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
+from piworkflows.clock import SystemClock
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
 from piworkflows.supervisor.retention import SERVER, Retention
@@ -50,10 +50,8 @@ async def sweep_with_probes(paths: StatePaths) -> tuple[bool, list[tuple], list[
     child = WriterChild(paths, settings, on_spawn=lambda identity: None)
     await child.start()
     writer = LoggedWriter(child)
-    supervisor = SimpleNamespace(
-        settings=settings, writer=writer, state="running", scheduler=SimpleNamespace(active={})
-    )
-    sweep = asyncio.create_task(Retention(supervisor)._sweep())
+    retention = Retention(writer, settings, SystemClock(), busy=lambda: False)  # no runner, no stop
+    sweep = asyncio.create_task(retention._sweep())
     probes = []
     try:
         for at in PROBE_AFTER:

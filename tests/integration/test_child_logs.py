@@ -1,0 +1,123 @@
+"""Children's logs reach server.log: their own log records (LOG frames, with role and pid) and, when a
+child ends without the server ending it, how it ended and its last stderr lines. Never a payload.
+
+An outbox worker child sends its log records as LOG frames (this test as its supervisor). Then a
+real server each: a worker that crashes with a traceback on stderr, or is killed with SIGKILL,
+leaves how it ended and its stderr lines; a runner that refuses a changed workflow source logs
+why, with its pid; a runner that dies after its run made progress leaves how and its stderr lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+
+from piworkflows.protocol.internal.effects import EffectSettleFrame
+from piworkflows.protocol.internal.outbox import PerformEffect
+from piworkflows.protocol.internal.writer import LogRecord
+from tests.engine_util import CHECKPOINT, effect_attempts, http_workflow, start, view, wait_status, write
+from tests.server_util import ServerProcess, wait_until
+from tests.worker_util import Supervisor
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+ONE_WORKER = {"PI_WORKFLOWS_OUTBOX_WORKERS": "1"}
+MARKER = "order-7f3a9c"  # in the run's input and the request body: never in server.log
+
+
+def log_line(server: ServerProcess, *parts: str) -> str:
+    """The server.log line that holds every part (waiting for it)."""
+    return wait_until(
+        lambda: next((line for line in server.server_log().splitlines() if all(p in line for p in parts)), None),
+        what=f"a server.log line with {parts}",
+    )
+
+
+def test_an_outbox_worker_sends_its_own_log_records_as_log_frames():
+    """The worker child alone, with this test as its supervisor: a task it cannot perform is logged
+    (a LOG frame, the effect named, not its payload) before the settlement refuses it."""
+    peer = Supervisor()
+    try:
+        task = {"effect_id": "effect-1", "performer": "carrier.pigeon", "idempotency_key": "key-1"}
+        peer.send(PerformEffect.kind, 0, {**task, "recovery_policy": "idempotent", "payload": {"order": MARKER}})
+        logged, settled = peer.receive(), peer.receive()
+        assert logged["k"] == LogRecord.kind and settled["k"] == EffectSettleFrame.kind
+        record = LogRecord.model_validate(logged["b"])
+        assert (record.level, record.message) == (logging.ERROR, "effect effect-1 names no performer this worker has")
+        assert (settled["b"]["settlement"], settled["b"]["error_code"]) == ("rejected", "noPerformer")
+    finally:
+        assert peer.proc.stdin is not None
+        peer.proc.stdin.close()  # end of file: the worker exits
+        peer.proc.wait(timeout=30)
+
+
+@pytest.mark.server_env(PIW_FAULTS="outbox.after_attempt_recorded=raise", **ONE_WORKER)
+def test_an_outbox_worker_that_crashes_leaves_how_it_ended_and_its_stderr_lines(ledger, server, project):
+    http_workflow(project, "idem")
+    run_id = start(server, project, "idem", {"url": ledger.url + "/idem", "order": MARKER})
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]
+    assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]  # the restarted worker sent it
+    # how it ended (its traceback unwinds into an abort at interpreter shutdown: the stdin reader thread)
+    ended = log_line(server, "outbox worker 0 (pid ", ") ended: the worker ")
+    pid = ended.split("(pid ")[1].split(")")[0]
+    assert int(pid) not in server.child_pids("outbox")
+    log_line(server, f"outbox worker 0 (pid {pid}) stderr: Traceback (most recent call last):")
+    log_line(server, f"outbox worker 0 (pid {pid}) stderr: piworkflows.faults.FaultInjected: outbox.after_attempt")
+    log = server.server_log()
+    assert MARKER not in log and ledger.url not in log
+
+
+def test_an_outbox_worker_killed_by_someone_else_is_logged_and_one_the_server_ended_is_not(server, project):
+    first = wait_until(lambda: server.child_pids("outbox"), what="the outbox workers")[0]
+    os.kill(first, signal.SIGKILL)
+    log_line(server, f"(pid {first}) ended: the worker was killed by SIGKILL")
+    wait_until(lambda: len(server.child_pids("outbox")) == 2, what="the pool restarted its worker")
+    log = server.server_log()
+    assert log.count(") ended: ") == 1  # the other worker lives on; none ended by the server is reported
+
+
+def test_a_runners_own_log_record_reaches_server_log(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask", {"note": MARKER})
+    wait_status(server, run_id, "waiting")
+    write(project, "ask", CHECKPOINT + "\n# edited while the run waited\n")
+    with server.client() as client:
+        answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
+    assert answered.outcome == "accepted", answered
+    wait_until(lambda: view(server, run_id)["run"]["parkReason"] == "workflowSourceChanged", what="parked")
+    line = log_line(server, f": {run_id}: its workflow source changed since the run started")
+    assert "piworkflows.runner" in line and " WARNING runner " in line
+    pid = line.split(" WARNING runner ")[1].split(":")[0]
+    assert pid.isdigit()
+    assert MARKER not in server.server_log()
+
+
+# The second node's runner dies once (after the first node's progress), saying why on stderr.
+CRASH_ONCE = """
+import os, sys
+from piworkflows.workflows import compute, define_workflow, edge
+def crash_once(ctx):
+    if not os.path.exists(ctx.input["flag"]):
+        open(ctx.input["flag"], "w").close()
+        print("the helper table is missing", file=sys.stderr, flush=True)
+        os._exit(3)
+    return {"second": True}
+workflow = define_workflow("crashonce", "first", {
+    "first": compute(lambda ctx: {"first": True}),
+    "second": compute(crash_once),
+}, [edge("first", "second")])
+"""
+
+
+def test_a_runner_that_dies_after_progress_leaves_how_it_ended_and_its_stderr_lines(server, project, tmp_path):
+    write(project, "crashonce", CRASH_ONCE)
+    run_id = start(server, project, "crashonce", {"flag": str(tmp_path / "crashed")})
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed", done["error"]  # requeued: the next runner finished it
+    log_line(
+        server, f"the runner of {run_id} ended before it was done: the runner exited with code 3 (the run: requeued)"
+    )
+    log_line(server, f"runner of {run_id} stderr: the helper table is missing")
