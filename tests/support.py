@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sqlite3
 from typing import Any
 
 from piworkflows.protocol.internal.base import BlobValue
@@ -218,3 +219,14 @@ def run_create(
     if receipt is not None:
         body["client_receipt"] = receipt
     return submitted("run.create", body)
+
+
+def effect_row(conn: sqlite3.Connection, effect_id: str) -> dict[str, Any]:
+    """An effect's status, schedule, attempt count and settlement columns."""
+    cur = conn.execute(
+        "SELECT effect_status, available_at, attempt_count, max_attempts, error_code, settled_at, result_digest "
+        "FROM effects WHERE effect_id = ?",
+        (effect_id,),
+    )
+    names = [d[0] for d in cur.description]
+    return dict(zip(names, cur.fetchone(), strict=True))

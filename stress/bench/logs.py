@@ -21,6 +21,7 @@ import base64
 import hashlib
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from piworkflows.client import WorkflowClient, start_server, stop_server
@@ -75,6 +76,24 @@ def _read_stdout(client: WorkflowClient, run_id: str) -> tuple[float, int]:
     return time.perf_counter() - began, len(data)
 
 
+def measure(
+    paths: StatePaths, project: Path, size: int, repeat: int, quiet: list[float], loud: list[float], reads: list[float]
+) -> None:
+    """Alternate the quiet and the loud run ``repeat`` times each (after a warm-up of both)."""
+    with WorkflowClient(paths.state_dir) as client:
+        payloads = {n: {"projectPath": str(project), "workflowName": "talk", "input": {"bytes": n}} for n in (0, size)}
+        _run(client, payloads[0])  # warm-up: runner, resolver and outbox worker start
+        _run(client, payloads[size])
+        for _ in range(repeat):
+            quiet.append(_run(client, payloads[0])[0])
+            seconds, run_id = _run(client, payloads[size])
+            loud.append(seconds)
+            read_s, length = _read_stdout(client, run_id)
+            if length != size:
+                raise SystemExit(f"read back {length} bytes of {size}")
+            reads.append(read_s)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     base = bench_dir(args.dir)
     size = args.mib * 1024 * 1024
@@ -85,21 +104,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (project / ".pi" / "workflows" / "talk.workflow.py").write_text(WORKFLOW)
         start_server(paths)
         quiet, loud, reads = [], [], []
-        with WorkflowClient(paths.state_dir) as client:
-            payloads = {
-                n: {"projectPath": str(project), "workflowName": "talk", "input": {"bytes": n}} for n in (0, size)
-            }
-            _run(client, payloads[0])  # warm-up: runner, resolver and outbox worker start
-            _run(client, payloads[size])
-            for _ in range(args.repeat):
-                quiet.append(_run(client, payloads[0])[0])
-                seconds, run_id = _run(client, payloads[size])
-                loud.append(seconds)
-                read_s, length = _read_stdout(client, run_id)
-                if length != size:
-                    raise SystemExit(f"read back {length} bytes of {size}")
-                reads.append(read_s)
-        stop_server(paths)
+        try:
+            measure(paths, project, size, args.repeat, quiet, loud, reads)
+        finally:
+            stop_server(paths)  # also when a run failed: never a server left behind on a deleted dir
         fstype = filesystem_of(base)
     finally:
         cleanup(base)

@@ -265,7 +265,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "piworkflows/writer/commands/runners.py",
         'if cmd.outcome == "orphaned" else []',
         'if cmd.outcome == "never" else []',
-        (_GUARDS + "::test_an_effect_left_applying_by_a_runner_of_a_crashed_server",),
+        (_OUTBOX + "::test_an_effect_left_applying_by_a_runner_of_a_crashed_server",),
     ),
     Mutant(
         "ambiguous.old-epoch-claim-not-recovered",

@@ -12,21 +12,22 @@ import pytest
 
 from piworkflows.errors import CommandError
 from piworkflows.performers import shell
-from piworkflows.protocol.internal import attempt_id_of
+from piworkflows.protocol.internal.nodes import attempt_id_of
 from piworkflows.writer import records
 from tests.support import (
     claim_effect,
+    claim_run,
     effect_request,
+    effect_row,
     reserve,
     run_create,
     run_group,
+    runner_exited,
     settle,
     submitted,
     take_epoch,
     token_hash,
 )
-from tests.unit.test_outbox_writer import RunBuilder, attempts, claimed_ok, effect_row
-from tests.unit.test_runners import claim, exited
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,7 +53,7 @@ def test_increment_revision_compares_before_it_increments(executor, clock):
 
 
 def test_a_client_control_command_at_an_older_run_revision_is_a_conflict(executor):
-    run_group(executor, take_epoch(), run_create("run-1"), claim())
+    run_group(executor, take_epoch(), run_create("run-1"), claim_run())
     conn = executor.conn
     assert revision(conn, "run-1") == 2  # created, then claimed
     (stale,) = run_group(
@@ -116,11 +117,11 @@ def node_start(conn: sqlite3.Connection, attempt: int, generation: int):
 
 def test_an_interrupted_visit_takes_a_new_attempt_number_and_id(executor):
     conn = executor.conn
-    run_group(executor, take_epoch(), run_create("run-1"), claim())
+    run_group(executor, take_epoch(), run_create("run-1"), claim_run())
     (first,) = run_group(executor, node_start(conn, 1, generation=1))
     assert first.outcome == "accepted" and first.receipt["attemptId"] == attempt_id_of("run-1", "greet", 1, 1)
-    run_group(executor, exited(1, outcome="crashed"))  # the attempt is interrupted, the run requeued
-    (again,) = run_group(executor, claim())
+    run_group(executor, runner_exited(1, outcome="crashed"))  # the attempt is interrupted, the run requeued
+    (again,) = run_group(executor, claim_run())
     assert again.receipt["leaseGeneration"] == 2
     (reused,) = run_group(executor, node_start(conn, 1, generation=2))
     assert reused.outcome == "rejected" and reused.receipt["code"] == "invalidTransition"
@@ -133,26 +134,7 @@ def test_an_interrupted_visit_takes_a_new_attempt_number_and_id(executor):
     assert rows == [(1, "interrupted"), (2, "running")]
 
 
-# --- ambiguous on crash ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "policy, effect_status, park_reason",
-    [("manual", "ambiguous", "effectAmbiguous"), ("idempotent", "pending", "shutdown")],
-)
-def test_an_effect_left_applying_by_a_runner_of_a_crashed_server(executor, policy, effect_status, park_reason):
-    """Startup recovery records the old epoch's runner as orphaned: the attempt it left applying may
-    or may not have acted. A manual effect is never applied again without an operator."""
-    run = RunBuilder(executor)
-    run.start_action("greet")
-    effect_id = run.reserve_effect(policy=policy, performer="runner")
-    claimed_ok(executor, "tok-effect", effect_id, ttl_ms=60_000)
-    run_group(executor, take_epoch("second-server"))  # the old epoch's claims are dead, though unexpired
-    (reply,) = run_group(executor, exited(1, outcome="orphaned", by_server=True))
-    assert reply.receipt == {"runId": "run-1", "placement": "parked", "parkReason": park_reason}
-    conn = executor.conn
-    assert effect_row(conn, effect_id)["effect_status"] == effect_status
-    assert [(row[0], row[3], row[4]) for row in attempts(conn, effect_id)] == [(1, "ambiguous", "uncertainAttempt")]
+# --- ambiguous on crash (also test_outbox_writer.py: an effect a crashed server's runner left applying)
 
 
 @pytest.mark.parametrize("policy, settlement", [("manual", "ambiguous"), ("idempotent", "applied")])

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from piworkflows.protocol.internal import Reply, RunnerLaunch
+from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.runner import RunnerExiting, RunnerLaunch
+from piworkflows.protocol.internal.writer import Reply
 from piworkflows.runner import run as runner
 from piworkflows.workflows import discovery
 
@@ -21,16 +23,16 @@ class FencedChannel:
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any]]] = []
 
-    def request(self, kind: str, body: dict[str, Any]) -> Reply:
-        self.requests.append((kind, body))
+    def request(self, frame: Frame) -> Reply:
+        self.requests.append((frame.kind, frame.model_dump()))
         return Reply(outcome="claimLost", error="fenced")
 
 
 def interrupted(node: str, attempt: int, visit: int = 1) -> dict[str, Any]:
     return {
-        "nodePath": node,
-        "visit": visit,
-        "attempt": attempt,
+        "node_path": node,
+        "visit_number": visit,
+        "attempt_number": attempt,
         "outcome": "cancelled",
         "output": None,
         "interrupted": True,
@@ -54,7 +56,7 @@ def first_start(steps: list[dict[str, Any]]) -> dict[str, Any]:
         steps=steps,
     )
     channel = FencedChannel()
-    assert runner.run(channel, launch) == {}  # type: ignore[arg-type]
+    assert runner.run(channel, launch) == RunnerExiting()  # type: ignore[arg-type]
     (kind, body), *_ = channel.requests
     assert kind == "node.start"
     return body

@@ -30,6 +30,7 @@ from tests.support import (
     claim_run,
     client_receipt,
     effect_request,
+    effect_row,
     reserve,
     run_create,
     run_group,
@@ -121,16 +122,6 @@ def list_effects(actor=OPERATOR, **filters) -> Submitted:
 
 
 # --- row readers -----------------------------------------------------------------------
-
-
-def effect_row(conn, effect_id: str) -> dict[str, Any]:
-    cur = conn.execute(
-        "SELECT effect_status, available_at, attempt_count, max_attempts, error_code, settled_at, result_digest "
-        "FROM effects WHERE effect_id = ?",
-        (effect_id,),
-    )
-    names = [d[0] for d in cur.description]
-    return dict(zip(names, cur.fetchone(), strict=True))
 
 
 def attempts(conn, effect_id: str) -> list[tuple]:
@@ -1259,3 +1250,22 @@ def test_a_superseded_claimant_cannot_settle_renew_or_abandon(tmp_path) -> None:
         arena.check()
     finally:
         arena.close()
+
+
+@pytest.mark.parametrize(
+    "policy, effect_status, park_reason",
+    [("manual", "ambiguous", "effectAmbiguous"), ("idempotent", "pending", "shutdown")],
+)
+def test_an_effect_left_applying_by_a_runner_of_a_crashed_server(executor, policy, effect_status, park_reason):
+    """Startup recovery records the old epoch's runner as orphaned: the attempt it left applying may
+    or may not have acted. A manual effect is never applied again without an operator."""
+    run = RunBuilder(executor)
+    run.start_action("greet")
+    effect_id = run.reserve_effect(policy=policy, performer="runner")
+    claimed_ok(executor, "tok-effect", effect_id, ttl_ms=60_000)
+    run_group(executor, take_epoch("second-server"))  # the old epoch's claims are dead, though unexpired
+    (reply,) = run_group(executor, runner_exited(1, outcome="orphaned", by_server=True))
+    assert reply.receipt == {"runId": "run-1", "placement": "parked", "parkReason": park_reason}
+    conn = executor.conn
+    assert effect_row(conn, effect_id)["effect_status"] == effect_status
+    assert [(row[0], row[3], row[4]) for row in attempts(conn, effect_id)] == [(1, "ambiguous", "uncertainAttempt")]
