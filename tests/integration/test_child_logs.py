@@ -36,17 +36,22 @@ def log_line(server: ServerProcess, *parts: str) -> str:
 
 
 def test_an_outbox_worker_sends_its_own_log_records_as_log_frames():
-    """The worker child alone, with this test as its supervisor: a task it cannot perform is logged
-    (a LOG frame, the effect named, not its payload) before the settlement refuses it."""
+    """The worker child alone, with this test as its supervisor: a performer that raises (a payload
+    it cannot read) is logged (a log frame naming the effect and the exception type, not the
+    payload) before the settlement reports the attempt ambiguous."""
     peer = Supervisor()
     try:
-        task = {"effect_id": "effect-1", "performer": "carrier.pigeon", "idempotency_key": "key-1"}
+        task = {"effect_id": "effect-1", "performer": "shell.exec", "idempotency_key": "key-1"}
         peer.send(PerformEffect.kind, 0, {**task, "recovery_policy": "idempotent", "payload": {"order": MARKER}})
         logged, settled = peer.receive(), peer.receive()
         assert logged["k"] == LogRecord.kind and settled["k"] == EffectSettleFrame.kind
         record = LogRecord.model_validate(logged["b"])
-        assert (record.level, record.message) == (logging.ERROR, "effect effect-1 names no performer this worker has")
-        assert (settled["b"]["settlement"], settled["b"]["error_code"]) == ("rejected", "noPerformer")
+        assert (record.level, record.message) == (
+            logging.ERROR,
+            "effect effect-1: the shell.exec performer failed (KeyError); the attempt is ambiguous",
+        )
+        assert (settled["b"]["settlement"], settled["b"]["error_code"]) == ("ambiguous", "performerFailed")
+        assert MARKER not in record.message
     finally:
         assert peer.proc.stdin is not None
         peer.proc.stdin.close()  # end of file: the worker exits
