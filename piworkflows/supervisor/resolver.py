@@ -94,21 +94,23 @@ class Resolvers:
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
-        try:
-            answer = await self._ask(request)
-        except Unanswered as exc:
-            return Resolution(ok=False, code="invalidDefinition", message=str(exc))
+        answer = await self._ask_definition(request)
         assert isinstance(answer, Resolution)
         return answer
 
     async def show(self, project_path: str, workflow_name: str) -> WorkflowShown:
         request = WorkflowShowRequest(project_path=project_path, workflow_name=workflow_name)
-        try:
-            answer = await self._ask(request)
-        except Unanswered as exc:
-            return WorkflowShown(ok=False, code="invalidDefinition", message=str(exc))
+        answer = await self._ask_definition(request)
         assert isinstance(answer, WorkflowShown)
         return answer
+
+    async def _ask_definition(self, request: ResolveRequest | WorkflowShowRequest) -> Frame:
+        """The child's answer about one workflow; a child that could not answer makes it an invalid
+        definition with the reason (its load error, a timeout, its exit)."""
+        try:
+            return await self._ask(request)
+        except Unanswered as exc:
+            return request.answer.model_validate({"ok": False, "code": "invalidDefinition", "message": str(exc)})
 
     async def list_workflows(self, project_path: str) -> WorkflowListing:
         """Every workflow of the project, the user dir and the built-ins; Unanswered if the child
