@@ -34,7 +34,6 @@ import logging
 import os
 import random
 import signal
-import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable
+from piworkflows.supervisor.spawn import spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -209,25 +209,9 @@ class OutboxPool:
         if slot.spawns:
             env.pop(faults.ENV, None)
         slot.spawns += 1
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            WORKER_MARKER,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            env=env,
+        proc, stderr = await spawn_child(
+            "outbox", WORKER_MARKER, (WORKER_MARKER,), self.recorder, self.settings, own_group=True, env=env
         )
-        assert proc.stderr is not None
-        stderr = StderrTail(proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars)
-        try:
-            self.recorder.record_child(Identity.of("outbox", proc.pid, WORKER_MARKER, process_group=True))
-        except ChildNotRecorded:
-            _kill_group(proc.pid)
-            await proc.wait()
-            stderr.close()
-            raise
         slot.proc, slot.frames, slot.arrived, slot.stderr, slot.broke = proc, deque(), asyncio.Event(), stderr, False
         slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
 

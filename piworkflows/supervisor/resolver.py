@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import sys
 from typing import Any
 
 from piworkflows.protocol import frames
@@ -40,8 +39,8 @@ from piworkflows.protocol.internal.resolver import (
 from piworkflows.protocol.internal.writer import LogRecord
 from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import relay_child_log
-from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder
+from piworkflows.supervisor.spawn import spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -70,27 +69,15 @@ class Resolvers:
         self._slots = asyncio.Semaphore(settings.resolvers)
 
     async def _spawn(self) -> _Child:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "piworkflows.runner",
-            "resolve",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        proc, stderr = await spawn_child(
+            "resolver",
+            RESOLVER_MARKER,
+            ("piworkflows.runner", "resolve"),
+            self.recorder,
+            self.settings,
+            own_group=False,
         )
-        assert proc.stderr is not None
-        child = _Child(
-            proc, StderrTail(proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars)
-        )
-        try:
-            self.recorder.record_child(Identity.of("resolver", proc.pid, RESOLVER_MARKER))
-        except ChildNotRecorded:
-            proc.kill()
-            await proc.wait()
-            child.stderr.close()
-            raise
-        return child
+        return _Child(proc, stderr)
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)

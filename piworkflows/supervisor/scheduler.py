@@ -40,7 +40,6 @@ import hashlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +66,7 @@ from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PAR
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder, EffectPool, WriterRestarts, refusal
+from piworkflows.supervisor.spawn import spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text, park_detail
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -268,27 +268,11 @@ class Scheduler:
         return await self._spawn_runner()
 
     async def _spawn_runner(self) -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "piworkflows.runner",
-            "run",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group: stopping the run stops the whole group
+        # its own process group: stopping the run stops the whole group
+        proc, stderr = await spawn_child(
+            "runner", RUNNER_MARKER, ("piworkflows.runner", "run"), self.recorder, self.settings, own_group=True
         )
-        assert proc.stderr is not None
-        self._stderr[proc.pid] = StderrTail(
-            proc.stderr, self.settings.child_stderr_lines, self.settings.child_stderr_line_chars
-        )
-        try:
-            self.recorder.record_child(Identity.of("runner", proc.pid, RUNNER_MARKER, process_group=True))
-        except ChildNotRecorded:
-            _signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            self._stderr.pop(proc.pid).close()
-            raise
+        self._stderr[proc.pid] = stderr
         return proc
 
     def _forget(self, proc: asyncio.subprocess.Process) -> None:

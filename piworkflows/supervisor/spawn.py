@@ -1,0 +1,62 @@
+"""Starting a framed child: one way for runners, resolvers and outbox workers.
+
+::
+
+    spawn_child(role, marker, module args)
+      python -m <module args>   stdin/stdout: frames, stderr: a bounded tail (StderrTail)
+      its identity (pid, create time, marker) into host.json before it acts;
+      not recorded (ChildNotRecorded): killed (its group), waited for, and the error raised
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from piworkflows.settings import Settings
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import ChildRecorder
+from piworkflows.supervisor.stderr import StderrTail
+
+
+async def spawn_child(
+    role: str,
+    marker: str,
+    args: Sequence[str],
+    recorder: ChildRecorder,
+    settings: Settings,
+    *,
+    own_group: bool,
+    env: dict[str, str] | None = None,
+) -> tuple[asyncio.subprocess.Process, StderrTail]:
+    """The child and its stderr tail, recorded; ``own_group``: its own process group (stopping it
+    stops everything it started)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=own_group,
+        env=env,
+    )
+    assert proc.stderr is not None
+    stderr = StderrTail(proc.stderr, settings.child_stderr_lines, settings.child_stderr_line_chars)
+    try:
+        recorder.record_child(Identity.of(role, proc.pid, marker, process_group=own_group))
+    except ChildNotRecorded:
+        try:
+            if own_group:  # this supervisor's own child, not yet reaped: its pid is still its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+        await proc.wait()
+        stderr.close()
+        raise
+    return proc, stderr
