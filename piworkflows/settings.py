@@ -87,6 +87,9 @@ class Settings(BaseModel):
     backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.
     sql_trace_path: str | None = None
+    # Agent nodes on Pi: the Pi command (unset: the copy `pi-workflows setup pi` installed, else
+    # `pi` on PATH).
+    pi_command: str | None = None
     # How long a stopping child gets between SIGTERM and SIGKILL.
     stop_grace_ms: int = Field(default=5_000, ge=10)
     # Client connections: requests in flight per connection, and how many

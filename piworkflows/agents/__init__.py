@@ -1,0 +1,1 @@
+"""Agent nodes on the Pi coding agent: finding and installing Pi (``pi.py``)."""
