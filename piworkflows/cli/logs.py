@@ -111,7 +111,7 @@ def _print_steps(
             return after, printed
 
 
-def _content(ask: Ask, reference: dict[str, Any]) -> bytes:
+def read_content(ask: Ask, reference: dict[str, Any]) -> bytes:
     """A stored stream, read in parts and verified whole against its digest."""
     data = bytearray()
     while True:
@@ -132,7 +132,7 @@ def _streams(ask: Ask, step: dict[str, Any]) -> dict[str, tuple[dict[str, Any], 
     for name in STREAMS:
         reference = (step["streams"] or {}).get(name)
         if reference is not None:
-            found[name] = (reference, _content(ask, reference) if reference["digest"] else b"")
+            found[name] = (reference, read_content(ask, reference) if reference["digest"] else b"")
     return found
 
 

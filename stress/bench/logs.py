@@ -17,13 +17,12 @@ the run.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from piworkflows.cli.logs import read_content
 from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from stress.bench.fs import bench_dir, cleanup, filesystem_of
@@ -60,19 +59,14 @@ def _run(client: WorkflowClient, payload: dict[str, Any]) -> tuple[float, str]:
 
 
 def _read_stdout(client: WorkflowClient, run_id: str) -> tuple[float, int]:
-    """The seconds to read the run's stdout back in verified parts, and its length."""
+    """The seconds to read the run's stdout back as ``run logs`` does (verified parts), and its length."""
+
+    def ask(operation: str, payload: dict[str, Any]) -> Any:
+        return client.request(operation, payload, run_id=run_id).receipt
+
     began = time.perf_counter()
-    (step,) = client.request("run.logs", {}, run_id=run_id).receipt["steps"]
-    reference = step["streams"]["stdout"]
-    data = bytearray()
-    while True:
-        content = {"digest": reference["digest"], "mediaType": reference["mediaType"], "offset": len(data)}
-        part = client.request("run.logs", {"content": content}, run_id=run_id).receipt
-        data += base64.b64decode(part["data"])
-        if len(data) >= part["byteLength"]:
-            break
-    if "sha256:" + hashlib.sha256(data).hexdigest() != reference["digest"]:
-        raise SystemExit("the stored stdout did not verify")
+    (step,) = ask("run.logs", {})["steps"]
+    data = read_content(ask, step["streams"]["stdout"])
     return time.perf_counter() - began, len(data)
 
 
