@@ -29,6 +29,10 @@ CODES: dict[str, Outcome] = {
     "leaseHeld": "conflict",
     "sessionReserved": "conflict",
     "runFinished": "conflict",
+    "runPaused": "conflict",  # an agent step of a paused run takes no submission or turn
+    "validationInProgress": "conflict",  # the request's submission is being validated
+    "entryMismatch": "conflict",  # a step message already has another Pi entry
+    "turnOpen": "conflict",  # another turn of the step is open
     # notFound
     "resourceNotFound": "notFound",
     "effectNotFound": "notFound",
@@ -45,6 +49,7 @@ CODES: dict[str, Outcome] = {
     "staleServerEpoch": "claimLost",
     # rejected
     "invalidTransition": "rejected",
+    "wrongRequestKind": "rejected",  # an assistant-message step takes no workflow-tool submission
     "validationFailed": "rejected",
     "notAvailable": "rejected",
     "actorNotAllowed": "rejected",

@@ -90,6 +90,21 @@ class Settings(BaseModel):
     # Agent nodes on Pi: the Pi command (unset: the copy `pi-workflows setup pi` installed, else
     # `pi` on PATH).
     pi_command: str | None = None
+    # Agent nodes (docs/agents.md): hosts at once, the model (unset: the workflow's, else Pi's
+    # default), Pi's extra arguments (shell words), the default active-time budget, how often a
+    # host samples active time and flushes captured events, how long Pi may take to start, the
+    # grace after an RPC abort, how long an error end waits for Pi's auto-retry, and how long a
+    # validator child may take.
+    max_agents: int = Field(default=4, ge=0, le=64)
+    agent_model: str | None = None
+    pi_args: str | None = None
+    agent_timeout_ms: int = Field(default=900_000, ge=0)
+    active_sample_ms: int = Field(default=1_000, ge=10)
+    agent_flush_ms: int = Field(default=250, ge=10)
+    agent_start_timeout_ms: int = Field(default=30_000, ge=100)
+    agent_abort_grace_ms: int = Field(default=10_000, ge=10)
+    agent_retry_settle_ms: int = Field(default=500, ge=0)
+    validate_timeout_ms: int = Field(default=30_000, ge=100)
     # How long a stopping child gets between SIGTERM and SIGKILL.
     stop_grace_ms: int = Field(default=5_000, ge=10)
     # Client connections: requests in flight per connection, and how many

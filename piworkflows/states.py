@@ -37,7 +37,9 @@ MEDIA_TYPES = frozenset({MEDIA_JSON, MEDIA_TEXT})
 RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled"})
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
 QUEUE_STATUSES = frozenset({"queued", "starting", "running", "parked", "done", "failed", "cancelled"})
-PARK_REASONS = frozenset({"shutdown", "paused", "runnerNoProgress", "workflowSourceChanged", "effectAmbiguous"})
+PARK_REASONS = frozenset(
+    {"shutdown", "paused", "runnerNoProgress", "workflowSourceChanged", "effectAmbiguous", "agentNoProgress"}
+)
 # What a runner itself may ask its run to park for when it exits (runner.exited park_reason).
 RUNNER_PARK_REASONS = frozenset({"workflowSourceChanged", "effectAmbiguous"})
 EXECUTION_MODES = frozenset({"headless", "interactive"})
@@ -107,8 +109,16 @@ DECISION_RESOLUTION_KINDS = frozenset({"human", "timeoutPolicy", "cancellation",
 DECISION_SUBMISSION_OUTCOMES = frozenset({"accepted", "rejected", "superseded"})
 FOLLOW_UP_STATUSES = frozenset({"queued", "delivered", "removed", "cancelled"})
 SEGMENT_STATUSES = frozenset({"recording", "closed"})
-INTERVAL_END_CAUSES = frozenset({"pause", "disconnect", "settlement", "recovery"})
+INTERVAL_END_CAUSES = frozenset({"pause", "disconnect", "settlement", "recovery", "turn_end"})
 UPDATE_KINDS = frozenset({"progress", "notification"})
+# Agent steps (docs/agents.md): what a step must produce, who performs it, which Pi session it
+# continues, a turn report's phase, and a validator's verdict on a submission (and why it refused).
+EXPECTED_OUTPUT_KINDS = frozenset({"description", "schema", "assistant-message"})
+AGENT_EXECUTORS = frozenset({"pi", "command"})
+AGENT_SESSIONS = frozenset({"run", "fresh"})
+TURN_PHASES = frozenset({"started", "ended"})
+SUBMISSION_VERDICTS = frozenset({"accepted", "rejected"})
+SUBMISSION_REJECTIONS = frozenset({"validationFailed", "validatorFailed"})
 BINDING_KINDS = frozenset({"settings", "session", "managed_resource"})
 SOURCE_KINDS = frozenset({"file", "builtin"})
 # Where a workflow is found, in resolve order (the first hit of a name wins).

@@ -28,6 +28,7 @@ REASON_WORDS = {
     "runnerNoProgress": "the runner exited before it saved progress",
     "workflowSourceChanged": "the workflow file changed after the run started",
     "effectAmbiguous": "an outside effect may or may not have acted",
+    "agentNoProgress": "the agent step's host ended before it made progress (see the run's notification)",
 }
 
 

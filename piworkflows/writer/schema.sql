@@ -198,7 +198,7 @@ CREATE TABLE runs (
   definition_digest BLOB NOT NULL REFERENCES workflow_definitions (definition_digest),
   status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'timed_out', 'cancelled')),
   paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
-  park_reason TEXT CHECK (park_reason IN ('shutdown', 'paused', 'runnerNoProgress', 'workflowSourceChanged', 'effectAmbiguous')),
+  park_reason TEXT CHECK (park_reason IN ('shutdown', 'paused', 'runnerNoProgress', 'workflowSourceChanged', 'effectAmbiguous', 'agentNoProgress')),
   execution_mode TEXT NOT NULL CHECK (execution_mode IN ('headless', 'interactive')),
   origin_session_id TEXT,
   title TEXT,
@@ -313,7 +313,7 @@ CREATE TABLE attempt_active_intervals (
   last_observed_at INTEGER NOT NULL,
   ended_at INTEGER,
   elapsed_ms INTEGER NOT NULL DEFAULT 0 CHECK (elapsed_ms >= 0),
-  end_cause TEXT CHECK (end_cause IN ('pause', 'disconnect', 'settlement', 'recovery')),
+  end_cause TEXT CHECK (end_cause IN ('pause', 'disconnect', 'settlement', 'recovery', 'turn_end')),
   PRIMARY KEY (attempt_id, interval_number),
   CHECK ((ended_at IS NULL) = (end_cause IS NULL))
 ) STRICT;
@@ -375,11 +375,16 @@ CREATE TABLE session_segments (
   session_id TEXT NOT NULL,
   segment_status TEXT NOT NULL CHECK (segment_status IN ('recording', 'closed')),
   event_count INTEGER NOT NULL DEFAULT 0 CHECK (event_count >= 0),
+  pi_session_file TEXT,
+  pi_session_id TEXT,
   started_at INTEGER NOT NULL,
   ended_at INTEGER,
-  CHECK ((segment_status = 'closed') = (ended_at IS NOT NULL))
+  CHECK ((segment_status = 'closed') = (ended_at IS NOT NULL)),
+  CHECK ((pi_session_file IS NULL) = (pi_session_id IS NULL))
 ) STRICT;
 CREATE INDEX session_segments_by_run ON session_segments (run_id);
+CREATE UNIQUE INDEX session_segments_one_recording_per_run ON session_segments (run_id) WHERE segment_status = 'recording';
+CREATE INDEX session_segments_by_attempt ON session_segments (attempt_id) WHERE attempt_id IS NOT NULL;
 
 CREATE TABLE session_entries (
   run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -588,6 +593,7 @@ CREATE TABLE workflow_messages (
 ) STRICT;
 CREATE INDEX workflow_messages_by_run ON workflow_messages (run_id);
 CREATE INDEX workflow_messages_pending_by_session ON workflow_messages (target_session_id, session_order) WHERE message_state = 'pending';
+CREATE INDEX workflow_messages_by_request ON workflow_messages (request_id) WHERE request_id IS NOT NULL;
 CREATE UNIQUE INDEX workflow_messages_one_pending_step_per_request ON workflow_messages (request_id) WHERE message_kind = 'step' AND message_state = 'pending';
 
 CREATE TABLE workflow_turns (
@@ -605,6 +611,7 @@ CREATE TABLE workflow_turns (
 ) STRICT;
 CREATE UNIQUE INDEX workflow_turns_one_open_per_message ON workflow_turns (workflow_message_id) WHERE turn_state = 'open';
 CREATE INDEX workflow_turns_by_run ON workflow_turns (run_id);
+CREATE INDEX workflow_turns_by_message ON workflow_turns (workflow_message_id);
 
 -- Channels ---------------------------------------------------------------------
 

@@ -58,6 +58,12 @@ FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("writer", "Reply", "outcome"): errors.OUTCOMES,
     ("writer", "Fatal", "code"): states.WRITER_START_FAILURES,
     ("writer", "WriterHealth", "code"): states.WRITER_HEALTH_CODES,
+    ("agents", "ExpectedOutput", "kind"): states.EXPECTED_OUTPUT_KINDS,
+    ("agents", "Executor", "kind"): states.AGENT_EXECUTORS,
+    ("agents", "AgentContract", "session"): states.AGENT_SESSIONS,
+    ("agents", "AgentTurnFrame", "phase"): states.TURN_PHASES,
+    ("agents", "InteractionSettle", "verdict"): states.SUBMISSION_VERDICTS,
+    ("agents", "InteractionSettle", "error_code"): states.SUBMISSION_REJECTIONS,
 }
 
 

@@ -50,3 +50,11 @@ Settlement: TypeAlias = Literal[_values(states.EFFECT_SETTLEMENTS)]  # type: ign
 WorkflowOrigin: TypeAlias = Literal[_values(states.WORKFLOW_ORIGINS)]  # type: ignore[valid-type]
 WriterStartFailure: TypeAlias = Literal[_values(states.WRITER_START_FAILURES)]  # type: ignore[valid-type]
 WriterHealthCode: TypeAlias = Literal[_values(states.WRITER_HEALTH_CODES)]  # type: ignore[valid-type]
+
+# agent steps
+ExpectedOutputKind: TypeAlias = Literal[_values(states.EXPECTED_OUTPUT_KINDS)]  # type: ignore[valid-type]
+AgentExecutor: TypeAlias = Literal[_values(states.AGENT_EXECUTORS)]  # type: ignore[valid-type]
+AgentSession: TypeAlias = Literal[_values(states.AGENT_SESSIONS)]  # type: ignore[valid-type]
+TurnPhase: TypeAlias = Literal[_values(states.TURN_PHASES)]  # type: ignore[valid-type]
+SubmissionVerdict: TypeAlias = Literal[_values(states.SUBMISSION_VERDICTS)]  # type: ignore[valid-type]
+SubmissionRejection: TypeAlias = Literal[_values(states.SUBMISSION_REJECTIONS)]  # type: ignore[valid-type]
