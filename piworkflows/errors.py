@@ -51,6 +51,7 @@ CODES: dict[str, Outcome] = {
     "invalidTransition": "rejected",
     "wrongRequestKind": "rejected",  # an assistant-message step takes no workflow-tool submission
     "validationFailed": "rejected",
+    "validatorFailed": "rejected",  # the validator of a submission timed out or broke: submit again
     "notAvailable": "rejected",
     "actorNotAllowed": "rejected",
     "blobMismatch": "rejected",

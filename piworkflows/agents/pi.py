@@ -29,6 +29,11 @@ NEEDS_NODE = (
     "or set PI_WORKFLOWS_PI_COMMAND to a pi you have"
 )
 
+NEEDS_PI = (
+    "Pi (the coding agent that runs agent steps) was not found: run 'pi-workflows setup pi', "
+    "or set PI_WORKFLOWS_PI_COMMAND to a pi you have; then resume the run"
+)
+
 
 class PiSetupError(Exception):
     """Pi cannot be installed here; the message says what to do."""

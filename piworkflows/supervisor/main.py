@@ -41,6 +41,7 @@ from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
+from piworkflows.supervisor.agents import AgentManager
 from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
@@ -81,6 +82,7 @@ class Supervisor:
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.outbox, self.scheduler = self._pool_and_scheduler()
+        self.agents = self._agent_manager()
         self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock)
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
         self.state = "running"
@@ -122,8 +124,20 @@ class Supervisor:
             self.clock,
             server_epoch=lambda: self.epoch,
             request_retention=self.retention.request,
+            wake_agents=lambda: self.agents.wake(),
         )
         return pool, scheduler
+
+    def _agent_manager(self) -> AgentManager:
+        return AgentManager(
+            self.writer,
+            self,
+            self.settings,
+            self.clock,
+            server_epoch=lambda: self.epoch,
+            socket_path=str(self.paths.socket),
+            wake_scheduler=self.wake_scheduler,
+        )
 
     # --- what the components ask of each other (supervisor/seams.py) -------------------
 
@@ -137,6 +151,7 @@ class Supervisor:
 
     def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
         self.scheduler.stop_run(run_id, let_effect_settle)
+        self.agents.stop_run(run_id)
 
     def cancel_effects(self, run_id: str) -> None:
         self.outbox.cancel_run(run_id)
@@ -216,6 +231,7 @@ class Supervisor:
                 raise StartupFailed(f"could not take a server epoch: {reply.error}")
             await self.outbox.start()
             await self.scheduler.start()
+            await self.agents.start()
             self.retention.start()  # after startup recovery
             await self.server.start()
             loop = asyncio.get_running_loop()
@@ -287,6 +303,7 @@ class Supervisor:
         epoch's runners and workers, take a new epoch (asked again until the writer commits), and
         start them again; their recovery reclaims what the old epoch held."""
         log.warning("the server epoch claim expired while nothing could be committed; taking a new epoch")
+        await self.agents.stop()
         await self.scheduler.stop()
         await self.outbox.stop()
         self._token = secrets.token_bytes(32)
@@ -296,13 +313,16 @@ class Supervisor:
             await self.clock.sleep_ms(self.settings.claim_renew_ms)
         log.info("serving under server epoch %d", self.epoch)
         self.outbox, self.scheduler = self._pool_and_scheduler()
+        self.agents = self._agent_manager()
         await self.outbox.start()
         await self.scheduler.start()
+        await self.agents.start()
 
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
         await self.retention.stop()
+        await self.agents.stop()
         await self.scheduler.stop()
         await self.outbox.stop()
         await self.resolvers.close()

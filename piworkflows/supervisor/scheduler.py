@@ -111,6 +111,7 @@ class Scheduler:
         *,
         server_epoch: Callable[[], int],
         request_retention: Callable[[], None],
+        wake_agents: Callable[[], None] = lambda: None,
     ) -> None:
         self.writer = writer
         self.recorder = recorder  # host.json: runner process groups
@@ -119,6 +120,7 @@ class Scheduler:
         self.clock = clock
         self.server_epoch = server_epoch  # the epoch the scheduler's claims are taken under
         self.request_retention = request_retention  # a lifecycle trigger: a runner ended
+        self.wake_agents = wake_agents  # a run may wait for an agent step now
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -446,6 +448,7 @@ class Scheduler:
         if handle.record_ended:  # the run ended or waits: that commit ended the runner record
             self.active.pop(handle.run_id, None)
             self.wake()
+            self.wake_agents()
             self.request_retention()
             return
         body: dict[str, Any] = {

@@ -1,0 +1,365 @@
+"""The agent manager: admits pending agent requests up to ``max_agents`` and serves their hosts.
+
+::
+
+    wake (a run waits for an agent, a host ended, tick) ── agent.claimable
+      ── agent.open (C3: a recording segment leased here: token in memory, hash in leases;
+         a spent budget times the attempt out instead)
+      ── Pi found? (PI_WORKFLOWS_PI_COMMAND, the installed copy, PATH) else agent.exited with
+         the fix: the run parks agentNoProgress
+      ── spawn `python -m piworkflows.agents` in its own process group (Pi runs in it)
+         ── host.json (identity) ── launch AgentLaunch
+      ── host frames (protocol/internal/agents.py HOST_FRAMES): the segment and its claim
+         attached, deduplicated by the message key, forwarded as the writer command of the
+         same kind; replies relayed
+      ── the host ends ── agent.exited unless it closed its segment (the open turn lost, the
+         interval at its last sample; nothing committed after C3: the run parks)
+    renewal: claim.renew of every live segment every claim_renew_ms; a lost claim kills the host
+    pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
+         agent_abort_grace_ms); the commit already changed the rows
+    logs:    a host's own log records (LOG frames) go to server.log with its pid; the last
+             stderr lines of a host that died go there too and, as the park detail, to the run
+
+The manager depends on narrow seams (supervisor/seams.py) and waits on its Clock; ``admit()``
+is one admission step and ``renew()`` one renewal pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shlex
+import signal
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from piworkflows import canonical
+from piworkflows.agents.pi import NEEDS_PI, find_pi
+from piworkflows.clock import Clock
+from piworkflows.protocol import frames
+from piworkflows.protocol.internal.agents import HOST_FRAMES, AgentContract, AgentLaunch, PendingStep
+from piworkflows.protocol.internal.base import BlobValue, new_claim
+from piworkflows.protocol.internal.writer import LogRecord, Reply
+from piworkflows.settings import Settings
+from piworkflows.supervisor.logs import log_failure, relay_child_log
+from piworkflows.supervisor.registry import ChildNotRecorded
+from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable, refusal
+from piworkflows.supervisor.spawn import spawn_child
+from piworkflows.supervisor.stderr import StderrTail, exit_text
+
+log = logging.getLogger("piworkflows.supervisor")
+
+HOST_MARKER = "piworkflows.agents"
+SERVER = {"actor_class": "server"}
+HOST_KINDS = frozenset(frame.kind for frame in HOST_FRAMES)
+EXIT_PI_UNAVAILABLE = 3  # the host's declared exit: Pi could not be started (the run parks, no respawn)
+
+
+@dataclass
+class HostHandle:
+    segment_id: str
+    run_id: str
+    request_id: str
+    claim: dict[str, Any]
+    proc: asyncio.subprocess.Process | None = None
+    stderr: StderrTail | None = None
+    closed: bool = False  # agent.close committed: no agent.exited to send
+    stopping: bool = False  # the server ends it (pause, cancel, shutdown, a lost claim)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def actor(self) -> dict[str, str]:
+        return {"actor_class": "runner", "actor_id": f"agent:{self.segment_id}"}
+
+
+class AgentManager:
+    def __init__(
+        self,
+        writer: WriterRequests,
+        recorder: ChildRecorder,
+        settings: Settings,
+        clock: Clock,
+        *,
+        server_epoch: Callable[[], int],
+        socket_path: str,
+        wake_scheduler: Callable[[], None],
+    ) -> None:
+        self.writer = writer
+        self.recorder = recorder  # host.json: agent host groups
+        self.settings = settings
+        self.clock = clock
+        self.server_epoch = server_epoch
+        self.socket_path = socket_path  # the workflow tool in Pi submits here (client.v1)
+        self.wake_scheduler = wake_scheduler  # a settled request requeues its run
+        self.active: dict[str, HostHandle] = {}  # by request id
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._timers: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def request(self, kind: str, body: dict[str, Any]) -> Reply:
+        return await self.writer.request(kind, {"actor": SERVER, **body})
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        if self.settings.max_agents <= 0:
+            return
+        self._tasks = [
+            asyncio.create_task(self._admission(), name="agent-admission"),
+            asyncio.create_task(self._renewal(), name="agent-renewal"),
+        ]
+        self.wake()
+
+    async def _admission(self) -> None:
+        while not self._stopping:
+            await self.clock.woken(self._wake, self.settings.scheduler_tick_ms)
+            self._wake.clear()
+            await self.admit()
+
+    async def admit(self) -> None:
+        """One admission step: open a segment for each claimable request up to the free capacity
+        and start its host."""
+        free = self.settings.max_agents - len(self.active)
+        if free <= 0 or self._stopping:
+            return
+        reply = await self.request("agent.claimable", {"limit": free, "exclude_request_ids": sorted(self.active)[:256]})
+        for item in (reply.receipt or {}).get("requests", []):
+            if item["requestId"] in self.active or self._stopping:
+                continue
+            try:
+                await self._open(item["requestId"])
+            except Exception as exc:  # one request's failure never stops the manager
+                log_failure(log, f"starting the agent host of {item['requestId']} failed", exc)
+
+    async def _open(self, request_id: str) -> None:
+        claim = new_claim(self.server_epoch(), self.settings.claim_ttl_ms)
+        segment_id = "segment-" + uuid.uuid4().hex
+        opened = await self.request(
+            "agent.open",
+            {
+                "request_id": request_id,
+                "segment_id": segment_id,
+                "server_epoch": claim["server_epoch"],
+                "owner_id": claim["owner_id"],
+                "claim_token_hash": claim["claim_token_hash"],
+                "ttl_ms": claim["ttl_ms"],
+            },
+        )
+        receipt = opened.receipt or {}
+        if opened.outcome != "accepted" or "segmentId" not in receipt:
+            if receipt.get("timedOut"):
+                self.wake_scheduler()  # the attempt timed out: its run goes on
+            return
+        claim["lease_generation"] = receipt["leaseGeneration"]
+        handle = HostHandle(segment_id, receipt["runId"], request_id, claim)
+        self.active[request_id] = handle
+        handle.task = asyncio.create_task(self._serve(handle, receipt), name=f"agent-{segment_id}")
+
+    def _launch(self, handle: HostHandle, receipt: dict[str, Any], pi: str) -> AgentLaunch:
+        contract = AgentContract.model_validate(receipt["contract"])
+        if contract.model is None and self.settings.agent_model:
+            contract = contract.model_copy(update={"model": self.settings.agent_model})
+        return AgentLaunch(
+            segment_id=handle.segment_id,
+            run_id=handle.run_id,
+            attempt_id=receipt["attemptId"],
+            request_id=handle.request_id,
+            session_id=receipt["sessionId"],
+            pi_session_file=receipt.get("piSessionFile"),
+            project_path=receipt["projectPath"],
+            contract=contract,
+            pending=[
+                PendingStep(workflow_message_id=s["workflowMessageId"], text=s["text"]) for s in receipt["pending"]
+            ],
+            steps=receipt["steps"],
+            pi_command=[pi],
+            pi_args=shlex.split(self.settings.pi_args or ""),
+            socket_path=self.socket_path,
+            coordinator_epoch=handle.claim["lease_generation"],
+            timeout_ms=receipt["timeoutMs"],
+            elapsed_ms=receipt["elapsedMs"],
+            sample_ms=self.settings.active_sample_ms,
+            flush_ms=self.settings.agent_flush_ms,
+            start_timeout_ms=self.settings.agent_start_timeout_ms,
+            abort_grace_ms=self.settings.agent_abort_grace_ms,
+            retry_settle_ms=self.settings.agent_retry_settle_ms,
+        )
+
+    async def _serve(self, handle: HostHandle, receipt: dict[str, Any]) -> None:
+        detail: str | None = None
+        try:
+            pi = find_pi(self.settings)
+            if pi is None:
+                detail = NEEDS_PI
+                return
+            launch = self._launch(handle, receipt, pi)
+            env = {**os.environ, **self.settings.to_env()}
+            handle.proc, handle.stderr = await spawn_child(
+                "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=env
+            )
+            detail = await self._relay(handle, launch)
+        except ChildNotRecorded as exc:  # ended before it ran anything; the request waits for the next host
+            log.warning("no agent host for %s: %s", handle.run_id, exc)
+            handle.stopping = True
+        except (ConnectionResetError, BrokenPipeError):
+            log.warning("the agent host of %s died", handle.run_id)
+        except Exception as exc:
+            log_failure(log, f"the agent host of {handle.run_id} failed", exc)
+        finally:
+            await self._finish(handle, detail)
+
+    async def _relay(self, handle: HostHandle, launch: AgentLaunch) -> str | None:
+        """Serve the host's frames until it ends; returns why it ended when that is news for the
+        run (its last stderr line, or how it died)."""
+        proc = handle.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(frames.encode(launch.kind, 0, launch.model_dump()))
+        await proc.stdin.drain()
+        decoder = frames.FrameDecoder()
+        while data := await proc.stdout.read(1 << 16):
+            for frame in decoder.feed(data):
+                if frame["k"] == LogRecord.kind:
+                    relay_child_log("agent host", proc.pid, frame["b"])
+                    continue
+                reply = await self._forward(handle, frame)
+                proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
+                await proc.stdin.drain()
+        code = await proc.wait()
+        lines: list[str] = []
+        if handle.stderr is not None:
+            await handle.stderr.drained(self.settings.child_stderr_drain_ms / 1000)
+            lines = handle.stderr.take()
+        if handle.closed or handle.stopping:
+            return None
+        for line in lines:
+            log.warning("agent host of %s stderr: %s", handle.run_id, line)
+        log.warning("the agent host of %s ended: %s", handle.run_id, exit_text("agent host", code))
+        return lines[-1] if lines else exit_text("agent host", code)
+
+    async def _forward(self, handle: HostHandle, frame: dict[str, Any]) -> Reply:
+        """The writer command of the frame's kind under the segment's claim, deduplicated by the
+        message key (a repeat after a writer restart finds it done)."""
+        kind, body = frame["k"], dict(frame["b"])
+        if kind not in HOST_KINDS:
+            return refusal("unknownCommand", "not an agent host message")
+        message = canonical.dumps_bytes(
+            {"kind": kind, "body": {k: v for k, v in body.items() if not isinstance(v, (bytes, dict, list))}}
+        )
+        body.update(
+            actor=handle.actor,
+            segment_id=handle.segment_id,
+            claim=handle.claim,
+            worker_message={
+                "sender_scope": handle.segment_id,
+                "message_kind": kind,
+                "run_id": handle.run_id,
+                "message_id": f"{handle.claim['lease_generation']}:{frame['id']}",
+                "fingerprint": hashlib.sha256(message).digest(),
+            },
+        )
+        reply = await ask_while_unavailable(
+            self.writer, kind, body, self.settings, self.clock, within_ms=self.settings.claim_ttl_ms
+        )
+        if reply.outcome in ("accepted", "adopted"):
+            if kind == "agent.close":
+                handle.closed = True
+            if self._settled(reply):
+                self.wake_scheduler()  # the step ended (accepted, failed, timed out): the run goes on
+        return reply
+
+    @staticmethod
+    def _settled(reply: Reply) -> bool:
+        receipt = reply.receipt or {}
+        return bool(receipt.get("timedOut")) or receipt.get("requestStatus") in ("accepted", "failed")
+
+    async def _finish(self, handle: HostHandle, detail: str | None) -> None:
+        proc = handle.proc
+        if proc is not None:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            self.recorder.forget_child(proc.pid)
+        if handle.stderr is not None:
+            handle.stderr.close()
+        if not handle.closed:
+            body: dict[str, Any] = {"segment_id": handle.segment_id, "stopped_by_server": handle.stopping}
+            if detail is not None and not handle.stopping:
+                body["detail"] = BlobValue.of_text(detail[:2000]).model_dump()
+            reply = await ask_while_unavailable(
+                self.writer,
+                "agent.exited",
+                {"actor": SERVER, **body},
+                self.settings,
+                self.clock,
+                within_ms=self.settings.stop_grace_ms,
+            )
+            if reply.outcome not in ("accepted", "adopted", "rejected"):
+                log.warning("the end of an agent host was not recorded: %s", reply.outcome)
+            elif (reply.receipt or {}).get("parkReason") == "agentNoProgress":
+                log.warning("%s parked agentNoProgress: %s", handle.run_id, detail or "the agent host ended")
+        self.active.pop(handle.request_id, None)
+        self.wake()
+        self.wake_scheduler()
+
+    async def _renewal(self) -> None:
+        while not self._stopping:
+            await self.clock.sleep_ms(self.settings.claim_renew_ms)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One renewal pass: claim.renew of every live segment; a lost claim ends its host."""
+        for handle in list(self.active.values()):
+            if handle.closed or handle.stopping:
+                continue
+            reply = await self.request("claim.renew", {"resource_id": handle.segment_id, "claim": handle.claim})
+            if reply.outcome == "claimLost":
+                self._stop_handle(handle)
+
+    def stop_run(self, run_id: str) -> None:
+        """After a committed pause or cancel: end the run's host (Pi with it)."""
+        for handle in list(self.active.values()):
+            if handle.run_id == run_id:
+                self._stop_handle(handle)
+
+    def _stop_handle(self, handle: HostHandle) -> None:
+        handle.stopping = True
+        proc = handle.proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+
+        async def kill_if_alive() -> None:
+            await self.clock.sleep_ms(self.settings.stop_grace_ms)
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+
+        timer = asyncio.create_task(kill_if_alive(), name=f"kill-agent-{proc.pid}")
+        self._timers.add(timer)
+        timer.add_done_callback(self._timers.discard)
+
+    async def stop(self) -> None:
+        """Shutdown: every host ends; its segment closes and the step resumes after the restart."""
+        self._stopping = True
+        self._wake.set()
+        for handle in list(self.active.values()):
+            self._stop_handle(handle)
+        tasks = [h.task for h in self.active.values() if h.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000 + 1)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """The group of a host this supervisor spawned itself (its own unreaped child)."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
