@@ -4,9 +4,10 @@ the server finds it.
 ::
 
     find_pi(settings)   PI_WORKFLOWS_PI_COMMAND ─ else the installed copy ─ else `pi` on PATH ─ else None
-    install()           Node >= 20.6 and npm checked, then
-                        npm install --prefix <data dir>/piworkflows/pi @mariozechner/pi-coding-agent@PI_VERSION
-                        (nothing to do when that version is there already)
+    install()           Node >= 20.6 and npm checked, then the shipped package.json and
+                        package-lock.json (agents/pi/) copied to <data dir>/piworkflows/pi and
+                        `npm ci --prefix` there: exactly the locked tree (nothing to do when
+                        that version is there already)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from piworkflows.settings import Settings
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"
 NODE_MINIMUM = (20, 6)
+# package.json and package-lock.json of the install, shipped in the package: `npm ci` installs exactly
+# the tree they pin (beside them: workflow.ts, the extension Pi loads for agent steps).
+LOCKED = Path(__file__).with_name("pi")
 NEEDS_NODE = (
     "Pi needs Node.js >= 20.6 with npm (https://nodejs.org); install it and run 'pi-workflows setup pi' again, "
     "or set PI_WORKFLOWS_PI_COMMAND to a pi you have"
@@ -94,14 +98,14 @@ def install(directory: Path, say: Callable[[str], None]) -> tuple[Path, bool]:
     say(f"installing Pi {PI_VERSION} with npm into {directory} ...")
     npm = shutil.which("npm")
     assert npm is not None  # check_node found it
+    for name in ("package.json", "package-lock.json"):  # the pinned tree: Pi and every dependency
+        shutil.copyfile(LOCKED / name, directory / name)
     done = subprocess.run(
-        [npm, "install", "--prefix", str(directory), "--no-audit", "--no-fund", f"{PI_PACKAGE}@{PI_VERSION}"],
-        capture_output=True,
-        text=True,
+        [npm, "ci", "--prefix", str(directory), "--no-audit", "--no-fund"], capture_output=True, text=True
     )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise PiSetupError(f"npm could not install {PI_PACKAGE}@{PI_VERSION} (exit {done.returncode}):\n{tail}")
+        raise PiSetupError(f"npm ci could not install {PI_PACKAGE}@{PI_VERSION} (exit {done.returncode}):\n{tail}")
     if installed_version(directory) != PI_VERSION:
         raise PiSetupError(f"npm finished but {installed_command(directory)} is not Pi {PI_VERSION}")
     return installed_command(directory), True

@@ -15,15 +15,18 @@ from piworkflows.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 
-# Stand-in npm: `npm install --prefix DIR ... PACKAGE@VERSION` lays out what npm would, and counts.
+# Stand-in npm: `npm ci --prefix DIR ...` lays out what npm would for the lockfile it finds there
+# (the version it pins), and counts.
 FAKE_NPM = """#!/bin/sh
 echo "$@" >> "$NPM_CALLS"
 if [ -n "$NPM_FAILS" ]; then echo "npm ERR! 404 Not Found - $NPM_FAILS" >&2; exit 1; fi
 prefix="$3"
+lock="$prefix/package-lock.json"
+version=$(/bin/sed -n 's/.*"@mariozechner\\/pi-coding-agent": "\\(.*\\)".*/\\1/p' "$lock" | /usr/bin/head -1)
 /bin/mkdir -p "$prefix/node_modules/.bin" "$prefix/node_modules/@mariozechner/pi-coding-agent"
 printf '#!/bin/sh\\necho pi\\n' > "$prefix/node_modules/.bin/pi"
 /bin/chmod +x "$prefix/node_modules/.bin/pi"
-printf '{"version": "%s"}' "${6##*@}" > "$prefix/node_modules/@mariozechner/pi-coding-agent/package.json"
+printf '{"version": "%s"}' "$version" > "$prefix/node_modules/@mariozechner/pi-coding-agent/package.json"
 """
 
 
@@ -63,7 +66,8 @@ def test_setup_installs_the_pinned_pi_once_and_prints_its_command(tmp_path):
     assert first.stdout == f"{command}\n"
     (call,) = (tmp_path / "npm-calls").read_text().splitlines()
     prefix = tmp_path / "data" / "piworkflows" / "pi"
-    assert call == f"install --prefix {prefix} --no-audit --no-fund @mariozechner/pi-coding-agent@{pi.PI_VERSION}"
+    assert call == f"ci --prefix {prefix} --no-audit --no-fund"  # the shipped lockfile's exact tree
+    assert (prefix / "package-lock.json").read_bytes() == (pi.LOCKED / "package-lock.json").read_bytes()
     again = setup_pi(env)
     assert (again.returncode, again.stdout) == (0, first.stdout)
     assert len((tmp_path / "npm-calls").read_text().splitlines()) == 1  # already there: npm not run again
@@ -89,7 +93,8 @@ def test_an_npm_failure_is_reported_with_its_last_lines(tmp_path):
     env = {**stand_ins(tmp_path, "v20.6.0"), "NPM_FAILS": "registry unreachable"}
     done = setup_pi(env)
     assert done.returncode == 1
-    assert done.stderr.startswith(f"pi-workflows: npm could not install @mariozechner/pi-coding-agent@{pi.PI_VERSION}")
+    said = f"pi-workflows: npm ci could not install @mariozechner/pi-coding-agent@{pi.PI_VERSION}"
+    assert done.stderr.startswith(said)
     assert "npm ERR! 404 Not Found - registry unreachable" in done.stderr
 
 
