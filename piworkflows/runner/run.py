@@ -367,7 +367,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         failed = RunFinishFrame(end_status="failed", error_code="routingError", error=_text(route.routing_error))
         return end_run(channel, failed)
     if route.next_node is None:  # the last step (answered, or settled by the writer) ends the workflow
-        assert last is not None  # the start node is a route
+        assert last is not None  # with no step taken the route is the start node
         return end_run(channel, _finish_after(last, route))
     path: str | None = route.next_node
     executed = len(launch.steps)  # interrupted attempts count: each took a step
