@@ -47,8 +47,9 @@ RUN_LINEAGES = frozenset({"root", "restart", "recovery", "child"})
 RUNNER_OUTCOMES = frozenset({"exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"})
 RUNNER_COMMANDS = frozenset({"start", "resume", "continue", "restart"})
 # How a runner may end its run where no node is active (run.finish): an answered checkpoint's
-# route completes it or fails it, and workflow code that fails outside a node fails it.
-RUN_FINISH_STATUSES = frozenset({"completed", "failed"})
+# route completes it or fails it, workflow code that fails outside a node fails it, and an agent
+# step the writer settled as failed or timed out (no route for it) ends it so.
+RUN_FINISH_STATUSES = frozenset({"completed", "failed", "timed_out"})
 
 NODE_KINDS = frozenset(
     {"agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"}

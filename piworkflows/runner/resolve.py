@@ -8,10 +8,12 @@
                <── shown WorkflowShown ────────
                ── list WorkflowListRequest ────>                   discovery.every_source,
                <── listing WorkflowListing ────                   each loaded and compiled
+               ── validate ValidateRequest ────>                   the run's workflow, its agent
+               <── validation Validation ──────                   step's checks (runner/validate.py)
 
 (the frames: protocol/internal/resolver.py; each request is answered through one table, HANDLERS)
 
-Workflow code (the module, its title function) runs only here, never in the
+Workflow code (the module, its title function, an agent step's validate) runs only here, never in the
 CLI, the supervisor or the writer. A module runs in a fresh namespace from
 the bytes that were hashed, once per child and source (``discovery.compiled``);
 the child answers requests until stdin closes, and the supervisor recycles it
@@ -39,12 +41,14 @@ from piworkflows.protocol.internal.resolver import (
     Resolution,
     ResolveRequest,
     ResolverRequest,
+    ValidateRequest,
     WorkflowListing,
     WorkflowListRequest,
     WorkflowShown,
     WorkflowShowRequest,
 )
 from piworkflows.protocol.internal.runs import RunSource
+from piworkflows.runner.validate import validate
 from piworkflows.states import WORKFLOW_ORIGINS
 from piworkflows.workflows import CompiledWorkflow, WorkflowDefinitionError, discovery, failures
 from piworkflows.workflows.compiler import NAME
@@ -177,6 +181,7 @@ HANDLERS: dict[str, Callable[[Any], Frame]] = {
     ResolveRequest.kind: resolve,
     WorkflowShowRequest.kind: show,
     WorkflowListRequest.kind: list_workflows,
+    ValidateRequest.kind: validate,
 }
 
 

@@ -6,8 +6,10 @@
     runner ── node.start ──> supervisor (claim + expected revision attached) ──> writer
            <── reply ──────
     runner ── node.finish (outcome, output or error, next node or end) ──> ... ──> writer
-    runner ── run.finish (no node active: an answered checkpoint's route ends the run,
-              or the module failed to load here) ──> ... ──> writer
+    runner ── node.wait (a checkpoint) | node.request_agent (an agent step, runner/agent.py):
+              the run waits with no runner; its answer or accepted output requeues it
+    runner ── run.finish (no node active: the route of an answered checkpoint or a settled agent
+              step ends the run, or the module failed to load here) ──> ... ──> writer
     runner ── exiting ──> and waits for the next launch (the supervisor recycles it)
 
 Every frame is a model of ``protocol/internal/runner.py`` (the node frames of
@@ -46,12 +48,22 @@ from piworkflows.protocol.internal.nodes import (
     NodeWaitFrame,
     RunFinishFrame,
 )
-from piworkflows.protocol.internal.runner import EffectAwait, RunnerExiting, RunnerLaunch
+from piworkflows.protocol.internal.runner import CompletedStep, EffectAwait, RunnerExiting, RunnerLaunch
+from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.writer import Reply
-from piworkflows.states import EFFECT_WORK_STATUSES
+from piworkflows.runner import agent
+from piworkflows.states import EFFECT_WORK_STATUSES, RUN_FINISH_STATUSES
 from piworkflows.workflows import CompiledWorkflow, discovery, failures, routing
 from piworkflows.workflows.context import NodeContext
-from piworkflows.workflows.nodes import ActionNode, CheckpointNode, ComputeNode, HttpNode, NotifyNode, ShellNode
+from piworkflows.workflows.nodes import (
+    ActionNode,
+    AgentNode,
+    CheckpointNode,
+    ComputeNode,
+    HttpNode,
+    NotifyNode,
+    ShellNode,
+)
 
 log = logging.getLogger("piworkflows.runner")
 
@@ -82,9 +94,8 @@ class Channel:
         return Reply.model_validate(self.receive()["b"])
 
 
-def source_of(launch: RunnerLaunch) -> discovery.ResolvedSource | None:
+def source_of(source: RunSource, project_path: str) -> discovery.ResolvedSource | None:
     """The run's source as its bytes are now, or None if it changed since the run started."""
-    source = launch.source
     if source.source_kind == "file":
         assert source.source_path is not None
         path = Path(source.source_path)
@@ -99,18 +110,18 @@ def source_of(launch: RunnerLaunch) -> discovery.ResolvedSource | None:
         )
     assert source.builtin_id is not None
     try:
-        resolved = discovery.resolve(source.builtin_id, Path(launch.project_path))
+        resolved = discovery.resolve(source.builtin_id, Path(project_path))
     except discovery.WorkflowNotFound:
         return None
     return resolved if resolved.identity.builtin_revision == source.builtin_revision else None
 
 
-def load_checked(launch: RunnerLaunch, resolved: discovery.ResolvedSource | None) -> CompiledWorkflow | None:
+def load_checked(resolved: discovery.ResolvedSource | None, definition_digest: str) -> CompiledWorkflow | None:
     """The run's workflow, or None if its code changed since the run started."""
     if resolved is None:
         return None
     compiled = discovery.compiled(resolved)
-    return compiled if compiled.digest == launch.definition_digest else None
+    return compiled if compiled.digest == definition_digest else None
 
 
 def _source_name(launch: RunnerLaunch) -> str:
@@ -252,6 +263,26 @@ def ask(channel: Channel, node: CheckpointNode, ctx: NodeContext, attempt_id: st
     return None
 
 
+def ask_agent(
+    channel: Channel,
+    node: AgentNode,
+    ctx: NodeContext,
+    compiled: CompiledWorkflow,
+    path: str,
+    attempt_id: str,
+    visit: int,
+    attempt_number: int,
+) -> Ended | None:
+    """An agent or decision step: node.request_agent, then None (the run waits with no runner; an
+    accepted output completes the node and requeues the run); its prompt failing fails it."""
+    try:
+        frame = agent.request_frame(node, ctx, compiled, path, attempt_id, visit, attempt_number)
+    except Exception as exc:
+        return "failed", None, _error_text(exc), None
+    channel.request(frame)
+    return None
+
+
 def _scope(path: str) -> str:
     """The mount scope of a full node path: "a/b/node" -> "a/b/", "node" -> ""."""
     return path.rsplit("/", 1)[0] + "/" if "/" in path else ""
@@ -284,6 +315,21 @@ def _text(text: str) -> BlobValue:
     return BlobValue.of_text(text)
 
 
+def _finish_after(step: CompletedStep, route: routing.Route) -> RunFinishFrame:
+    """How the run ends after a step a runner did not finish: completed with its output (an answered
+    checkpoint, an accepted agent step), or as the step ended when nothing routes its failure (an
+    agent step that failed or timed out), with its error and code."""
+    if route.end_status == "completed":
+        return RunFinishFrame(end_status="completed", output=BlobValue.of_json(step.output))
+    status = route.end_status if route.end_status in RUN_FINISH_STATUSES else "failed"
+    error = step.error or step.outcome.replace("_", " ")
+    return RunFinishFrame(
+        end_status=status,
+        error=_text(f"node '{step.node_path}': {error}"),
+        error_code=step.error_code or "nodeFailed",
+    )
+
+
 def end_run(channel: Channel, finish: RunFinishFrame) -> RunnerExiting:
     """run.finish: the run ends here, no node being active; the runner exits whatever the reply."""
     channel.request(finish)
@@ -294,8 +340,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
     """Execute the run from its last durable boundary; returns the exiting message."""
     resolved = None
     try:
-        resolved = source_of(launch)
-        compiled = load_checked(launch, resolved)
+        resolved = source_of(launch.source, launch.project_path)
+        compiled = load_checked(resolved, launch.definition_digest)
     except Exception as exc:  # the module raised here (or compiles no longer): the run cannot go on
         said = failures.describe(exc, resolved).text if resolved else f"{_source_name(launch)}: {_error_text(exc)}"
         text = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
@@ -307,7 +353,7 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
     results: dict[str, Any] = {}
     visits: dict[str, int] = {}
     retries: dict[tuple[str, int], int] = {}  # an interrupted visit continues with its next attempt number
-    route, last_output = routing.Route(next_node=compiled.start_at), None
+    route, last = routing.Route(next_node=compiled.start_at), None
     for step in launch.steps:
         if step.interrupted:
             retries[(step.node_path, step.visit_number)] = step.attempt_number
@@ -316,12 +362,13 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         results[step.node_path] = {"outcome": step.outcome, "output": step.output}
         if step.outcome == "ok":
             outputs[step.node_path] = step.output
-        route, last_output = routing.route(compiled, step.node_path, step.outcome, step.output), step.output
-    if route.routing_error is not None:  # the answer of the last step (a checkpoint) matches no route
+        route, last = routing.route(compiled, step.node_path, step.outcome, step.output), step
+    if route.routing_error is not None:  # the output of the last step (a checkpoint, an agent) matches no route
         failed = RunFinishFrame(end_status="failed", error_code="routingError", error=_text(route.routing_error))
         return end_run(channel, failed)
-    if route.next_node is None:  # the answered checkpoint ends the workflow: its answer is the output
-        return end_run(channel, RunFinishFrame(end_status="completed", output=BlobValue.of_json(last_output)))
+    if route.next_node is None:  # the last step (answered, or settled by the writer) ends the workflow
+        assert last is not None  # with no step taken the route is the start node
+        return end_run(channel, _finish_after(last, route))
     path: str | None = route.next_node
     executed = len(launch.steps)  # interrupted attempts count: each took a step
     max_steps = compiled.workflow.max_steps
@@ -357,6 +404,9 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         ended: Ended | str | None
         if isinstance(node, CheckpointNode):
             ended = ask(channel, node, ctx, attempt_id)
+        elif isinstance(node, AgentNode):
+            attempt_number = retries.get((path, visit), 0) + 1
+            ended = ask_agent(channel, node, ctx, compiled, path, attempt_id, visit, attempt_number)
         elif isinstance(node, ActionNode):
             ended = perform_effect(channel, node, ctx, attempt_id)
         else:

@@ -1,14 +1,16 @@
-"""Resolver children for run.start, workflow.show and workflow.list: workflow code never runs in
-the supervisor.
+"""Resolver children for run.start, workflow.show, workflow.list and agent submissions: workflow
+code never runs in the supervisor.
 
 ::
 
-    Resolvers.resolve(project, workflow, input), .show(project, workflow), .list_workflows(project)
+    Resolvers.resolve(project, workflow, input), .show(project, workflow), .list_workflows(project),
+             .validate(project, source, digest, node path, output)
         an idle child (`python -m piworkflows.runner resolve`, package imported)
         or a new one ── request frame on stdin ──> <── answer frame (protocol/internal/resolver.py)
         ── back to the idle set; killed instead on a timeout or a broken answer,
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
-           children exist, further requests wait for one
+           children exist, further requests wait for one; a request may take
+           resolve_timeout_ms (validate_timeout_ms for a validation)
 
 A bare Python start costs well over 100 ms here, so children answer many
 requests. Every child is in host.json while it lives; an idle child exits by
@@ -31,11 +33,14 @@ from piworkflows.protocol.internal.resolver import (
     Resolution,
     ResolveRequest,
     ResolverRequest,
+    ValidateRequest,
+    Validation,
     WorkflowListing,
     WorkflowListRequest,
     WorkflowShown,
     WorkflowShowRequest,
 )
+from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.writer import LogRecord
 from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import relay_child_log
@@ -48,6 +53,7 @@ log = logging.getLogger("piworkflows.supervisor")
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 1000
 UNRESOLVED = "the workflow code could not be loaded (its resolver child broke)"
+UNVALIDATED = "the output could not be validated (the workflow code's child broke)"
 
 
 class Unanswered(Exception):
@@ -106,20 +112,39 @@ class Resolvers:
         assert isinstance(answer, WorkflowListing)
         return answer
 
-    async def _ask(self, request: ResolverRequest) -> Frame:
+    async def validate(
+        self, project_path: str, source: RunSource, definition_digest: str, node_path: str, output: Any
+    ) -> Validation:
+        """The run's workflow code judges an agent step's submitted output (runner/validate.py);
+        Unanswered if it took longer than validate_timeout_ms or the child broke (the caller
+        rejects the submission ``validatorFailed``)."""
+        request = ValidateRequest(
+            project_path=project_path,
+            source=source,
+            definition_digest=definition_digest,
+            node_path=node_path,
+            output=output,
+        )
+        answer = await self._ask(request, self.settings.validate_timeout_ms, "validating the output")
+        assert isinstance(answer, Validation)
+        return answer
+
+    async def _ask(
+        self, request: ResolverRequest, timeout_ms: int | None = None, doing: str = "loading the workflow code"
+    ) -> Frame:
+        limit = self.settings.resolve_timeout_ms if timeout_ms is None else timeout_ms
         async with self._slots:
             child = self._idle.pop() if self._idle else await self._spawn()
             child.stderr.take()  # what it said for earlier requests was theirs
             try:
-                async with asyncio.timeout(self.settings.resolve_timeout_ms / 1000):
+                async with asyncio.timeout(limit / 1000):
                     answer = await self._exchange(child, request)
             except TimeoutError:
                 await self._end(child, failed=True)
-                limit = self.settings.resolve_timeout_ms
-                raise Unanswered(f"loading the workflow code took too long (more than {limit} ms)") from None
+                raise Unanswered(f"{doing} took too long (more than {limit} ms)") from None
             except (OSError, EOFError, asyncio.IncompleteReadError, frames.FrameError, ValueError):
                 await self._end(child, failed=True)
-                raise Unanswered(UNRESOLVED) from None
+                raise Unanswered(UNRESOLVED if request.kind != ValidateRequest.kind else UNVALIDATED) from None
             child.uses += 1
             if child.uses >= MAX_USES:
                 await self._end(child)

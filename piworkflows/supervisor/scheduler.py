@@ -10,6 +10,7 @@
          forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
          not sent when the run's end or wait already ended the runner record)
     runner frames (protocol/internal/runner.py) go through one table, RELAYS, by kind
+    agents:  node.request_agent: a budget the node left to the server gets agent_timeout_ms
     effects: node.reserve_effect ── pool performers (shell, http): the outbox pool is woken; the
          runner sends effect.await, answered when the pool settled it (or after effect_await_ms)
          with its status, and reserves again to adopt the result
@@ -49,6 +50,7 @@ import psutil
 from piworkflows import canonical
 from piworkflows.clock import Clock
 from piworkflows.protocol import frames
+from piworkflows.protocol.internal.agents import NodeRequestAgentFrame
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.nodes import (
@@ -330,6 +332,13 @@ class Scheduler:
         handle.park_reason = RunnerExiting.model_validate(frame["b"]).park_reason or handle.park_reason
         handle.done = True
 
+    async def _request_agent(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """node.request_agent under the run's claim; a budget the node left to the server (None) is
+        the server's default, filled in here (the runner knows no server settings)."""
+        if frame["b"].get("timeout_ms") is None:
+            frame = {**frame, "b": {**frame["b"], "timeout_ms": self.settings.agent_timeout_ms}}
+        return await self._forward_run_message(handle, frame)
+
     async def _reserve_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         """node.reserve_effect under the run's claim; a pending effect is then claimed for the runner
         (an action body acts itself) or left to the pool (woken; the runner awaits the settlement)."""
@@ -570,6 +579,7 @@ RELAYS: dict[str, Relay] = {
     NodeFinishFrame.kind: Scheduler._forward_run_message,
     NodeWaitFrame.kind: Scheduler._forward_run_message,
     RunFinishFrame.kind: Scheduler._forward_run_message,
+    NodeRequestAgentFrame.kind: Scheduler._request_agent,
     NodeEffectReserveFrame.kind: Scheduler._reserve_effect,
     EffectSettleFrame.kind: Scheduler._settle_effect,
     EffectAwait.kind: Scheduler._await_effect,
@@ -594,6 +604,8 @@ def _step(step: dict[str, Any]) -> CompletedStep:
         outcome=step["outcome"],
         output=step["output"],
         interrupted=step["interrupted"],
+        error=step.get("error"),
+        error_code=step.get("errorCode"),
     )
 
 

@@ -2,7 +2,8 @@
 
 ::
 
-    define_workflow(name, start_at, nodes, edges, includes, exits, max_steps, title, description)
+    define_workflow(name, start_at, nodes, edges, includes, exits, max_steps, title, description,
+                    agent_model)
         │  every rule checked here, before any run exists; the error names the
         │  node, edge or mount at fault (WorkflowDefinitionError)
         ▼
@@ -28,9 +29,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+
 from piworkflows import canonical
 from piworkflows.performers import http as http_performer
-from piworkflows.workflows.nodes import ActionNode, Edge, EffectDecl, HttpNode, IncludeNode, Node
+from piworkflows.states import AGENT_SESSIONS
+from piworkflows.workflows.nodes import (
+    DEFAULT,
+    ActionNode,
+    AgentNode,
+    AssistantMessage,
+    Edge,
+    EffectDecl,
+    ExecutorDecl,
+    HttpNode,
+    IncludeNode,
+    Node,
+    is_pydantic_model,
+)
 
 SNAPSHOT_SCHEMA = "pi-workflows.definition-snapshot.v1"
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
@@ -38,6 +54,10 @@ RESERVED_WORKFLOW_NAMES = frozenset({"answer", "cancel", "list", "pause", "resum
 SWITCH_PATH = re.compile(r"\$(?:output)?(?:\.[A-Za-z_][A-Za-z0-9_-]*)+\Z|\$result\.outcome\Z")
 DEFAULT_MAX_STEPS = 100
 MAX_DESCRIPTION = 1000
+# An agent model, "provider/id[:thinking]" (Pi's --provider and --model; the id may hold "/" or ":").
+AGENT_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[^\s/:][^\s]*(?<!:)\Z")
+MAX_AGENT_MODEL = 256
+DECISION_ROUTE_PATHS = ("$.route", "$output.route")
 
 
 class WorkflowDefinitionError(ValueError):
@@ -57,6 +77,7 @@ class Workflow:
     max_steps: int = DEFAULT_MAX_STEPS
     title: Callable[[Any], str] | None = None
     description: str | None = None
+    agent_model: str | None = None  # the default model of its agent steps
 
     def compile(self) -> CompiledWorkflow:
         nodes: dict[str, Node] = {}
@@ -72,6 +93,8 @@ class Workflow:
             "edges": [routes[path].static() for path in sorted(routes)],
             "mounts": {path: {"workflow": include.child.name} for path, include in sorted(mounts.items())},
         }
+        if self.agent_model is not None:  # only when set: the digests of workflows without agents stay
+            snapshot["agentModel"] = self.agent_model
         data = canonical.dumps_bytes(snapshot)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         return CompiledWorkflow(self, entry, nodes, routes, mounts, snapshot, digest)
@@ -102,9 +125,11 @@ def define_workflow(
     max_steps: int = DEFAULT_MAX_STEPS,
     title: Callable[[Any], str] | None = None,
     description: str | None = None,
+    agent_model: str | None = None,
 ) -> Workflow:
     """Declare a workflow; every compile-time rule is checked now. ``description``: what it does
-    and the input it expects, in a sentence or two (listed by ``pi-workflows workflows``)."""
+    and the input it expects, in a sentence or two (listed by ``pi-workflows workflows``).
+    ``agent_model``: the model of its agent steps that name none (``"provider/id[:thinking]"``)."""
     _check_name(name, "workflow")
     if name in RESERVED_WORKFLOW_NAMES:
         raise WorkflowDefinitionError(
@@ -116,15 +141,20 @@ def define_workflow(
         raise WorkflowDefinitionError(
             f"workflow {name!r}: description must be text of at most {MAX_DESCRIPTION} characters"
         )
+    if agent_model is not None and not _is_agent_model(agent_model):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: agent_model={agent_model!r} must be 'provider/id' or 'provider/id:thinking'"
+        )
     includes = dict(includes or {})
     for node_name, node in nodes.items():
         _check_name(node_name, "node")
         if not isinstance(node, Node) or isinstance(node, IncludeNode):
             raise WorkflowDefinitionError(
-                f"node {node_name!r}: not a node (use compute, notify, action, shell, http or checkpoint; "
-                "include_workflow goes under includes=)"
+                f"node {node_name!r}: not a node (use compute, notify, action, shell, http, checkpoint, agent "
+                "or decision; include_workflow goes under includes=)"
             )
         _check_effect_node(node_name, node)
+        _check_agent_node(node_name, node)
     for mount, include in includes.items():
         _check_name(mount, "mount")
         if mount in nodes:
@@ -138,7 +168,9 @@ def define_workflow(
         if not isinstance(source, str) or source not in nodes:
             raise WorkflowDefinitionError(f"exit {exit_name!r}: 'from' must name a node of {name!r}")
         exit_nodes[exit_name] = source
-    workflow = Workflow(name, start_at, dict(nodes), tuple(edges), includes, exit_nodes, max_steps, title, description)
+    workflow = Workflow(
+        name, start_at, dict(nodes), tuple(edges), includes, exit_nodes, max_steps, title, description, agent_model
+    )
     workflow.compile()  # flattening checks every edge, mount and exit
     return workflow
 
@@ -174,6 +206,99 @@ def _check_effect_node(node_name: str, node: Node) -> None:
                 raise WorkflowDefinitionError(f"node {node_name!r}: {exc}") from None
         elif not callable(node.request):
             raise WorkflowDefinitionError(f"node {node_name!r}: request= takes a function of ctx or a dict")
+
+
+def _is_agent_model(model: Any) -> bool:
+    return isinstance(model, str) and len(model) <= MAX_AGENT_MODEL and AGENT_MODEL.match(model) is not None
+
+
+def _is_names(value: Any) -> bool:
+    """A list (or tuple) of names ([A-Za-z_][A-Za-z0-9_-]*), each once."""
+    return (
+        isinstance(value, (list, tuple))
+        and all(isinstance(item, str) and NAME.match(item) for item in value)
+        and len(set(value)) == len(value)
+    )
+
+
+def _check_agent_node(node_name: str, node: Node) -> None:
+    """What an agent or decision step declares (docs/authoring.md, Agent steps)."""
+    if not isinstance(node, AgentNode):
+        return
+
+    def refuse(text: str) -> WorkflowDefinitionError:
+        return WorkflowDefinitionError(f"node {node_name!r}: {text}")
+
+    if not (isinstance(node.prompt, str) and node.prompt.strip()) and not callable(node.prompt):
+        raise refuse(f"{'question' if node.choices is not None else 'prompt'}= takes text or a function of ctx")
+    if node.choices is not None:
+        choices = node.choices
+        if not isinstance(choices, (list, tuple)) or not choices:
+            raise refuse("choices= takes a non-empty list of strings")
+        if not all(isinstance(choice, str) and choice for choice in choices) or len(set(choices)) != len(choices):
+            raise refuse(f"choices {list(choices)!r} must be non-empty strings, each once")
+    else:
+        _check_expected_output(node, refuse)
+    if node.validate is not None and not callable(node.validate):
+        raise refuse("validate= takes a function of the output")
+    if node.validate is not None and isinstance(node.expected_output, AssistantMessage):
+        raise refuse("an assistant_message() output takes no validate= (the reply is the output as it is)")
+    timeout = node.timeout_ms
+    if (
+        timeout is not DEFAULT
+        and timeout is not None
+        and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1)
+    ):
+        raise refuse("timeout_ms must be a positive integer, None (no limit) or DEFAULT (the server's)")
+    if node.allowed_tools is not None and not _is_names(node.allowed_tools):
+        raise refuse(f"allowed_tools={node.allowed_tools!r} must be a list of tool names, each once")
+    if node.model is not None and not _is_agent_model(node.model):
+        raise refuse(f"model={node.model!r} must be 'provider/id' or 'provider/id:thinking'")
+    if node.session not in AGENT_SESSIONS:
+        raise refuse(f"session={node.session!r} must be 'run' (the run's Pi session) or 'fresh'")
+    executor = node.executor
+    if not isinstance(executor, ExecutorDecl) or executor.kind not in ("pi", "command"):
+        raise refuse("executor= takes pi() or command([...])")
+    if executor.kind == "command" and not (
+        isinstance(executor.argv, (list, tuple))
+        and executor.argv
+        and all(isinstance(arg, str) for arg in executor.argv)
+        and executor.argv[0]
+    ):
+        raise refuse("command() takes a non-empty list of strings (the program, then its arguments)")
+
+
+def _check_expected_output(node: AgentNode, refuse: Callable[[str], WorkflowDefinitionError]) -> None:
+    """A description, a JSON Schema, a pydantic model class, or assistant_message(max_chars)."""
+    expected = node.expected_output
+    if isinstance(expected, AssistantMessage):
+        limit = expected.max_chars
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise refuse("assistant_message(max_chars=) takes a positive integer or None")
+        return
+    if isinstance(expected, str):
+        if not expected.strip():
+            raise refuse("expected_output= is empty: describe the output")
+        return
+    if is_pydantic_model(expected):
+        try:
+            schema = expected.model_json_schema()
+        except Exception as exc:
+            raise refuse(f"the JSON Schema of {expected.__name__} could not be made: {exc}") from None
+    elif isinstance(expected, Mapping):
+        schema = dict(expected)
+    else:
+        raise refuse(
+            "expected_output= takes a description, a JSON Schema (a dict), a pydantic model class "
+            "or assistant_message()"
+        )
+    try:
+        canonical.dumps(schema)
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise refuse(f"expected_output is not a valid JSON Schema: {exc.message}") from None
+    except (TypeError, ValueError) as exc:
+        raise refuse(f"expected_output is not JSON: {exc}") from None
 
 
 def _check_name(name: Any, what: str) -> None:
@@ -232,10 +357,26 @@ def _flatten(
             if not declared.cases:
                 raise WorkflowDefinitionError(f"switch from {declared.source!r} in {workflow.name!r} has no cases")
             cases = {case_key(value): target_path(ref, text) for value, ref in declared.cases.items()}
+            _check_decision_switch(nodes[source], declared, set(cases), workflow.name)
             routes[source] = Edge(source, on=declared.on, cases=cases)
         else:
             routes[source] = Edge(source, target_path(declared.target, text))
     return entries[workflow.start_at]
+
+
+def _check_decision_switch(node: Node, declared: Edge, cases: set[str], workflow_name: str) -> None:
+    """A switch over a decision reads its route (or its outcome) and has a case for each choice."""
+    if not isinstance(node, AgentNode) or node.choices is None or declared.on == "$result.outcome":
+        return
+    where = f"switch from {declared.source!r} in {workflow_name!r}"
+    if declared.on not in DECISION_ROUTE_PATHS:
+        raise WorkflowDefinitionError(f"{where}: a decision's output is {{route}}: switch on $.route")
+    missing = [choice for choice in node.choices if choice not in cases]
+    if missing:
+        raise WorkflowDefinitionError(f"{where}: no case for the decision's choice(s) {', '.join(missing)}")
+    unknown = sorted(cases - set(node.choices))
+    if unknown:
+        raise WorkflowDefinitionError(f"{where}: case(s) {', '.join(unknown)} are not choices of the decision")
 
 
 def _edge_text(declared: Any) -> str:

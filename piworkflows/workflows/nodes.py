@@ -6,9 +6,11 @@ its static fields (``static()``), which enter the definition snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+import pydantic
 
 NodeFn = Callable[[Any], Any]
 
@@ -152,6 +154,168 @@ def checkpoint(summary: NodeFn | str, run: NodeFn | None = None) -> CheckpointNo
 def include_workflow(child: Any, input: NodeFn | None = None) -> IncludeNode:
     """Compose ``child`` into this run under a mount name (``includes={mount: ...}``)."""
     return IncludeNode("workflow", child, input)
+
+
+class _ServerDefault:
+    """``timeout_ms=DEFAULT``: the server's default budget (``PI_WORKFLOWS_AGENT_TIMEOUT_MS``)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _ServerDefault()
+SERVER_DEFAULT_TIMEOUT = "default"  # how DEFAULT reads in the definition snapshot
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """An agent step whose output is the model's visible final reply (at most ``max_chars``)."""
+
+    max_chars: int | None = None
+
+
+@dataclass(frozen=True)
+class ExecutorDecl:
+    """Who performs an agent step: Pi (``pi()``), or another command-line agent (``command(argv)``)."""
+
+    kind: str  # "pi" | "command"
+    argv: Sequence[str] | None = None
+
+    def static(self) -> dict[str, Any]:
+        return {"kind": self.kind} if self.argv is None else {"kind": self.kind, "argv": list(self.argv)}
+
+
+def pi() -> ExecutorDecl:
+    """The step runs on Pi in RPC mode (the default executor)."""
+    return ExecutorDecl("pi")
+
+
+def command(argv: Sequence[str]) -> ExecutorDecl:
+    """The step runs ``argv`` (no shell): the step message on its stdin, its stdout the output
+    (parsed as JSON unless the output is a description or an assistant message)."""
+    return ExecutorDecl("command", argv)
+
+
+def is_pydantic_model(value: Any) -> bool:
+    """A pydantic model class (an ``expected_output`` enforced by ``model_validate``)."""
+    return isinstance(value, type) and issubclass(value, pydantic.BaseModel)
+
+
+def decision_schema(choices: Sequence[str]) -> dict[str, Any]:
+    """A decision's output: exactly ``{"route": <one of the choices>}``."""
+    return {
+        "type": "object",
+        "properties": {"route": {"enum": list(choices)}},
+        "required": ["route"],
+        "additionalProperties": False,
+    }
+
+
+@dataclass(frozen=True)
+class AgentNode(Node):
+    """An agent or decision step (docs/authoring.md, Agent steps): work for a model, whose
+    output is submitted through the workflow tool (or is its reply, for an assistant message)."""
+
+    prompt: NodeFn | str = ""
+    expected_output: Any = None  # a description, a JSON Schema dict, a pydantic model class, AssistantMessage
+    validate: Callable[[Any], Any] | None = None
+    timeout_ms: int | None | _ServerDefault = DEFAULT
+    allowed_tools: Sequence[str] | None = None
+    model: str | None = None
+    session: str = "run"
+    executor: ExecutorDecl = field(default_factory=pi)
+    choices: Sequence[str] | None = None  # a decision: the output is {"route": one of these}
+
+    @property
+    def validates(self) -> bool:
+        """Workflow code judges a submission too (its ``validate`` or a pydantic model)."""
+        return self.validate is not None or is_pydantic_model(self.expected_output)
+
+    def expected_static(self) -> dict[str, Any]:
+        """``expectedOutput`` of the snapshot: ``{kind, description | schema | maxChars}``."""
+        expected = self.expected_output
+        if self.choices is not None:
+            return {"kind": "schema", "schema": decision_schema(self.choices)}
+        if isinstance(expected, AssistantMessage):
+            return {"kind": "assistant-message", "maxChars": expected.max_chars}
+        if isinstance(expected, Mapping):
+            return {"kind": "schema", "schema": dict(expected)}
+        if is_pydantic_model(expected):
+            return {"kind": "schema", "schema": expected.model_json_schema()}
+        return {"kind": "description", "description": expected}
+
+    def static(self) -> dict[str, Any]:
+        timeout = self.timeout_ms
+        declared: dict[str, Any] = {
+            "expectedOutput": self.expected_static(),
+            "validates": self.validates,
+            "model": self.model,
+            "allowedTools": list(self.allowed_tools) if self.allowed_tools is not None else None,
+            "session": self.session,
+            "timeoutMs": SERVER_DEFAULT_TIMEOUT if timeout is DEFAULT else (timeout or 0),
+            "executor": self.executor.static(),
+        }
+        if self.choices is not None:
+            declared["choices"] = list(self.choices)
+        return {**super().static(), **declared}
+
+
+def agent(
+    prompt: NodeFn | str,
+    expected_output: Any,
+    validate: Callable[[Any], Any] | None = None,
+    timeout_ms: int | None | _ServerDefault = DEFAULT,
+    allowed_tools: Sequence[str] | None = None,
+    model: str | None = None,
+    session: str = "run",
+    executor: ExecutorDecl | None = None,
+) -> AgentNode:
+    """Work for a model: ``prompt`` (text, or a function of ctx) becomes the step message; the
+    step ends when the workflow tool accepts its output (which becomes the node's output).
+
+    ``expected_output``: a text description (any JSON value is accepted), a JSON Schema dict
+    (enforced), a pydantic model class (its JSON Schema is shown, ``model_validate`` enforces it
+    and the output is its ``model_dump(mode="json")``), or ``assistant_message(max_chars)`` (the
+    model's final visible reply is the output; no ``validate``).
+
+    ``validate(output)`` runs in a supervised child after the schema checks: it returns None or
+    True to accept, False or an error text to reject (the text goes back to the model), or
+    raises to reject with ``ExcType: message``; it cannot change the output.
+
+    ``timeout_ms``: the active-time budget (model turns only); ``DEFAULT`` the server's
+    (``PI_WORKFLOWS_AGENT_TIMEOUT_MS``), None no limit. ``allowed_tools``: Pi's tools for the
+    step (the workflow tool is always added). ``model``: ``"provider/id[:thinking]"`` (else the
+    workflow's ``agent_model``, then ``PI_WORKFLOWS_AGENT_MODEL``, then Pi's default).
+    ``session``: ``"run"`` continues the run's Pi session, ``"fresh"`` starts one for the step.
+    """
+    return AgentNode(
+        "agent",
+        prompt=prompt,
+        expected_output=expected_output,
+        validate=validate,
+        timeout_ms=timeout_ms,
+        allowed_tools=allowed_tools,
+        model=model,
+        session=session,
+        executor=executor if executor is not None else pi(),
+    )
+
+
+def decision(
+    question: NodeFn | str,
+    choices: Sequence[str],
+    model: str | None = None,
+    timeout_ms: int | None | _ServerDefault = DEFAULT,
+    session: str = "run",
+) -> AgentNode:
+    """An agent step that picks one of ``choices``: its output is ``{"route": <choice>}``, so
+    ``switch(node, on="$.route", cases={choice: next, ...})`` routes it (covering every choice)."""
+    return AgentNode("decision", prompt=question, timeout_ms=timeout_ms, model=model, session=session, choices=choices)
+
+
+def assistant_message(max_chars: int | None = None) -> AssistantMessage:
+    """``expected_output=``: the model's final visible reply (at most ``max_chars``) is the output."""
+    return AssistantMessage(max_chars)
 
 
 @dataclass(frozen=True)

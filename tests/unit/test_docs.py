@@ -29,6 +29,7 @@ def test_every_authoring_example_compiles(code: str) -> None:
 
 def test_the_authoring_page_shows_every_node_kind() -> None:
     text = (DOCS / "authoring.md").read_text()
-    for kind in ("compute", "notify", "shell", "http", "action", "checkpoint", "include_workflow", "switch"):
+    kinds = ("compute", "notify", "shell", "http", "action", "checkpoint", "include_workflow", "switch")
+    for kind in (*kinds, "agent", "decision", "assistant_message", "command"):
         assert f"### {kind}" in text or f"{kind}(" in text, kind
-    assert len(examples("authoring.md")) >= 9
+    assert len(examples("authoring.md")) >= 13

@@ -7,6 +7,7 @@ import hashlib
 import pytest
 
 from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.writer import records
 from piworkflows.writer.invariants import violations
 from tests.support import claim_run, run_create, run_group, run_state, runner_exited, submitted, take_epoch, token_hash
 
@@ -344,3 +345,37 @@ def test_a_successful_node_carries_no_error_only_its_run_does(claimed):
         "completed",
         None,
     )
+
+
+def _finish_run(revision, end_status, error, code):
+    body = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": run_claim(),
+        "expected_revision": revision,
+        "end_status": end_status,
+        "error": BlobValue.of_text(error).model_dump(),
+        "error_code": code,
+    }
+    return submitted("run.finish", body)
+
+
+def test_resume_state_carries_a_failed_steps_error_and_a_runner_may_end_the_run_timed_out(claimed):
+    """A step the next runner ends the run with (an agent step the writer settled as timed out)."""
+    (started,) = run_group(claimed, start(2))
+    text = "the step used its budget"
+    error = BlobValue.of_text(text)
+    records.put_blob(claimed.conn, error, 1)
+    claimed.conn.execute(  # as the writer's agent timeout leaves the attempt
+        "UPDATE node_attempts SET attempt_status = 'timed_out', outcome = 'timed_out', finished_at = 1, "
+        "error_code = 'agentTimeout', error_digest = ? WHERE attempt_id = ?",
+        (error.digest, started.receipt["attemptId"]),
+    )
+    read = {"actor": {"actor_class": "server"}, "run_id": "run-1"}
+    (state,) = run_group(claimed, submitted("run.resume_state", read))
+    (step,) = state.receipt["steps"]
+    assert (step["outcome"], step["error"], step["errorCode"]) == ("timed_out", text, "agentTimeout")
+    (ended,) = run_group(claimed, _finish_run(3, "timed_out", f"node 'greet': {text}", "agentTimeout"))
+    assert ended.receipt["runStatus"] == "timed_out"
+    assert run_state(claimed) == (("timed_out", "failed", False, False), None)
+    assert claimed.conn.execute("SELECT error_code FROM runs").fetchone() == ("agentTimeout",)

@@ -16,7 +16,7 @@ from piworkflows.protocol.internal.runner import EffectAwait
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
-from piworkflows.supervisor.scheduler import EffectInFlight, RunnerHandle, Scheduler
+from piworkflows.supervisor.scheduler import RELAYS, EffectInFlight, RunnerHandle, Scheduler
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -283,3 +283,22 @@ def test_a_runner_awaiting_a_pool_effect_is_answered_when_the_pool_settles_it_or
         assert clock.monotonic_ms() == 2000
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("declared", "forwarded"), [(None, 123_000), (0, 0), (5000, 5000)])
+def test_an_agent_request_gets_the_servers_budget_only_when_the_node_left_it_to_the_server(
+    declared: int | None, forwarded: int
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        writer = FakeWriter([])
+        built, _, _ = scheduler(writer, agent_timeout_ms=123_000)
+        frame = {"k": "node.request_agent", "id": 4, "b": {"attempt_id": "attempt-1", "timeout_ms": declared}}
+        reply = await RELAYS["node.request_agent"](built, handle("run-a"), frame)
+        assert reply.outcome == "accepted"
+        ((kind, body),) = writer.sent
+        assert kind == "node.request_agent"
+        return body
+
+    body = asyncio.run(scenario())
+    assert body["timeout_ms"] == forwarded
+    assert (body["run_id"], body["claim"]["owner_id"]) == ("run-a", "owner-run-a")  # under the run's claim

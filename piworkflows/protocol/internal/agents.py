@@ -128,13 +128,18 @@ class AgentContract(Model):
 
 class NodeRequestAgentFrame(Frame):
     """C2: a runner asks for an agent step. The request, its contract and its initial step
-    message (rendered by protocol/step_contract.py) are committed; the run waits, no runner."""
+    message (rendered by protocol/step_contract.py) are committed; the run waits, no runner.
+
+    ``timeout_ms`` is the active-time budget the node declared: 0 unlimited, None the server's
+    default. The runner knows no server settings, so the scheduler fills a None in with
+    ``PI_WORKFLOWS_AGENT_TIMEOUT_MS`` before it forwards the frame: the writer always gets a
+    number (``NodeRequestAgent``)."""
 
     kind: ClassVar[str] = "node.request_agent"
     attempt_id: Id
     contract: BlobValue  # JSON: AgentContract
     step: BlobValue  # text: the initial step message
-    timeout_ms: int = Field(ge=0)  # the active-time budget; 0: unlimited
+    timeout_ms: int | None = Field(default=None, ge=0)  # the active-time budget; 0: unlimited; None: the server's
 
     @model_validator(mode="after")
     def _shape(self) -> NodeRequestAgentFrame:
@@ -144,7 +149,10 @@ class NodeRequestAgentFrame(Frame):
 
 
 class NodeRequestAgent(UnderRunClaim, NodeRequestAgentFrame):
-    """node.request_agent as the writer gets it: the runner's frame under the run's claim."""
+    """node.request_agent as the writer gets it: the runner's frame under the run's claim, its
+    budget resolved (the server's default filled in)."""
+
+    timeout_ms: int = Field(ge=0)  # the active-time budget; 0: unlimited
 
 
 class AgentClaimable(ReadCommand):

@@ -103,10 +103,11 @@ class NodeFinish(UnderRunClaim, NodeFinishFrame):
 
 
 class RunFinishFrame(Frame):
-    """A runner ends its run where no node is active: the route after an answered checkpoint
-    (completed with the answer, or a routing error), or workflow code outside any node's own
-    execution that failed (the module's load): ``failed`` with the code and an error naming
-    the node or file."""
+    """A runner ends its run where no node is active: the route after an answered checkpoint or a
+    settled agent step (completed with its output, a routing error, or the step's own failure or
+    timeout when no edge routes it), or workflow code outside any node's own execution that
+    failed (the module's load): ``failed``/``timed_out`` with the code and an error naming the
+    node or file."""
 
     kind: ClassVar[str] = "run.finish"
     end_status: RunFinishStatus
@@ -120,7 +121,7 @@ class RunFinishFrame(Frame):
             if self.output is None or self.output.media_type != MEDIA_JSON or self.error or self.error_code:
                 raise ValueError("a completed run has a JSON output and no error")
         elif self.error is None or self.error.media_type != MEDIA_TEXT or self.error_code is None or self.output:
-            raise ValueError("a failed run has an error text and an error code, and no output")
+            raise ValueError("a failed or timed-out run has an error text and an error code, and no output")
         return self
 
 

@@ -8,6 +8,8 @@
                <── shown WorkflowShown ───────────
                ── list WorkflowListRequest ───────>
                <── listing WorkflowListing ───────
+               ── validate ValidateRequest ───────>   an agent step's submitted output, judged
+               <── validation Validation ─────────    by the run's own workflow code
 
 ``RESOLVER_FRAMES`` lists the requests by kind; each names the model of its
 answer. The child answers them through one table with exactly these keys
@@ -92,6 +94,20 @@ class WorkflowListing(Frame):
     truncated: bool = False
 
 
+class Validation(Frame):
+    """From a resolver child: an agent step's output accepted (``output``: as the node keeps it, a
+    pydantic model's ``model_dump(mode="json")``) or refused with ``error``, short text the model
+    can act on (never a traceback). ``code`` when refused: ``validationFailed`` (the output is
+    wrong), ``validatorFailed`` (the workflow code could not judge it) or ``workflowSourceChanged``
+    (the run's code changed since it started: it is not run)."""
+
+    kind: ClassVar[str] = "validation"
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    code: str | None = None
+
+
 class ResolverRequest(Frame):
     """A request to a resolver child; ``answer`` is the model of the frame it answers with."""
 
@@ -125,7 +141,20 @@ class WorkflowListRequest(ResolverRequest):
     project_path: str
 
 
+class ValidateRequest(ResolverRequest):
+    """To a resolver child: judge an agent step's submitted output with the run's workflow (loaded
+    from its source as a runner loads it; a changed source or digest is refused)."""
+
+    kind: ClassVar[str] = "validate"
+    answer: ClassVar[type[Frame]] = Validation
+    project_path: str
+    source: RunSource
+    definition_digest: str  # "sha256:<hex>"
+    node_path: str = Field(min_length=1, max_length=1024)
+    output: Any = None  # the submitted JSON value
+
+
 # What a resolver child answers, by kind.
 RESOLVER_FRAMES: dict[str, type[ResolverRequest]] = {
-    model.kind: model for model in (ResolveRequest, WorkflowShowRequest, WorkflowListRequest)
+    model.kind: model for model in (ResolveRequest, WorkflowShowRequest, WorkflowListRequest, ValidateRequest)
 }

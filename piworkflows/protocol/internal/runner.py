@@ -6,6 +6,7 @@
     runner ── node.start | node.finish | node.wait | run.finish | node.reserve_effect
               (nodes.py: the runner's part; the supervisor adds the run, its claim and the
               expected revision and forwards the writer command of the same name) ──> supervisor
+           ── node.request_agent (agents.py: an agent step; forwarded the same way)
            ── effect.settle (effects.py: an action body's attempt; forwarded under the effect's claim)
            ── effect.await EffectAwait (answered by the supervisor when the pool settled it)
            <── reply Reply (each of the above)
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from piworkflows.protocol.internal.agents import NodeRequestAgentFrame
 from piworkflows.protocol.internal.base import Frame, Id, Model
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.nodes import (
@@ -44,6 +46,8 @@ class CompletedStep(Model):
     outcome: NodeOutcome
     output: Any = None
     interrupted: bool
+    error: str | None = None  # a failed step's error (its start), and code: a run that ends with it names them
+    error_code: str | None = None
 
 
 class RunnerLaunch(Frame):
@@ -84,6 +88,7 @@ RUNNER_FRAMES: dict[str, type[Frame]] = {
         NodeFinishFrame,
         NodeWaitFrame,
         RunFinishFrame,
+        NodeRequestAgentFrame,
         NodeEffectReserveFrame,
         EffectSettleFrame,
         EffectAwait,

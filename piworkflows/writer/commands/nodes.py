@@ -266,7 +266,8 @@ class FinishNode(RunnerTransition[NodeFinish]):
 
 
 class FinishRun(RunnerTransition[RunFinish]):
-    """The run ends where no node is active (after an answered checkpoint, or a module that failed to load)."""
+    """The run ends where no node is active (after an answered checkpoint or a settled agent step, or a
+    module that failed to load)."""
 
     model = RunFinish
 

@@ -35,6 +35,7 @@ from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandl
 from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
+MAX_STEP_ERROR = 1000  # characters of a failed step's error in run.resume_state
 
 _CLAIMABLE = """
     FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
@@ -262,7 +263,8 @@ class ReadResumeState(Handler[ResumeState]):
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
         input_digest, definition_digest, max_steps, project_path = row[:4]
         rows = conn.execute(
-            "SELECT a.node_path, a.visit_number, a.attempt_number, a.attempt_status, a.outcome, a.output_digest "
+            "SELECT a.node_path, a.visit_number, a.attempt_number, a.attempt_status, a.outcome, a.output_digest, "
+            "a.error_digest, a.error_code "
             "FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id "
             "WHERE s.run_id = ? AND a.finished_at IS NOT NULL ORDER BY s.step_index",
             (cmd.run_id,),
@@ -275,8 +277,11 @@ class ReadResumeState(Handler[ResumeState]):
                 "outcome": outcome,
                 "output": records.read_json(conn, output) if output else None,
                 "interrupted": status == "interrupted",
+                # a failure the writer settled (an agent step's) ends the run from the next runner
+                "error": records.read_text(conn, error)[:MAX_STEP_ERROR] if error and outcome != "ok" else None,
+                "errorCode": code,
             }
-            for path, visit, attempt, status, outcome, output in rows
+            for path, visit, attempt, status, outcome, output, error, code in rows
         ]
         return Result(
             receipt={
