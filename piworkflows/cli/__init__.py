@@ -16,7 +16,18 @@ of every command their completion from the server). ``story`` (a run view as lin
 and ``watch`` (following a run) serve ``runs``.
 """
 
-from piworkflows.cli import completion, effects, find, logs, protocol, runs, server, setup, state  # noqa: F401 (commands)
+from piworkflows.cli import (  # noqa: F401 (commands)
+    completion,
+    doctor,
+    effects,
+    find,
+    logs,
+    protocol,
+    runs,
+    server,
+    setup,
+    state,
+)
 from piworkflows.cli.base import main
 
 completion.attach(main)

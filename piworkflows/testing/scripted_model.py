@@ -24,8 +24,10 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+PROVIDER = "scripted"  # the provider name the Pi configuration gives this server
 CHUNK_CHARS = 16  # text and tool arguments are streamed in pieces of this size
 
 Step = Mapping[str, Any]
@@ -65,6 +67,21 @@ class ScriptedModel:
 
     def models(self) -> list[str]:
         return sorted(self._scripts)
+
+    def write_pi_config(self, directory: Path) -> Path:
+        """A Pi configuration directory (``PI_CODING_AGENT_DIR``) whose ``models.json`` names this
+        server as provider ``scripted`` with every scripted model (``--model scripted/<id>``)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        provider = {
+            "baseUrl": self.url,
+            "api": "openai-completions",
+            "apiKey": "none",
+            "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+            "models": [{"id": model, "name": f"scripted {model}"} for model in self.models()],
+        }
+        path = directory / "models.json"
+        path.write_text(json.dumps({"providers": {PROVIDER: provider}}, indent=2))
+        return directory
 
     def take(self, request: dict[str, Any]) -> Step | str:
         """Record the request and take its model's next step (or the reason there is none)."""
