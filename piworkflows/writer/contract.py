@@ -9,6 +9,7 @@ The spec's order, which no handler can change or skip::
     verify claim token/generation/expiry -> records.verify_and_renew_claim
     renew that exact still-live claim
     verify the domain transition         -> Handler.transition() returns a Change
+                                            (or an adoption: a matching repeat, nothing written)
     write content-addressed values       -> Change.blobs
     increment the resource revision      (exactly once)
     write the immutable event            -> Change.event_type
@@ -123,6 +124,14 @@ class Change:
     release_claim: bool = False
     release_generation: int | None = None  # release the lease if it is still at this generation
     receipt: dict[str, Any] = field(default_factory=dict)
+    adopted: bool = False  # see adoption()
+
+
+def adoption(receipt: dict[str, Any]) -> Change:
+    """A repeat that matches the saved result (the same segment opened, the same turn reported):
+    it is answered with ``receipt`` and writes nothing (no revision, no event); its claim was
+    still verified and renewed."""
+    return Change(event_type="adopted", adopted=True, receipt=receipt)
 
 
 class ResourceHandler(Handler[C]):
@@ -173,6 +182,9 @@ class ResourceHandler(Handler[C]):
                 )
 
         change = self.transition(tx, cmd, resource)
+        if change.adopted:
+            assert resource is not None  # a created resource has nothing to adopt
+            return Result(revision=resource.revision, receipt=dict(change.receipt))
 
         for blob in change.blobs:
             records.put_blob(conn, blob, now)

@@ -57,6 +57,15 @@ CHECKS: dict[str, str] = {
     "conflictingPiTurn": """
         SELECT t.run_id FROM workflow_turns t JOIN runs r ON r.run_id = t.run_id
         WHERE t.turn_state = 'open' AND r.finished_at IS NOT NULL""",
+    # A session segment records only for an unfinished run (a run's end closes them).
+    "recordingSegmentOfFinishedRun": """
+        SELECT s.run_id FROM session_segments s JOIN runs r ON r.run_id = s.run_id
+        WHERE s.segment_status = 'recording' AND r.finished_at IS NOT NULL""",
+    # A pending step message belongs to an open request (every outcome of a request cancels them).
+    "pendingStepOfSettledRequest": """
+        SELECT m.run_id FROM workflow_messages m JOIN interactive_requests i ON i.request_id = m.request_id
+        WHERE m.message_kind = 'step' AND m.message_state = 'pending'
+          AND i.request_status NOT IN ('pending', 'validating')""",
     # A claim or a live runner never stands beside a terminal, waiting or queued-and-idle run.
     "claimOrRunnerOfIdleRun": """
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id

@@ -45,7 +45,8 @@ BLOCKERS: dict[str, str] = {
     "recordingSegment": f"SELECT 1 FROM session_segments WHERE run_id IN ({TREE}) AND segment_status = 'recording'",
     "queuedFollowUp": f"SELECT 1 FROM workflow_follow_ups WHERE run_id IN ({TREE}) AND follow_up_status = 'queued'",
     "activeLease": f"SELECT 1 FROM leases l WHERE l.owner_id IS NOT NULL AND l.expires_at > :now AND "
-    f"(l.resource_id IN ({TREE}) OR l.resource_id IN (SELECT effect_id FROM effects WHERE run_id IN ({TREE})))",
+    f"(l.resource_id IN ({TREE}) OR l.resource_id IN (SELECT effect_id FROM effects WHERE run_id IN ({TREE})) "
+    f"OR l.resource_id IN (SELECT segment_id FROM session_segments WHERE run_id IN ({TREE})))",
     "unsettledEffect": f"SELECT 1 FROM effects WHERE run_id IN ({TREE}) "
     "AND effect_status IN ('pending', 'applying', 'ambiguous')",
     "controllerOwnership": f"SELECT 1 FROM controller_workflows WHERE run_id IN ({TREE})",
@@ -74,7 +75,7 @@ BLOCKER_TEXT: dict[str, str] = {
     "pendingDecision": "a human decision of its tree is not resolved",
     "recordingSegment": "a session segment of its tree is still recording",
     "queuedFollowUp": "a follow-up of its tree is still queued",
-    "activeLease": "a claim on a run of its tree or on one of their effects is live",
+    "activeLease": "a claim on a run of its tree, one of their effects or session segments is live",
     "unsettledEffect": "an effect of its tree is unsettled or ambiguous (see 'pi-workflows effects')",
     "controllerOwnership": "a managed resource owns a run of its tree",
     "outsideReference": "a run outside its tree refers to it",

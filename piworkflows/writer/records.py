@@ -130,13 +130,22 @@ def get_lease(conn: sqlite3.Connection, resource_id: str) -> Lease | None:
 
 
 def acquire_lease(
-    conn: sqlite3.Connection, resource_id: str, owner_id: str, token_hash: bytes, ttl_ms: int, now: int
+    conn: sqlite3.Connection,
+    resource_id: str,
+    owner_id: str,
+    token_hash: bytes,
+    ttl_ms: int,
+    now: int,
+    after: int = 0,
 ) -> int:
-    """Give a new owner a new generation. A live owner keeps its lease."""
+    """Give a new owner a new generation. A live owner keeps its lease. ``after``: a generation the
+    new one must exceed (a run's successive segments are new resources, yet their generations
+    keep rising, so a stale segment's epoch never matches a newer one)."""
     lease = get_lease(conn, resource_id)
     if lease is not None and lease.live(now):
         raise CommandError("leaseHeld", "another owner holds a live claim on the resource", resourceId=resource_id)
     generation = 1 if lease is None else lease.lease_generation + 1
+    generation = max(generation, after + 1)
     conn.execute(
         "INSERT INTO leases (resource_id, lease_generation, owner_id, claim_token_hash, acquired_at, renewed_at, "
         "expires_at) "

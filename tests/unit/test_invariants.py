@@ -79,6 +79,22 @@ PLANTED_DEEPER = {
         "INSERT INTO workflow_turns (workflow_turn_id, workflow_message_id, run_id, target_session_id, turn_state, "
         "started_at) VALUES ('turn-1', 'msg-1', 'run-1', 's', 'open', 1)",
     ],
+    "recordingSegmentOfFinishedRun": [
+        "UPDATE runs SET status = 'completed', finished_at = 1",
+        "UPDATE run_queue SET queue_status = 'done'",
+        "INSERT INTO session_segments (segment_id, run_id, attempt_id, session_id, segment_status, started_at) "
+        "VALUES ('segment-1', 'run-1', 'att-1', 's', 'recording', 1)",
+    ],
+    "pendingStepOfSettledRequest": [
+        FINISHED_ATTEMPT,
+        "INSERT INTO interactive_requests (request_id, run_id, attempt_id, target_session_id, contract_digest, "
+        "request_status, revision, created_at, updated_at) VALUES ('req-1', 'run-1', 'att-1', 's', zeroblob(32), "
+        "'failed', 1, 1, 1)",
+        "INSERT INTO workflow_messages (workflow_message_id, run_id, request_id, target_session_id, message_kind, "
+        "source_kind, source_id, idempotency_key, content_digest, session_order, message_state, created_at, "
+        "updated_at) VALUES ('wm-1', 'run-1', 'req-1', 's', 'step', 'interactive_request', 'req-1', 'k', "
+        "zeroblob(32), 1, 'pending', 1, 1)",
+    ],
     "staleGenerationWrite": [  # written under generation 5, then accepted from generation 4
         "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, lease_generation, committed_at) "
         "VALUES ('run-1', 2, 'node.started', 'runner', 5, 2), ('run-1', 3, 'node.finished', 'runner', 4, 3)",

@@ -42,9 +42,11 @@ def test_each_writer_handler_serves_its_kinds_model(kind):
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_a_handler_lives_in_the_writer_module_of_its_models_domain(kind):
-    """writer/commands/<domain>.py handles the commands of protocol/internal/<domain>.py."""
+    """writer/commands/<domain>.py (or the package writer/commands/<domain>/) handles the commands of
+    protocol/internal/<domain>.py."""
     handler = REGISTRY[kind]
-    assert type(handler).__module__.rsplit(".", 1)[1] == handler.model.__module__.rsplit(".", 1)[1]
+    domain = type(handler).__module__.removeprefix("piworkflows.writer.commands.").split(".")[0]
+    assert domain == handler.model.__module__.rsplit(".", 1)[1]
 
 
 def _relayed_commands_extend_their_frames(frame_models: dict[str, type[Frame]]) -> None:

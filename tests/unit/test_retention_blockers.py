@@ -75,6 +75,20 @@ def lease(resource_id: str) -> Row:
     )
 
 
+def segment(status: str) -> Row:
+    return (
+        "session_segments",
+        {
+            "segment_id": "segment-1",
+            "run_id": "run-old",
+            "session_id": "session-1",
+            "segment_status": status,
+            "started_at": 1,
+            "ended_at": 2 if status == "closed" else None,
+        },
+    )
+
+
 ATTEMPT: Row = (
     "node_attempts",
     {
@@ -187,21 +201,7 @@ CASES: dict[str, tuple[str, list[Row]]] = {
             )
         ],
     ),
-    "recordingSegment": (
-        "recordingSegment",
-        [
-            (
-                "session_segments",
-                {
-                    "segment_id": "segment-1",
-                    "run_id": "run-old",
-                    "session_id": "session-1",
-                    "segment_status": "recording",
-                    "started_at": 1,
-                },
-            )
-        ],
-    ),
+    "recordingSegment": ("recordingSegment", [segment("recording")]),
     "queuedFollowUp": (
         "queuedFollowUp",
         [
@@ -225,6 +225,7 @@ CASES: dict[str, tuple[str, list[Row]]] = {
         for on, resource_id, rows in (
             ("run", "run-old", []),
             ("effect", "effect-1", [effect("effect-1", "applied", "run-old", "server")]),
+            ("segment", "segment-1", [segment("closed")]),
         )
     },
     "controllerOwnership": (

@@ -7,7 +7,7 @@
 
 One module per domain, mirroring ``writer/commands/``: ``base`` (models,
 actors, claims, values, receipt keys), ``content``, ``server``, ``runs``,
-``control``, ``runners``, ``nodes``, ``effects``, ``state``, ``logs``; and one
+``control``, ``runners``, ``nodes``, ``effects``, ``state``, ``logs``, ``agents``; and one
 per child's frames: ``runner``, ``outbox``, ``resolver``, ``writer`` (the
 writer link's handshake, replies, log records and health).
 
@@ -18,6 +18,21 @@ keeps the two equal).
 
 from __future__ import annotations
 
+from piworkflows.protocol.internal.agents import (
+    AgentBindSession,
+    AgentBranch,
+    AgentClaimable,
+    AgentClose,
+    AgentExited,
+    AgentMessageSent,
+    AgentOpen,
+    AgentRecord,
+    AgentTurn,
+    InteractionSettle,
+    InteractionSubmit,
+    InteractionUpdate,
+    NodeRequestAgent,
+)
 from piworkflows.protocol.internal.base import Command, ReadCommand
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.protocol.internal.control import RunCancel, RunPause, RunRestart, RunResume
@@ -126,5 +141,19 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         # logs
         RunLogs,
         RunContentRead,
+        # agents
+        NodeRequestAgent,
+        AgentClaimable,
+        AgentOpen,
+        AgentBindSession,
+        AgentBranch,
+        AgentMessageSent,
+        AgentTurn,
+        AgentRecord,
+        AgentClose,
+        AgentExited,
+        InteractionSubmit,
+        InteractionSettle,
+        InteractionUpdate,
     )
 }

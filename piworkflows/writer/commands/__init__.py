@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from piworkflows.writer.commands import content, control, effects, logs, nodes, runners, runs, server, state
+from piworkflows.writer.commands import agents, content, control, effects, logs, nodes, runners, runs, server, state
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler[Any], ...] = (
@@ -21,6 +21,7 @@ HANDLERS: tuple[Handler[Any], ...] = (
     *effects.HANDLERS,
     *state.HANDLERS,
     *logs.HANDLERS,
+    *agents.HANDLERS,
 )
 
 REGISTRY: dict[str, Handler[Any]] = {handler.kind: handler for handler in HANDLERS}

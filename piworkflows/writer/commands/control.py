@@ -9,12 +9,17 @@ its outcome: a later pause or cancel is a conflict naming it.
 
     pause   running -> running/parked (paused), claim released, active attempt
             interrupted, runner record ended; queued or waiting runs keep
-            their status and only take the flag
+            their status and only take the flag; an agent step's active
+            interval ends (pause), its pending steps are cancelled
+            (interruption), its request keeps waiting
     resume  paused (or parked runnerNoProgress/workflowSourceChanged)
-            -> queued/queued, or waiting again for a paused waiting run
+            -> queued/queued, or waiting again for a paused waiting run or
+            one parked agentNoProgress (the agent manager tries again)
     cancel  -> cancelled/cancelled, attempts cancelled, pending effects
-            cancelled, applying effects ambiguous, claim released
-    restart finished run -> a new child run (lineage restart, restartNumber + 1)
+            cancelled, applying effects ambiguous, claim released; agent
+            rows stop (agent_steps.stop_for_end)
+    restart finished run -> a new child run (lineage restart, restartNumber + 1;
+            a headless child gets its own Pi session at its first agent step)
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import TypeVar
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.control import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
-from piworkflows.writer import local_effects, records
+from piworkflows.writer import agent_steps, local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 
@@ -32,7 +37,9 @@ R = TypeVar("R", bound=RunControl)
 
 CONTROLLERS = frozenset({"client", "operator", "server"})
 # Parked for these, a run is resumed by an operator (an ambiguous effect needs its own review).
-RESUMABLE_PARK_REASONS = frozenset({"paused", "shutdown", "runnerNoProgress", "workflowSourceChanged"})
+RESUMABLE_PARK_REASONS = frozenset(
+    {"paused", "shutdown", "runnerNoProgress", "workflowSourceChanged", "agentNoProgress"}
+)
 
 
 def _unfinished(tx: Tx, run_id: str) -> tuple[str, int, str | None, str]:
@@ -85,6 +92,7 @@ class PauseRun(ControlHandler[RunPause]):
                     "UPDATE run_workers SET outcome = 'cancelled', ended_at = ? WHERE run_id = ? AND ended_at IS NULL",
                     (now, cmd.run_id),
                 )
+            agent_steps.stop_for_pause(conn, cmd.run_id, tx.actor, now)
             records.advance_presentation(conn, cmd.run_id, now)
 
         return Change(
@@ -106,7 +114,8 @@ class ResumeRun(ControlHandler[RunResume]):
             raise CommandError(
                 "invalidTransition", "an ambiguous effect needs an operator's review first", runId=cmd.run_id
             )
-        if not paused and not (parked and park_reason in RESUMABLE_PARK_REASONS):
+        agent_parked = status == "waiting" and park_reason == "agentNoProgress"  # it waits for its agent again
+        if not paused and not (parked and park_reason in RESUMABLE_PARK_REASONS) and not agent_parked:
             raise CommandError("invalidTransition", "the run is neither paused nor parked", runId=cmd.run_id)
         new_status = "queued" if parked else status
 
@@ -114,7 +123,7 @@ class ResumeRun(ControlHandler[RunResume]):
             conn.execute(
                 "UPDATE runs SET paused = 0, status = ?, park_reason = CASE WHEN ? THEN NULL "
                 "ELSE park_reason END, updated_at = ? WHERE run_id = ?",
-                (new_status, parked, now, cmd.run_id),
+                (new_status, parked or agent_parked, now, cmd.run_id),
             )
             if parked:  # a new claim generation and a new runner, from the last durable boundary
                 conn.execute(
@@ -155,6 +164,7 @@ class CancelRun(ControlHandler[RunCancel]):
                 (now, cmd.run_id),
             )
             records.cancel_pending_effects(conn, cmd.run_id, tx.actor, now)
+            agent_steps.stop_for_end(conn, cmd.run_id, tx.actor, now)
             for effect_id in applying:  # the command may have acted: only an operator decides
                 records.abandon_effect(conn, effect_id, tx.actor, now, cancelled=True)
             conn.execute(
@@ -202,8 +212,9 @@ class RestartRun(ControlHandler[RunRestart]):
                 "execution_mode, origin_session_id, title, input_digest, launch_options_digest, max_steps, lineage, "
                 "root_run_id, parent_run_id, restart_number, created_at, updated_at) "
                 "SELECT ?, project_id, workflow_name, definition_digest, 'queued', 0, execution_mode, "
-                "origin_session_id, title, input_digest, launch_options_digest, max_steps, 'restart', root_run_id, "
-                "run_id, restart_number + 1, ?, ? FROM runs WHERE run_id = ?",
+                "CASE WHEN execution_mode = 'headless' THEN NULL ELSE origin_session_id END, title, input_digest, "
+                "launch_options_digest, max_steps, 'restart', root_run_id, run_id, restart_number + 1, ?, ? "
+                "FROM runs WHERE run_id = ?",
                 (cmd.child_run_id, now, now, cmd.run_id),
             )
             conn.execute(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from piworkflows.errors import CommandError
+from piworkflows.protocol.internal.agents import NodeRequestAgent
 from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.protocol.internal.nodes import (
@@ -28,7 +29,7 @@ from piworkflows.protocol.internal.nodes import (
     RunFinish,
     attempt_id_of,
 )
-from piworkflows.writer import local_effects, records
+from piworkflows.writer import agent_steps, local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 
@@ -37,7 +38,9 @@ ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out
 QUEUE_AFTER = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
 
 
-RunnerCommand = TypeVar("RunnerCommand", NodeStart, NodeFinish, NodeWait, NodeEffectReserve, RunFinish)
+RunnerCommand = TypeVar(
+    "RunnerCommand", NodeStart, NodeFinish, NodeWait, NodeEffectReserve, RunFinish, NodeRequestAgent
+)
 
 
 class RunnerTransition(ResourceHandler[RunnerCommand]):
@@ -124,7 +127,8 @@ def max_steps_error(conn: sqlite3.Connection, run_id: str, node_path: str) -> Bl
 
 
 def end_run(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes | None, code: str | None) -> None:
-    """A terminal run: no live runner beside it, its unstarted effects cancelled (settlement: a local effect)."""
+    """A terminal run: no live runner beside it, its unstarted effects cancelled (settlement: a local
+    effect), nothing of its agent steps left live (agent_steps.stop_for_end)."""
     conn, now = tx.conn, tx.now
     conn.execute(
         "UPDATE runs SET status = ?, finished_at = ?, output_digest = ?, error_digest = ?, error_code = ?, "
@@ -133,6 +137,7 @@ def end_run(tx: Tx, run_id: str, status: str, output: bytes | None, error: bytes
     )
     records.end_live_runner(conn, run_id, now)
     records.cancel_pending_effects(conn, run_id, tx.actor, now)
+    agent_steps.stop_for_end(conn, run_id, tx.actor, now)
 
 
 def ending(
