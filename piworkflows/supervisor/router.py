@@ -41,6 +41,7 @@ from piworkflows.protocol.internal.runs import RunCreate
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_JSON
+from piworkflows.supervisor import interactions
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
 from piworkflows.supervisor.seams import RunControl, ServerHost, WorkflowResolvers, WriterStatus, ask_while_unavailable
@@ -302,6 +303,17 @@ class Router:
             self.runs.wake_scheduler()
         return from_reply(request, reply)
 
+    async def interaction_submit(
+        self, request: client_v1.Request, payload: client_v1.InteractionSubmitPayload
+    ) -> client_v1.Response:
+        """An agent step's output from the workflow tool: recorded, validated, settled, answered."""
+        return await interactions.submit(self.writer, self.resolvers, self.runs, request, payload)
+
+    async def interaction_update(
+        self, request: client_v1.Request, payload: client_v1.InteractionUpdatePayload
+    ) -> client_v1.Response:
+        return await interactions.update(self.writer, request, payload, receipt_key(request))
+
     async def run_control(self, request: client_v1.Request, extra: dict[str, Any] | None = None) -> Reply | None:
         """A control command on the envelope's run, stored with its receipt; None if the request is incomplete."""
         if request.runId is None:
@@ -443,6 +455,8 @@ Route = Callable[[Router, client_v1.Request, Any], Awaitable[client_v1.Response]
 # The route of each operation this build serves (client_v1.OPERATION_SHAPES, one to one).
 ROUTES: dict[str, Route] = {
     "checkpoint.answer": Router.checkpoint_answer,
+    "interaction.submit": Router.interaction_submit,
+    "interaction.update": Router.interaction_update,
     "run.cancel": Router.run_cancel,
     "run.delete": Router.run_delete,
     "run.pause": Router.run_pause,

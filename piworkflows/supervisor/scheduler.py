@@ -245,7 +245,7 @@ class Scheduler:
                 lease_generation=handle.claim["lease_generation"],
                 runner_epoch=handle.runner_epoch,
                 project_path=state.receipt["projectPath"],
-                source=_source(state.receipt["source"]),
+                source=RunSource.of_view(state.receipt["source"]),
                 definition_digest=state.receipt["definitionDigest"],
                 input=state.receipt["input"],
                 steps=[_step(step) for step in state.receipt["steps"]],
@@ -607,11 +607,3 @@ def _step(step: dict[str, Any]) -> CompletedStep:
         error=step.get("error"),
         error_code=step.get("errorCode"),
     )
-
-
-def _source(view_source: dict[str, Any]) -> RunSource:
-    if view_source["kind"] == "file":
-        return RunSource(
-            source_kind="file", source_path=view_source["path"], source_sha256=bytes.fromhex(view_source["sha256"])
-        )
-    return RunSource(source_kind="builtin", builtin_id=view_source["id"], builtin_revision=view_source["revision"])

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from piworkflows.clock import Clock
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.resolver import Resolution, WorkflowListing, WorkflowShown
+from piworkflows.protocol.internal.resolver import Resolution, Validation, WorkflowListing, WorkflowShown
+from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
@@ -76,6 +77,10 @@ class WorkflowResolvers(Protocol):
     async def show(self, project_path: str, workflow_name: str) -> WorkflowShown: ...
 
     async def list_workflows(self, project_path: str) -> WorkflowListing: ...
+
+    async def validate(
+        self, project_path: str, source: RunSource, definition_digest: str, node_path: str, output: Any
+    ) -> Validation: ...
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -27,6 +27,13 @@ class RunSource(Model):
         if (self.source_kind == "file") != file_fields or (self.source_kind == "builtin") != builtin_fields:
             raise ValueError("a file source has path and sha256; a built-in has id and revision")
         return self
+
+    @classmethod
+    def of_view(cls, view: dict[str, Any]) -> RunSource:
+        """The identity a run view shows (``{kind, path, sha256}`` or ``{kind, id, revision}``)."""
+        if view["kind"] == "file":
+            return cls(source_kind="file", source_path=view["path"], source_sha256=bytes.fromhex(view["sha256"]))
+        return cls(source_kind="builtin", builtin_id=view["id"], builtin_revision=view["revision"])
 
 
 class RunCreate(Command):

@@ -71,11 +71,15 @@ class SubmitInteraction(FromTheModel[InteractionSubmit]):
         conn, now = tx.conn, tx.now
         request = _session_request(tx, cmd)
         submission_id = submission_id_of(request.request_id, cmd.idempotency_key)
+        (node_path,) = conn.execute(
+            "SELECT node_path FROM node_attempts WHERE attempt_id = ?", (request.attempt_id,)
+        ).fetchone()
         receipt: dict[str, object] = {
             "submissionId": submission_id,
             "requestId": request.request_id,
             "runId": request.run_id,
             "attemptId": request.attempt_id,
+            "nodePath": node_path,  # the validator judges the output with this node's declaration
         }
         saved = conn.execute(
             "SELECT payload_digest, outcome, receipt_digest FROM interactive_submissions WHERE submission_id = ?",
