@@ -8,6 +8,8 @@ demo (no network, no API key).
           {"text": "..."}                                   an assistant message
           {"tool_calls": [{"name": "...", "arguments": {...}}], "text"?: "..."}
           {"stall_ms": N, ...}                              wait N ms before answering
+        ``${requestId}`` in a step's text or tool-call arguments becomes the request id that the
+        latest user message names (a step contract's ``"requestId": "request-..."``)
         stream: server-sent chat.completion.chunk events, then ``data: [DONE]``
         otherwise one chat.completion object
     GET /v1/models    the scripted model ids
@@ -20,6 +22,7 @@ OpenAI-shaped error naming the model, so a test sees why its agent stopped.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CHUNK_CHARS = 16  # text and tool arguments are streamed in pieces of this size
+REQUEST_ID = "${requestId}"
+_CONTRACT_REQUEST_ID = re.compile(r'"requestId": "(request-[0-9a-f]+)"')
 
 Step = Mapping[str, Any]
 
@@ -122,6 +127,7 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 self._json(400, _error(step))
                 return
             time.sleep(step.get("stall_ms", 0) / 1000)
+            step = with_request_id(step, request)
             name = str(request["model"])
             if request.get("stream"):
                 usage = bool((request.get("stream_options") or {}).get("include_usage"))
@@ -150,6 +156,48 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def request_id_of(request: Mapping[str, Any]) -> str | None:
+    """The request id the latest user message of a chat request names (its step contract's)."""
+    for message in reversed(request.get("messages") or ()):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: the text ones, in order
+                content = "\n".join(
+                    str(part.get("text", ""))
+                    for part in content
+                    if isinstance(part, Mapping) and part.get("type") == "text"
+                )
+            found = _CONTRACT_REQUEST_ID.findall(content) if isinstance(content, str) else []
+            return found[-1] if found else None
+    return None
+
+
+def with_request_id(step: Step, request: Mapping[str, Any]) -> Step:
+    """The step with every ``${requestId}`` in its text and tool-call arguments replaced by the
+    request id of the latest user message (left as it is when that message names none)."""
+    request_id = request_id_of(request)
+    if request_id is None:
+        return step
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(REQUEST_ID, request_id)
+        if isinstance(value, Mapping):
+            return {key: replace(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [replace(item) for item in value]
+        return value
+
+    changed = dict(step)
+    if "text" in step:
+        changed["text"] = replace(step["text"])
+    if "tool_calls" in step:
+        changed["tool_calls"] = [
+            {**call, "arguments": replace(call.get("arguments", {}))} for call in step["tool_calls"]
+        ]
+    return changed
 
 
 def _error(message: str) -> dict[str, Any]:
