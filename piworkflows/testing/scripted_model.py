@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,8 +48,7 @@ class ScriptedModel:
         self._next = {model: 0 for model in scripts}
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-model", daemon=True)
         self._thread.start()
 
@@ -83,6 +83,15 @@ class ScriptedModel:
                 return f"the script of model {model!r} has no step {index + 1}"
             self._next[model] = index + 1
             return self._scripts[model][index]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer (an agent killed or aborted) is not an error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _check_step(model: str, index: int, step: Step) -> None:
