@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Va
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
+from piworkflows.protocol.internal.agents import MAX_UPDATE_CHARS
 from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
 SCHEMA: Final = "pi-workflows.client.v1"
@@ -476,6 +477,59 @@ class CheckpointAnswerReceipt(BaseModel):
     runId: str
     attemptId: str
     status: Literal["queued"]
+
+
+class SubmittedValue(Payload):
+    """What an agent step submits: its ``output`` (any JSON; the step's contract judges it)."""
+
+    output: Any
+
+
+class InteractionSubmitPayload(Payload):
+    """interaction.submit (the ``workflow`` tool in Pi, for the step it was given): the request
+    and the session it targets, the coordinator epoch the tool was started with (the recording
+    segment's lease generation; left out of the fingerprint), and ``submissionId``, one per
+    submission (the tool's ``submit-<uuid>``; the envelope's idempotencyKey is the same). The
+    response stays open until a supervised child validated the value."""
+
+    targetSessionId: Id
+    coordinatorEpoch: int = Field(ge=1)
+    requestId: Id
+    submissionId: Id
+    value: SubmittedValue
+
+
+class InteractionSubmitReceipt(BaseModel):
+    """The submission was accepted: the step's attempt completed with its output. A rejected one is
+    ``rejected`` ``validationFailed`` with the validator's error, which the model can act on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    submissionId: str
+    requestId: str
+    status: Literal["accepted"]
+
+
+class ProgressUpdate(Payload):
+    """A short progress note of an agent step (``progress`` a fraction from 0 to 1)."""
+
+    message: str = Field(min_length=1, max_length=MAX_UPDATE_CHARS)
+    progress: float | None = Field(default=None, ge=0, le=1)
+
+
+class InteractionUpdatePayload(Payload):
+    """interaction.update (the ``workflow`` tool): a progress update on the request's step, recorded
+    as a ``progress`` workflow update; the idempotencyKey names it (``update-<uuid>``)."""
+
+    targetSessionId: Id
+    coordinatorEpoch: int = Field(ge=1)
+    requestId: Id
+    update: ProgressUpdate
+
+
+class InteractionUpdateReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    requestId: str
+    status: Literal["recorded"]
 
 
 class RunCancelReceipt(BaseModel):

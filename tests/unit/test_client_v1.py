@@ -780,3 +780,27 @@ def test_property_the_fast_reader_accepts_exactly_what_the_exact_reader_accepts(
         is_canonical = False
     if fast is not None:
         assert is_canonical and fast == exact and [type(v) for v in fast.values()] == [type(v) for v in exact.values()]
+
+
+def test_the_workflow_tools_payloads_have_their_models() -> None:
+    """interaction.submit carries the output under value (required, any JSON); interaction.update a
+    note of at most 2000 characters and a progress fraction."""
+    submit = {
+        "targetSessionId": "pis-1",
+        "coordinatorEpoch": 3,
+        "requestId": "request-1",
+        "submissionId": "submit-1",
+        "value": {"output": None},
+    }
+    assert client_v1.InteractionSubmitPayload.model_validate(submit).value.output is None
+    for broken in ({**submit, "value": {}}, {**submit, "coordinatorEpoch": 0}, {**submit, "extra": 1}):
+        with pytest.raises(ValueError):
+            client_v1.InteractionSubmitPayload.model_validate(broken)
+    update = {"targetSessionId": "pis-1", "coordinatorEpoch": 3, "requestId": "request-1", "update": {"message": "m"}}
+    assert client_v1.InteractionUpdatePayload.model_validate(update).update.progress is None
+    for note in ({"message": "x" * 2001}, {"message": ""}, {"message": "m", "progress": 1.5}):
+        with pytest.raises(ValueError):
+            client_v1.InteractionUpdatePayload.model_validate({**update, "update": note})
+    assert client_v1.InteractionUpdatePayload.model_validate(
+        {**update, "update": {"message": "x" * 2000, "progress": 1}}
+    )
