@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from piworkflows import faults
 from piworkflows.agents import session
 from piworkflows.protocol import client_v1, frames, step_contract
 from piworkflows.protocol.internal.agents import (
     HOST_EXIT_DONE,
     HOST_EXIT_FAILED,
+    HOST_EXIT_PI_EXITED,
     HOST_EXIT_PI_UNAVAILABLE,
     AgentContract,
     AgentLaunch,
@@ -437,3 +439,36 @@ def test_the_host_process_logs_to_its_supervisor_and_ends_with_its_declared_stat
     assert [frame["k"] for frame in logged] == ["log"]
     assert "pi-workflows setup pi" in logged[0]["b"]["message"]
     assert "pi-workflows setup pi" in err.decode().strip().splitlines()[-1]  # the supervisor keeps the tail
+
+
+@pytest.mark.parametrize(
+    ("point", "last"),
+    [
+        (faults.AGENT_BEFORE_PROMPT, "agent.branch"),
+        (faults.AGENT_AFTER_TURN_STARTED, "agent.turn:started"),
+        (faults.AGENT_BEFORE_CLOSE, "agent.turn:ended"),
+    ],
+)
+def test_a_fault_point_of_the_host_stops_it_there(world, pi_command, point, last):
+    model, project = world({"fixer": [{"tool_calls": [SUBMIT]}]})
+    agreed = contract("fixer", ExpectedOutput(kind="description", description="anything"))
+    faults.configure(f"{point}=raise")
+    try:
+        with ClientServer() as tool_server:
+            sent, peer = drive(launch_of(agreed, project, pi_command, tool_server.path))
+    finally:
+        faults.configure("")
+    assert peer.status == HOST_EXIT_FAILED and kinds(sent)[-1] == last
+    assert peer.host.failure is not None and point in peer.host.failure
+    assert peer.host.pi is not None and peer.host.pi.wait(10) is not None
+
+
+def test_pi_killed_after_the_tool_sent_a_submission_ends_the_host(world, pi_command, monkeypatch):
+    model, project = world({"fixer": [{"tool_calls": [SUBMIT]}]})
+    monkeypatch.setenv("PIW_FAULTS", f"{faults.TOOL_AFTER_SUBMIT_SENT}=crash")  # read by the tool in Pi
+    agreed = contract("fixer", ExpectedOutput(kind="description", description="anything"))
+    with ClientServer() as tool_server:
+        sent, peer = drive(launch_of(agreed, project, pi_command, tool_server.path))
+    assert peer.status == HOST_EXIT_PI_EXITED and len(tool_server.requests) == 1
+    assert peer.host.failure is not None and "Pi exited during the step (exit -9)" in peer.host.failure
+    assert "agent.close" not in kinds(sent)  # the supervisor reports the end (agent.exited)
