@@ -37,6 +37,19 @@ SUPERVISOR_REGISTRY_SAVE = "supervisor.registry_save"
 SUPERVISOR_LOG_WRITE = "supervisor.log_write"
 # In the supervisor's shutdown, once the client socket closed (tests hang a stop there: its children live on).
 SUPERVISOR_SOCKET_CLOSED = "supervisor.socket_closed"
+# In an agent host (piworkflows/agents/host.py): its launch read (the segment is open), around the
+# RPC prompt of a step, after each report of C6, C7 and C8, before C9 and C12.
+AGENT_AFTER_OPEN = "agent.after_open"
+AGENT_BEFORE_PROMPT = "agent.before_prompt"
+AGENT_AFTER_PROMPT = "agent.after_prompt"
+AGENT_AFTER_MESSAGE_SENT = "agent.after_message_sent"
+AGENT_AFTER_TURN_STARTED = "agent.after_turn_started"
+AGENT_BEFORE_TURN_END = "agent.before_turn_end"
+AGENT_AFTER_RECORD = "agent.after_record"
+AGENT_BEFORE_CLOSE = "agent.before_close"
+# In Pi, the workflow tool (piworkflows/agents/pi/workflow.ts reads PIW_FAULTS itself; only
+# ``crash`` there, which kills Pi): a submission written to the socket, its verdict not read.
+TOOL_AFTER_SUBMIT_SENT = "tool.after_submit_sent"
 
 POINTS = frozenset(
     {
@@ -49,6 +62,15 @@ POINTS = frozenset(
         SUPERVISOR_REGISTRY_SAVE,
         SUPERVISOR_LOG_WRITE,
         SUPERVISOR_SOCKET_CLOSED,
+        AGENT_AFTER_OPEN,
+        AGENT_BEFORE_PROMPT,
+        AGENT_AFTER_PROMPT,
+        AGENT_AFTER_MESSAGE_SENT,
+        AGENT_AFTER_TURN_STARTED,
+        AGENT_BEFORE_TURN_END,
+        AGENT_AFTER_RECORD,
+        AGENT_BEFORE_CLOSE,
+        TOOL_AFTER_SUBMIT_SENT,
     }
 )
 ACTIONS = ("crash", "raise", "sleep", "enospc", "eio")

@@ -8,6 +8,8 @@ demo (no network, no API key).
           {"text": "..."}                                   an assistant message
           {"tool_calls": [{"name": "...", "arguments": {...}}], "text"?: "..."}
           {"stall_ms": N, ...}                              wait N ms before answering
+        ``${requestId}`` in a step's text or tool-call arguments becomes the request id that the
+        latest user message names (a step contract's ``"requestId": "request-..."``)
         stream: server-sent chat.completion.chunk events, then ``data: [DONE]``
         otherwise one chat.completion object
     GET /v1/models    the scripted model ids
@@ -20,6 +22,8 @@ OpenAI-shaped error naming the model, so a test sees why its agent stopped.
 from __future__ import annotations
 
 import json
+import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +33,8 @@ from typing import Any
 
 PROVIDER = "scripted"  # the provider name the Pi configuration gives this server
 CHUNK_CHARS = 16  # text and tool arguments are streamed in pieces of this size
+REQUEST_ID = "${requestId}"
+_CONTRACT_REQUEST_ID = re.compile(r'"requestId": "(request-[0-9a-f]+)"')
 
 Step = Mapping[str, Any]
 
@@ -44,8 +50,7 @@ class ScriptedModel:
         self._next = {model: 0 for model in scripts}
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-model", daemon=True)
         self._thread.start()
 
@@ -97,6 +102,15 @@ class ScriptedModel:
             return self._scripts[model][index]
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer (an agent killed or aborted) is not an error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def _check_step(model: str, index: int, step: Step) -> None:
     known = {"text", "tool_calls", "stall_ms"}
     if not isinstance(step, Mapping) or not step.keys() <= known or not step.keys() & {"text", "tool_calls"}:
@@ -139,6 +153,7 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 self._json(400, _error(step))
                 return
             time.sleep(step.get("stall_ms", 0) / 1000)
+            step = with_request_id(step, request)
             name = str(request["model"])
             if request.get("stream"):
                 usage = bool((request.get("stream_options") or {}).get("include_usage"))
@@ -167,6 +182,48 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def request_id_of(request: Mapping[str, Any]) -> str | None:
+    """The request id the latest user message of a chat request names (its step contract's)."""
+    for message in reversed(request.get("messages") or ()):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: the text ones, in order
+                content = "\n".join(
+                    str(part.get("text", ""))
+                    for part in content
+                    if isinstance(part, Mapping) and part.get("type") == "text"
+                )
+            found = _CONTRACT_REQUEST_ID.findall(content) if isinstance(content, str) else []
+            return found[-1] if found else None
+    return None
+
+
+def with_request_id(step: Step, request: Mapping[str, Any]) -> Step:
+    """The step with every ``${requestId}`` in its text and tool-call arguments replaced by the
+    request id of the latest user message (left as it is when that message names none)."""
+    request_id = request_id_of(request)
+    if request_id is None:
+        return step
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(REQUEST_ID, request_id)
+        if isinstance(value, Mapping):
+            return {key: replace(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [replace(item) for item in value]
+        return value
+
+    changed = dict(step)
+    if "text" in step:
+        changed["text"] = replace(step["text"])
+    if "tool_calls" in step:
+        changed["tool_calls"] = [
+            {**call, "arguments": replace(call.get("arguments", {}))} for call in step["tool_calls"]
+        ]
+    return changed
 
 
 def _error(message: str) -> dict[str, Any]:

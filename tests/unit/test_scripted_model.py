@@ -119,3 +119,38 @@ def test_no_script_or_no_step_left_is_a_400_that_names_the_model():
 def test_a_step_without_text_or_tool_calls_is_refused_when_the_script_is_given():
     with pytest.raises(ValueError, match="model 'm' step 2"):
         ScriptedModel({"m": [{"text": "fine"}, {"stall_ms": 10}]})
+
+
+def test_request_id_in_a_step_becomes_the_one_the_latest_user_message_names():
+    """The step contract's ``"requestId": "request-..."`` of the latest user message (content as a
+    string or as text parts) replaces ``${requestId}`` in the text and in nested tool arguments."""
+    contract = 'Complete this step ...:\n{"action": "submit", "requestId": "request-%s", "output": <your result>}'
+    first, second = "request-" + "a" * 32, "request-" + "b" * 32
+    submit = {
+        "name": "workflow",
+        "arguments": {"action": "submit", "requestId": "${requestId}", "output": {"ids": ["${requestId}", 1]}},
+    }
+    script = [
+        {"text": "for ${requestId}", "tool_calls": [submit]},
+        {"tool_calls": [submit]},
+        {"text": "no ${requestId}"},
+    ]
+    with ScriptedModel({"m": script}) as model:
+        messages = [
+            {"role": "user", "content": contract % ("a" * 32)},
+            {"role": "assistant", "content": "working"},
+            {"role": "tool", "tool_call_id": "call_0", "content": "rejected"},
+        ]
+        status, data = post(model.url, {"model": "m", "messages": messages})
+        answer = json.loads(data)["choices"][0]["message"]
+        assert status == 200 and answer["content"] == f"for {first}"
+        arguments = json.loads(answer["tool_calls"][0]["function"]["arguments"])
+        assert arguments == {"action": "submit", "requestId": first, "output": {"ids": [first, 1]}}
+        parts = [{"type": "text", "text": "Reminder"}, {"type": "text", "text": contract % ("b" * 32)}]
+        body = {"model": "m", "messages": [*messages, {"role": "user", "content": parts}], "stream": True}
+        status, data = post(model.url, body)
+        calls = [call for chunk in events(data)[:-1] for call in chunk["choices"][0]["delta"].get("tool_calls", ())]
+        assert json.loads("".join(call["function"].get("arguments", "") for call in calls))["requestId"] == second
+        # The latest user message names no request: the step is answered as written.
+        status, data = post(model.url, {"model": "m", "messages": [*messages, {"role": "user", "content": "hi"}]})
+        assert json.loads(data)["choices"][0]["message"]["content"] == "no ${requestId}"

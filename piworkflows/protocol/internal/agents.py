@@ -41,6 +41,15 @@ MAX_ENTRIES_PER_RECORD = 16
 MAX_UPDATE_CHARS = 2000
 CHECKPOINT_EVERY = 256  # a viewer_session_checkpoints row at each multiple of this run_seq
 
+# How an agent host ends (its exit status). Done: the segment was closed (agent.close). Failed: a
+# report was refused (claimLost ...) or the host broke; Pi was killed. Pi unavailable: Pi could not
+# start here (missing, exited at once, no answer within agent_start_timeout_ms); the host's last
+# stderr line names the fix, and starting another host cannot help. Pi exited: Pi ended mid-segment.
+HOST_EXIT_DONE = 0
+HOST_EXIT_FAILED = 1
+HOST_EXIT_PI_UNAVAILABLE = 3
+HOST_EXIT_PI_EXITED = 4
+
 
 def _hash(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
