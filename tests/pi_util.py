@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import shutil
@@ -27,27 +26,15 @@ from piworkflows.agents.host import Host
 from piworkflows.protocol import client_v1, frames
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.writer import Reply
+from piworkflows.testing import scripted_model
 from piworkflows.testing.scripted_model import ScriptedModel
 
-PROVIDER = "scripted"
+PROVIDER = scripted_model.PROVIDER
 
 
 def agent_dir(root: Path, model: ScriptedModel) -> Path:
     """A Pi agent dir whose models.json serves every scripted model id as provider ``scripted``."""
-    root.mkdir(parents=True, exist_ok=True)
-    models = {
-        "providers": {
-            PROVIDER: {
-                "baseUrl": model.url,
-                "api": "openai-completions",
-                "apiKey": "none",
-                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
-                "models": [{"id": name} for name in model.models()],
-            }
-        }
-    }
-    (root / "models.json").write_text(json.dumps(models, indent=2))
-    return root
+    return model.write_pi_config(root)
 
 
 def pi_env(agent: Path, home: Path) -> dict[str, str]:
