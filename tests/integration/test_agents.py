@@ -91,3 +91,108 @@ def test_two_agent_steps_share_the_run_session_and_the_run_completes(agent_serve
 def _text(message: dict[str, Any]) -> str:
     content = message["content"]
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
+
+
+FRESH = """
+from piworkflows.workflows import agent, define_workflow, edge
+
+workflow = define_workflow(
+    name="fresh",
+    start_at="first",
+    nodes={
+        "first": agent(prompt="First step.", expected_output="anything"),
+        "second": agent(prompt="Second step, on a clean slate.", expected_output="anything", session="fresh"),
+    },
+    edges=[edge("first", "second")],
+)
+"""
+
+
+@pytest.mark.scripts({"fresh": [submit({"n": 1}), submit({"n": 2})]})
+def test_a_fresh_session_starts_without_the_runs_conversation(agent_server, project):
+    write(project, "fresh", FRESH)
+    run_id = start(agent_server, project, "fresh")
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "completed", done
+    first, second = ([m for m in r["messages"] if m["role"] != "system"] for r in agent_server.model.requests)
+    assert [m["role"] for m in second] == ["user"] and "First step." not in _text(second[0])
+    sessions = query(agent_server, "SELECT DISTINCT session_id FROM session_segments WHERE run_id = ?", run_id)
+    assert len(sessions) == 2
+
+
+ASSISTANT = """
+from piworkflows.workflows import agent, assistant_message, define_workflow
+
+workflow = define_workflow(
+    name="reply",
+    start_at="answer",
+    nodes={"answer": agent(prompt="Say what 6 times 7 is.", expected_output=assistant_message(max_chars=100))},
+    edges=[],
+)
+"""
+
+
+@pytest.mark.scripts({"reply": [{"text": "6 times 7 is 42."}]})
+def test_an_assistant_message_step_takes_the_reply_as_its_output(agent_server, project):
+    write(project, "reply", ASSISTANT)
+    run_id = start(agent_server, project, "reply")
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "completed", done
+    assert done["output"] == "6 times 7 is 42."
+    (receipt,) = query(
+        agent_server,
+        "SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.receipt_digest WHERE a.run_id = ?",
+        run_id,
+    )
+    assert b'"maxChars":100' in receipt[0] and b'"adopted":false' in receipt[0]
+
+
+SCHEMA = """
+from piworkflows.workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="count",
+    start_at="count",
+    nodes={
+        "count": agent(
+            prompt="Count the steps.",
+            expected_output={"type": "object", "required": ["steps"], "properties": {"steps": {"type": "integer"}}},
+        )
+    },
+    edges=[],
+)
+"""
+
+
+@pytest.mark.scripts({"count": [submit({"steps": "three"}), submit({"steps": 3})]})
+def test_a_wrong_submission_is_refused_with_the_error_and_the_corrected_one_accepted(agent_server, project):
+    write(project, "count", SCHEMA)
+    run_id = start(agent_server, project, "count")
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "completed", done
+    assert done["output"] == {"steps": 3}
+    retry = agent_server.model.requests[1]["messages"]
+    told = [m for m in retry if m["role"] == "tool"]
+    assert told and "steps" in _text(told[-1]) and "integer" in _text(told[-1])  # the model saw the error
+    outcomes = query(
+        agent_server,
+        "SELECT s.outcome FROM interactive_submissions s JOIN interactive_requests r USING (request_id) "
+        "WHERE r.run_id = ? ORDER BY s.created_at",
+        run_id,
+    )
+    assert outcomes == [("rejected",), ("accepted",)]
+
+
+@pytest.mark.scripts({"count": [{"text": "Thinking."}, {"text": "Still thinking."}, {"text": "Done thinking."}]})
+def test_three_turns_without_a_submission_get_two_reminders_then_fail_missing_submission(agent_server, project):
+    write(project, "count", SCHEMA)
+    run_id = start(agent_server, project, "count")
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "failed", done
+    assert query(agent_server, "SELECT error_code FROM node_attempts WHERE run_id = ?", run_id) == [
+        ("missingSubmission",)
+    ]
+    reminders = [_text(r["messages"][-1]) for r in agent_server.model.requests[1:]]
+    assert [text.startswith(f"Reminder ({n} of 2)") for n, text in enumerate(reminders, 1)] == [True, True]
+    steps = query(agent_server, "SELECT source_kind, message_state FROM workflow_messages WHERE run_id = ?", run_id)
+    assert sorted(steps) == [("interactive_request", "sent"), ("workflow_turn", "sent"), ("workflow_turn", "sent")]
