@@ -3,15 +3,18 @@ the scripted model (no network, no API key), and the state they leave verifies c
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from piworkflows.testing.scripted_model import ScriptedModel
 from tests.engine_util import start, view, wait_status, write
-from tests.server_util import SCHEDULER_TICK, ServerProcess, query, serving
+from tests.server_util import SCHEDULER_TICK, ServerProcess, query, serving, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -196,3 +199,41 @@ def test_three_turns_without_a_submission_get_two_reminders_then_fail_missing_su
     assert [text.startswith(f"Reminder ({n} of 2)") for n, text in enumerate(reminders, 1)] == [True, True]
     steps = query(agent_server, "SELECT source_kind, message_state FROM workflow_messages WHERE run_id = ?", run_id)
     assert sorted(steps) == [("interactive_request", "sent"), ("workflow_turn", "sent"), ("workflow_turn", "sent")]
+
+
+def _open_turn(server: ServerProcess, run_id: str, turns: int) -> bool:
+    """The run's ``turns``-th model turn is open (its turns so far counted, the last one open)."""
+    rows = query(server, "SELECT turn_state FROM workflow_turns WHERE run_id = ? ORDER BY started_at", run_id)
+    return len(rows) == turns and rows[-1][0] == "open"
+
+
+def _pi_of(host_pid: int) -> int:
+    (pi,) = [p for p in psutil.Process(host_pid).children() if "node" in p.name() or "pi" in p.name()]
+    return pi.pid
+
+
+@pytest.mark.parametrize("target", ["agent host", "pi"])
+@pytest.mark.scripts(
+    {"count": [{"text": "Working on it."}, {"stall_ms": 60_000, "text": "lost"}, submit({"steps": 3})]}
+)
+def test_kill_9_mid_turn_keeps_the_attempt_and_resumes_it_once(agent_server, project, target):
+    """The first turn ends without a result (a reminder is sent), the second is killed mid-turn: the
+    next host finds both steps on the session's branch, sends one `resumed` step, and the run
+    completes on the same attempt; no step reached the model twice."""
+    write(project, "count", SCHEMA)
+    run_id = start(agent_server, project, "count")
+    wait_until(lambda: _open_turn(agent_server, run_id, 2), timeout=60, what="the second turn open")
+    host = agent_server.child_pid("agent host")
+    assert host is not None
+    os.kill(host if target == "agent host" else _pi_of(host), signal.SIGKILL)
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "completed", done
+    assert len(query(agent_server, "SELECT attempt_id FROM node_attempts WHERE run_id = ?", run_id)) == 1
+    turns = query(agent_server, "SELECT turn_state FROM workflow_turns WHERE run_id = ? ORDER BY started_at", run_id)
+    assert [state for (state,) in turns] == ["ended", "lost", "ended"]
+    kinds = query(agent_server, "SELECT idempotency_key, message_state FROM workflow_messages WHERE run_id = ?", run_id)
+    assert sorted(key.split(":")[2] for key, _ in kinds) == ["initial", "reminder", "resumed"]
+    assert all(state == "sent" for _, state in kinds)
+    last = [_text(m) for m in agent_server.model.requests[-1]["messages"] if m["role"] == "user"]
+    markers = [text.rstrip().rsplit("\n", 1)[-1] for text in last]
+    assert len(markers) == len(set(markers)) == 3  # each step message reached the model once
