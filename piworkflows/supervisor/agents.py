@@ -45,9 +45,17 @@ from piworkflows.protocol.internal.agents import HOST_FRAMES, AgentContract, Age
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.settings import Settings
+from piworkflows.supervisor import interactions
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded
-from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable, refusal
+from piworkflows.supervisor.seams import (
+    ChildRecorder,
+    RunControl,
+    WorkflowResolvers,
+    WriterRequests,
+    ask_while_unavailable,
+    refusal,
+)
 from piworkflows.supervisor.spawn import spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
@@ -87,6 +95,8 @@ class AgentManager:
         server_epoch: Callable[[], int],
         socket_path: str,
         wake_scheduler: Callable[[], None],
+        resolvers: WorkflowResolvers,
+        runs: RunControl,
     ) -> None:
         self.writer = writer
         self.recorder = recorder  # host.json: agent host groups
@@ -95,6 +105,8 @@ class AgentManager:
         self.server_epoch = server_epoch
         self.socket_path = socket_path  # the workflow tool in Pi submits here (client.v1)
         self.wake_scheduler = wake_scheduler  # a settled request requeues its run
+        self.resolvers = resolvers  # judge the submissions a crash left validating
+        self.runs = runs
         self.active: dict[str, HostHandle] = {}  # by request id
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -108,6 +120,8 @@ class AgentManager:
         self._wake.set()
 
     async def start(self) -> None:
+        """Judge what a crash left validating, then admit requests."""
+        await self.revalidate()
         if self.settings.max_agents <= 0:
             return
         self._tasks = [
@@ -115,6 +129,18 @@ class AgentManager:
             asyncio.create_task(self._renewal(), name="agent-renewal"),
         ]
         self.wake()
+
+    async def revalidate(self) -> None:
+        """Submissions recorded validating before the server stopped (none is judged now): each is
+        validated and settled, so its request is accepted or pending again (its tool is gone)."""
+        reply = await self.request("interaction.validating", {"limit": 256})
+        for item in (reply.receipt or {}).get("submissions", []):
+            try:
+                settled = await interactions.settle(self.writer, self.resolvers, self.runs, item, item["output"])
+            except Exception as exc:  # one submission's failure never stops the start
+                log_failure(log, f"validating submission {item['submissionId']} again failed", exc)
+                continue
+            log.info("%s: a submission left validating was judged again: %s", item["runId"], settled.outcome)
 
     async def _admission(self) -> None:
         while not self._stopping:

@@ -44,23 +44,32 @@ def submit(output: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": "workflow", "arguments": arguments}]}
 
 
+def agent_env(tmp_path: Path, pi_command: list[str], model: ScriptedModel) -> dict[str, str]:
+    """A server's settings for agent steps on the real Pi and ``model`` (its first script's model)."""
+    return {
+        **SCHEDULER_TICK,
+        "HOME": str(tmp_path / "home"),
+        "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
+        "PI_CODING_AGENT_DIR": str(model.write_pi_config(tmp_path / "pi-agent")),
+        "PI_WORKFLOWS_AGENT_MODEL": f"scripted/{model.models()[0]}",
+        "PI_WORKFLOWS_ACTIVE_SAMPLE_MS": "100",
+        "PI_WORKFLOWS_AGENT_FLUSH_MS": "50",
+    }
+
+
 @pytest.fixture
-def agent_server(tmp_path: Path, pi_command: list[str], request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+def scripted(request: pytest.FixtureRequest) -> Iterator[ScriptedModel]:
+    """The scripted model of the test's ``scripts`` mark."""
+    with ScriptedModel(request.node.get_closest_marker("scripts").args[0]) as model:
+        yield model
+
+
+@pytest.fixture
+def agent_server(tmp_path: Path, pi_command: list[str], scripted: ScriptedModel) -> Iterator[ServerProcess]:
     """A server whose agent steps run the real Pi on the scripted model of the test's ``scripts`` mark."""
-    scripts = request.node.get_closest_marker("scripts").args[0]
-    with ScriptedModel(scripts) as model:
-        env = {
-            **SCHEDULER_TICK,
-            "HOME": str(tmp_path / "home"),
-            "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
-            "PI_CODING_AGENT_DIR": str(model.write_pi_config(tmp_path / "pi-agent")),
-            "PI_WORKFLOWS_AGENT_MODEL": f"scripted/{next(iter(scripts))}",
-            "PI_WORKFLOWS_ACTIVE_SAMPLE_MS": "100",
-            "PI_WORKFLOWS_AGENT_FLUSH_MS": "50",
-        }
-        with serving(tmp_path / "s", env) as proc:
-            proc.model = model  # type: ignore[attr-defined]
-            yield proc
+    with serving(tmp_path / "s", agent_env(tmp_path, pi_command, scripted)) as proc:
+        proc.model = scripted  # type: ignore[attr-defined]
+        yield proc
 
 
 @pytest.mark.scripts({"two": [submit({"steps": 3}), submit({"summary": "changed three files"})]})
@@ -237,3 +246,46 @@ def test_kill_9_mid_turn_keeps_the_attempt_and_resumes_it_once(agent_server, pro
     last = [_text(m) for m in agent_server.model.requests[-1]["messages"] if m["role"] == "user"]
     markers = [text.rstrip().rsplit("\n", 1)[-1] for text in last]
     assert len(markers) == len(set(markers)) == 3  # each step message reached the model once
+
+
+@pytest.mark.scripts({"count": [submit({"steps": 3}), submit({"steps": 3})]})
+def test_a_validator_that_dies_rejects_the_submission_and_the_model_submits_again(
+    tmp_path, pi_command, scripted, project
+):
+    env = {**agent_env(tmp_path, pi_command, scripted), "PIW_FAULTS": "validator.before_verdict=crash@1"}
+    write(project, "count", SCHEMA)
+    with serving(tmp_path / "s", env) as server:
+        run_id = start(server, project, "count")
+        done = wait_status(server, run_id, "completed", "failed", "timed_out", "cancelled")
+        assert done["display"]["status"] == "completed", done
+        outcomes = query(
+            server,
+            "SELECT s.outcome, b.bytes FROM interactive_submissions s JOIN interactive_requests r USING (request_id) "
+            "LEFT JOIN blobs b ON b.digest = s.receipt_digest WHERE r.run_id = ? ORDER BY s.created_at",
+            run_id,
+        )
+    assert [outcome for outcome, _ in outcomes] == ["rejected", "accepted"]
+    assert b"validatorFailed" in outcomes[0][1]
+    told = [m for m in scripted.requests[1]["messages"] if m["role"] == "tool"]
+    assert "Call the workflow tool again." in _text(told[-1])  # the model was told to submit again
+
+
+@pytest.mark.scripts({"count": [submit({"steps": 3})]})
+def test_the_server_killed_while_a_submission_validates_judges_it_at_its_next_start(
+    tmp_path, pi_command, scripted, project
+):
+    env = agent_env(tmp_path, pi_command, scripted)
+    write(project, "count", SCHEMA)
+    server = ServerProcess(tmp_path / "s", env={**env, "PIW_FAULTS": "supervisor.after_submission_recorded=crash"})
+    server.start()
+    run_id = start(server, project, "count")
+    assert server.popen is not None
+    server.popen.wait(timeout=60)  # the supervisor killed itself with the submission recorded, not judged
+    assert query(server, "SELECT request_status FROM interactive_requests WHERE run_id = ?", run_id) == [
+        ("validating",)
+    ]
+    with serving(server.state_dir, env) as again:
+        done = wait_status(again, run_id, "completed", "failed", "timed_out", "cancelled")
+        assert done["display"]["status"] == "completed", done
+        assert done["output"] == {"steps": 3}
+    assert len(scripted.requests) == 1  # judged again at the start: the model was not asked again

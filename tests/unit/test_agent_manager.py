@@ -87,6 +87,8 @@ def _manager(writer: FakeWriter, clock: FakeClock, **settings: Any) -> tuple[Age
         server_epoch=lambda: 3,
         socket_path="/tmp/sock",
         wake_scheduler=lambda: wakes.append(1),
+        resolvers=None,  # type: ignore[arg-type]  (nothing is validated here)
+        runs=None,  # type: ignore[arg-type]
     )
     return manager, wakes
 
