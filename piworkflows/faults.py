@@ -10,7 +10,7 @@ Actions: ``crash`` (SIGKILL to this process: no cleanup, like ``kill -9``),
 Nth hit only, ``@N-M`` on hits N to M (default: every hit). Each point is
 named once, here; call sites use the constants. An outbox worker the pool restarts runs without ``PIW_FAULTS``, so a
 worker fault fires in the first worker of each slot only; likewise a resolver child started after
-one broke.
+one broke, and an agent host (with its Pi) started after one ended unclosed.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from piworkflows import canonical
+from piworkflows import canonical, faults
 from piworkflows.agents.pi import NEEDS_PI, find_pi
 from piworkflows.clock import Clock
 from piworkflows.protocol import frames
@@ -112,6 +112,7 @@ class AgentManager:
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.writer.request(kind, {"actor": SERVER, **body})
@@ -226,6 +227,8 @@ class AgentManager:
                 return
             launch = self._launch(handle, receipt, pi)
             env = {**os.environ, **self.settings.to_env()}
+            if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
+                env.pop(faults.ENV, None)
             handle.proc, handle.stderr = await spawn_child(
                 "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=env
             )
@@ -314,6 +317,8 @@ class AgentManager:
         if handle.stderr is not None:
             handle.stderr.close()
         if not handle.closed:
+            if proc is not None and not handle.stopping:
+                self._failures += 1
             body: dict[str, Any] = {"segment_id": handle.segment_id, "stopped_by_server": handle.stopping}
             if detail is not None and not handle.stopping:
                 body["detail"] = BlobValue.of_text(detail[:2000]).model_dump()

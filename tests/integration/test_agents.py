@@ -100,6 +100,10 @@ def test_two_agent_steps_share_the_run_session_and_the_run_completes(agent_serve
     assert view(agent_server, run_id)["display"]["status"] == "completed"
 
 
+def _ended(run_view: dict[str, Any]) -> dict[str, Any] | None:
+    return run_view if run_view["display"]["status"] in ("completed", "failed", "timed_out", "cancelled") else None
+
+
 def _text(message: dict[str, Any]) -> str:
     content = message["content"]
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
@@ -289,3 +293,51 @@ def test_the_server_killed_while_a_submission_validates_judges_it_at_its_next_st
         assert done["display"]["status"] == "completed", done
         assert done["output"] == {"steps": 3}
     assert len(scripted.requests) == 1  # judged again at the start: the model was not asked again
+
+
+AGENT_FAULTS = [
+    "agent.after_open",
+    "agent.before_prompt",
+    "agent.after_prompt",
+    "agent.after_message_sent",
+    "agent.after_turn_started",
+    "agent.before_turn_end",
+    "agent.after_record",
+    "agent.before_close",
+    "tool.after_submit_sent",
+]
+
+
+@pytest.mark.parametrize("point", AGENT_FAULTS)
+@pytest.mark.scripts({"count": [submit({"steps": 3})] * 3})
+def test_a_crash_at_each_agent_fault_point_loses_nothing(tmp_path, pi_command, scripted, project, point):
+    """The host (or Pi, for the tool's point) dies there once: the step goes on in the same attempt
+    (a host that died before committing anything parks the run agentNoProgress; resume retries), the
+    run completes with one accepted submission, and the state verifies clean."""
+    env = {**agent_env(tmp_path, pi_command, scripted), "PIW_FAULTS": f"{point}=crash@1"}
+    write(project, "count", SCHEMA)
+    with serving(tmp_path / "s", env) as server:
+        run_id = start(server, project, "count")
+        done = wait_until(
+            lambda: _ended(v := view(server, run_id)) or (v if v["run"]["parkReason"] == "agentNoProgress" else None),
+            timeout=60,
+            what="the run ended or parked",
+        )
+        if done["run"]["parkReason"] == "agentNoProgress":  # the host died before it made progress
+            with server.client() as client:
+                assert client.request("run.resume", {}, run_id=run_id).outcome == "accepted"
+            done = wait_status(server, run_id, "completed", "failed", "timed_out", "cancelled")
+        assert done["display"]["status"] == "completed", done
+        assert done["output"] == {"steps": 3}
+        assert len(query(server, "SELECT 1 FROM node_attempts WHERE run_id = ?", run_id)) == 1
+        accepted = query(
+            server,
+            "SELECT count(*) FROM interactive_submissions s JOIN interactive_requests r USING (request_id) "
+            "WHERE r.run_id = ? AND s.outcome = 'accepted'",
+            run_id,
+        )
+        assert accepted == [(1,)]
+        sent = query(
+            server, "SELECT pi_entry_id FROM workflow_messages WHERE run_id = ? AND pi_entry_id IS NOT NULL", run_id
+        )
+        assert len(sent) == len(set(sent))  # no entry holds two step messages
