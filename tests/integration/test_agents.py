@@ -341,3 +341,47 @@ def test_a_crash_at_each_agent_fault_point_loses_nothing(tmp_path, pi_command, s
             server, "SELECT pi_entry_id FROM workflow_messages WHERE run_id = ? AND pi_entry_id IS NOT NULL", run_id
         )
         assert len(sent) == len(set(sent))  # no entry holds two step messages
+
+
+BUDGET = """
+from piworkflows.workflows import agent, define_workflow
+
+workflow = define_workflow(
+    name="budget",
+    start_at="slow",
+    nodes={"slow": agent(prompt="Take your time.", expected_output="anything", timeout_ms=1500)},
+    edges=[],
+)
+"""
+
+
+def _intervals(server: ServerProcess, run_id: str) -> list[tuple[int, int | None, int, str | None]]:
+    return query(
+        server,
+        "SELECT i.started_at, i.ended_at, i.elapsed_ms, i.end_cause FROM attempt_active_intervals i "
+        "JOIN node_attempts a USING (attempt_id) WHERE a.run_id = ? ORDER BY i.interval_number",
+        run_id,
+    )
+
+
+@pytest.mark.scripts({"slow": [{"stall_ms": 60_000, "text": "x"}, {"stall_ms": 60_000, "text": "y"}]})
+def test_the_active_time_budget_times_the_step_out_and_a_pause_inside_is_not_counted(agent_server, project):
+    write(project, "budget", BUDGET)
+    run_id = start(agent_server, project, "budget")
+    wait_until(lambda: (i := _intervals(agent_server, run_id)) and i[0][2] >= 500, timeout=60, what="500 ms spent")
+    with agent_server.client() as client:
+        assert client.request("run.pause", {}, run_id=run_id).outcome == "accepted"
+        wait_until(lambda: agent_server.child_pid("agent host") is None, what="the host stopped")
+        assert client.request("run.resume", {}, run_id=run_id).outcome == "accepted"
+    done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
+    assert done["display"]["status"] == "timed_out", done
+    assert query(agent_server, "SELECT attempt_status, error_code FROM node_attempts WHERE run_id = ?", run_id) == [
+        ("timed_out", "agentTimeout")
+    ]
+    intervals = _intervals(agent_server, run_id)
+    assert [cause for *_, cause in intervals][0] == "pause" and len(intervals) >= 2
+    spent = sum(elapsed for _, _, elapsed, _ in intervals)
+    assert 1500 <= spent <= 1500 + 100 + 50  # within one sample (100 ms) of the budget
+    paused_for = intervals[1][0] - intervals[0][1]
+    span = intervals[-1][1] - intervals[0][0]
+    assert spent <= span - paused_for + 100  # the pause is not counted
