@@ -56,7 +56,7 @@ from piworkflows.supervisor.seams import (
     ask_while_unavailable,
     refusal,
 )
-from piworkflows.supervisor.spawn import spawn_child
+from piworkflows.supervisor.spawn import GroupStopper, signal_group, spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -110,7 +110,7 @@ class AgentManager:
         self.active: dict[str, HostHandle] = {}  # by request id
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._timers: set[asyncio.Task[None]] = set()
+        self._stopper = GroupStopper(clock)
         self._stopping = False
         self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
 
@@ -311,7 +311,7 @@ class AgentManager:
         proc = handle.proc
         if proc is not None:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             self.recorder.forget_child(proc.pid)
         if handle.stderr is not None:
@@ -360,19 +360,8 @@ class AgentManager:
 
     def _stop_handle(self, handle: HostHandle) -> None:
         handle.stopping = True
-        proc = handle.proc
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-
-        async def kill_if_alive() -> None:
-            await self.clock.sleep_ms(self.settings.stop_grace_ms)
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-
-        timer = asyncio.create_task(kill_if_alive(), name=f"kill-agent-{proc.pid}")
-        self._timers.add(timer)
-        timer.add_done_callback(self._timers.discard)
+        if handle.proc is not None:
+            self._stopper.stop(handle.proc, self.settings.stop_grace_ms, "agent")
 
     async def stop(self) -> None:
         """Shutdown: every host ends; its segment closes and the step resumes after the restart."""
@@ -387,10 +376,3 @@ class AgentManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-
-def _signal_group(pid: int, signum: int) -> None:
-    """The group of a host this supervisor spawned itself (its own unreaped child)."""
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
