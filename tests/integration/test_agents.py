@@ -235,7 +235,11 @@ def test_kill_9_mid_turn_keeps_the_attempt_and_resumes_it_once(agent_server, pro
     completes on the same attempt; no step reached the model twice."""
     write(project, "count", SCHEMA)
     run_id = start(agent_server, project, "count")
-    wait_until(lambda: _open_turn(agent_server, run_id, 2), timeout=60, what="the second turn open")
+    wait_until(
+        lambda: _open_turn(agent_server, run_id, 2) and len(agent_server.model.requests) == 2,
+        timeout=60,
+        what="the second turn open, its model request stalled",
+    )
     host = agent_server.child_pid("agent host")
     assert host is not None
     os.kill(host if target == "agent host" else _pi_of(host), signal.SIGKILL)
