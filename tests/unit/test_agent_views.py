@@ -1,5 +1,6 @@
-"""What views and reads show of an agent step, against the real writer in-process: the run view's
-display and ``piworkflows.pending``, the run list's equal display, run.transcript pages."""
+"""What views and reads show of an agent step, and an operator's submission, against the real writer
+in-process: the run view's display and ``piworkflows.pending``, the run list's equal display,
+run.transcript pages, and interaction.submit from an operator (no coordinator epoch, no host)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Any
 
 import pytest
 
+from piworkflows.protocol.internal.agents import submission_id_of
 from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.writer.views.pending import TRANSCRIPT_ROWS
 from piworkflows.writer.views.transcript import PAGE_BYTES
 from piworkflows.writer.views.values import INLINE_VALUE_BYTES
-from tests.support import run_group, submitted
+from tests.support import run_group, run_state, submitted
 from tests.support_agents import SERVER, AgentStep, assistant_message, consistent
 
 pytestmark = pytest.mark.timeout(60)
 
 CLIENT = {"actor_class": "client"}
+OPERATOR = {"actor_class": "operator", "actor_id": "pi-workflows-cli-operator"}
 PI_IDS = [f"{n:08x}" for n in range(1, 400)]
 
 
@@ -230,3 +233,61 @@ def test_run_transcript_gives_large_entries_as_references_readable_in_parts(step
         {"run_id": "run-2", "digest": digest, "media_type": "text/plain;charset=utf-8", "offset": 0},
     )
     assert other_run.outcome == "notFound"
+
+
+def operator_submit(step: AgentStep, output: Any, key: str = "operator-1", **more: Any) -> Any:
+    body = {
+        "actor": OPERATOR,
+        "request_id": step.request_id,
+        "target_session_id": step.session_id,
+        "idempotency_key": key,
+        "output": BlobValue.of_json(output).model_dump(),
+        **more,
+    }
+    return step.send("interaction.submit", body)
+
+
+def refused(reply, outcome, code):
+    assert (reply.outcome, reply.receipt["code"]) == (outcome, code), reply
+
+
+def test_an_operator_submits_without_a_host_or_an_epoch(step, executor):
+    refused(operator_submit(step, {"summary": "x"}, coordinator_epoch=1), "rejected", "validationFailed")
+    without_epoch = {**OPERATOR, "actor_class": "model"}
+    refused(
+        step.send(
+            "interaction.submit",
+            {
+                "actor": without_epoch,
+                "request_id": step.request_id,
+                "target_session_id": step.session_id,
+                "idempotency_key": "k",
+                "output": BlobValue.of_json({}).model_dump(),
+            },
+        ),
+        "rejected",
+        "validationFailed",
+    )
+    reply = operator_submit(step, {"summary": "by hand"})  # no segment was ever opened
+    assert reply.outcome == "accepted" and reply.receipt["status"] == "validating"
+    submission_id = submission_id_of(step.request_id, "operator-1")
+    assert step.row("SELECT actor_class FROM events WHERE event_type = 'interaction.submitted'") == ("operator",)
+    step.settle(submission_id, output={"summary": "by hand"})
+    assert step.request_status() == "accepted" and step.attempt() == ("completed", "ok", None)
+    assert run_state(executor) == (("queued", "queued", False, False), None)
+    consistent(executor)
+
+
+def test_an_operator_submission_to_a_parked_run_or_a_paused_one(step, executor):
+    step.send("run.pause", {"actor": CLIENT, "run_id": "run-1"})
+    refused(operator_submit(step, {"summary": "x"}), "conflict", "runPaused")  # resume it first
+    step.send("run.resume", {"actor": CLIENT, "run_id": "run-1"})
+    step.open()
+    cause = BlobValue.of_text("no pi").model_dump()
+    step.send("agent.exited", {"actor": SERVER, "segment_id": "segment-1", "detail": cause})
+    assert run_state(executor)[1] == "agentNoProgress"
+    reply = operator_submit(step, {"summary": "by hand"})  # the parked run's step takes it
+    assert reply.outcome == "accepted", reply
+    step.settle(reply.receipt["submissionId"], output={"summary": "by hand"})
+    assert run_state(executor) == (("queued", "queued", False, False), None)  # no longer parked
+    consistent(executor)
