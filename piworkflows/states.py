@@ -54,6 +54,8 @@ RUN_FINISH_STATUSES = frozenset({"completed", "failed", "timed_out"})
 NODE_KINDS = frozenset(
     {"agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"}
 )
+# The node kinds whose step an agent performs (an interactive request; AGENTS.md).
+AGENT_NODE_KINDS = frozenset({"agent", "decision"})
 ATTEMPT_STATUSES = frozenset({"running", "waiting", "completed", "failed", "timed_out", "cancelled", "interrupted"})
 NODE_OUTCOMES = frozenset({"ok", "failed", "timed_out", "cancelled"})
 ACTIVE_ATTEMPT_STATUSES = frozenset({"running", "waiting"})  # an attempt that has not finished

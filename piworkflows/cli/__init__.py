@@ -10,13 +10,15 @@ BACKUP``) and, with the server stopped, to check the state ``state reset``
 moves aside.
 
 One module per command group adds its commands to the root group ``main``
-(``cli/base.py``): ``server``, ``runs``, ``logs``, ``find``, ``state``, ``effects``,
+(``cli/base.py``): ``server``, ``runs``, ``logs``, ``agent_steps`` (run transcript, submit),
+``find``, ``state``, ``effects``,
 ``protocol``, ``completion`` (which then gives the parameters named run_id, workflow and node
 of every command their completion from the server). ``story`` (a run view as lines for people)
 and ``watch`` (following a run) serve ``runs``.
 """
 
 from piworkflows.cli import (  # noqa: F401 (commands)
+    agent_steps,
     completion,
     doctor,
     effects,

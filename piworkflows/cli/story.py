@@ -32,8 +32,18 @@ REASON_WORDS = {
 }
 
 
+# A display activity in words (VIEWS.md's vocabulary); others show as they are.
+ACTIVITY_WORDS = {"origin_turn": "agent turn", "supervised_runner": "runner"}
+
+
 def reason_words(reason: str) -> str:
     return REASON_WORDS.get(reason, reason)
+
+
+def status_text(display: dict[str, Any]) -> str:
+    """``waiting (agent turn)``: the display status, with its activity when it has one."""
+    activity = display["activity"]
+    return f"{display['status']} ({ACTIVITY_WORDS.get(activity, activity)})" if activity else display["status"]
 
 
 def moment(ms: int | None) -> str:
@@ -170,9 +180,45 @@ def _is_shell_output(step: dict[str, Any]) -> bool:
     return step["nodeKind"] == "shell" and isinstance(output, dict) and {"stdout", "stderr", "exitCode"} <= set(output)
 
 
-def step_details(run_id: str, step: dict[str, Any], effects: list[dict[str, Any]], indent: int) -> list[str]:
-    """What happened inside a step: its output, error, question and ambiguous effects."""
+def agent_wait(run_id: str, pending: dict[str, Any], indent: int) -> list[str]:
+    """A waiting agent step: its prompt, what it expects, its active time, the submissions and
+    their verdicts, and the commands that show its conversation and submit for it."""
+    request, node = pending["request"], pending["nodePath"]
+    lines = block("prompt", request["prompt"], indent)
+    expected = request["expectedOutput"]
+    if expected["kind"] == "assistant-message":
+        limit = f" of at most {expected['maxChars']} characters" if expected["maxChars"] else ""
+        lines += block("expects", f"the agent's visible reply{limit}", indent)
+    elif expected["schema"] is not None:
+        lines += block("expects", json_text(expected["schema"]), indent)
+    elif expected["description"]:
+        lines += block("expects", expected["description"], indent)
+    spent = request["activeTime"]
+    budget = spent["timeoutMs"]
+    left = f" of {duration(budget)} ({duration(spent['leftMs'])} left)" if budget else ", no limit"
+    lines.append(f"{' ' * indent}active time: {duration(spent['usedMs'])}{left}")
+    submissions = request["submissions"]
+    for number, item in enumerate(submissions["items"], start=submissions["start"] + 1):
+        verdict = item["status"] + (f" ({item['errorCode']})" if item["errorCode"] else "")
+        lines += block(f"submission {number}", verdict + (f": {item['error']}" if item["error"] else ""), indent)
+    lines += command("conversation", command_line("run", "transcript", run_id, node), indent)
+    if expected["kind"] != "assistant-message":
+        lines += command("submit for it", command_line("submit", run_id, node) + " 'JSON'", indent)
+    return lines
+
+
+def step_details(
+    run_id: str,
+    step: dict[str, Any],
+    effects: list[dict[str, Any]],
+    indent: int,
+    pending: dict[str, Any] | None = None,
+) -> list[str]:
+    """What happened inside a step: its output, error, question, a waiting agent step's request
+    (``pending``, the view's, when it is this step's) and ambiguous effects."""
     lines: list[str] = []
+    if pending is not None and pending["request"]["attemptId"] == step["attemptId"]:
+        lines += agent_wait(run_id, pending, indent)
     if step["nodeKind"] == "checkpoint":
         lines += question(run_id, step, indent)
         if step["status"] not in ACTIVE_ATTEMPT_STATUSES and step.get("output") is not None:
@@ -193,7 +239,9 @@ def _error_label(code: str | None) -> str:
     return f"error ({code})" if code else "error"
 
 
-def _steps_table(run_id: str, steps: list[dict[str, Any]], effects: list[dict[str, Any]]) -> list[str]:
+def _steps_table(
+    run_id: str, steps: list[dict[str, Any]], effects: list[dict[str, Any]], pending: dict[str, Any] | None
+) -> list[str]:
     """One line per step (index, node, kind, visit/attempt, status, started, duration), its details under it.
     An ambiguous effect shows under the last step of its node visit."""
     node_width = max([4, *(len(s["nodePath"]) for s in steps)])
@@ -208,7 +256,7 @@ def _steps_table(run_id: str, steps: list[dict[str, Any]], effects: list[dict[st
             f"{duration(step['durationMs']):>8}".rstrip()
         )
         mine = [e for e in effects if last_of_visit.get((e["nodePath"], e["visit"])) == step["stepIndex"]]
-        lines += step_details(run_id, step, mine, indent=8)
+        lines += step_details(run_id, step, mine, indent=8, pending=pending)
     return lines
 
 
@@ -241,9 +289,8 @@ def _reason(view: dict[str, Any]) -> list[str]:
     display, detail = view["display"], view["piworkflows"]["parkDetail"]
     if not display["reason"]:
         return []
-    return block(display["activity"], reason_words(display["reason"]), 2) + (
-        block("runner", detail, 4) if detail else []
-    )
+    label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or display["status"]
+    return block(label, reason_words(display["reason"]), 2) + (block("runner", detail, 4) if detail else [])
 
 
 def outcome(view: dict[str, Any]) -> list[str]:
@@ -260,9 +307,10 @@ def outcome(view: dict[str, Any]) -> list[str]:
 
 
 def story(view: dict[str, Any]) -> list[str]:
-    """``run status``: header, times, every step with what happened inside it, the controls allowed now."""
+    """``run status``: header, times, every step with what happened inside it (a waiting agent step's
+    request), the controls allowed now."""
     run, display, run_id = view["run"], view["display"], view["runId"]
-    lines = [f"{run_id}  {run['workflowName']}  {display['status']} ({display['activity']})"]
+    lines = [f"{run_id}  {run['workflowName']}  {status_text(display)}"]
     lines += _reason(view)
     if run["title"]:
         lines += block("title", run["title"], 2)
@@ -281,7 +329,7 @@ def story(view: dict[str, Any]) -> list[str]:
     if current is not None and all(s["stepIndex"] != current["stepIndex"] for s in steps):
         steps.append(current)  # past the steps' page: the active step still shows
     if steps:
-        lines += _steps_table(run_id, steps, effects)
+        lines += _steps_table(run_id, steps, effects, view["piworkflows"]["pending"])
     shown = {(s["nodePath"], s["visit"]) for s in steps}
     for effect in effects:
         if (effect["nodePath"], effect["visit"]) not in shown:

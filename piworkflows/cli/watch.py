@@ -5,7 +5,8 @@
     CLI ── run.status ──> server        every watch_poll_min_ms after a change, doubling to
         <── run view ───                watch_poll_max_ms while nothing changes
     Follower: this view against the last one -> stepStarted / stepFinished / waiting / finished
-    stop once the run is settled: finished, waiting, paused, ambiguous, or parked (not for a shutdown)
+    stop once the run is settled: finished, paused, ambiguous, waiting for a person (an agent step
+    goes on by itself), or parked (not for a shutdown)
 
 Human output is one plain line per event; on a terminal a status line (the current node and the
 elapsed time) is redrawn with \\r and cleared before each event line. With --json each event is one
@@ -27,16 +28,24 @@ from piworkflows.cli.base import EXIT_INTERRUPTED, accepted, command_line, fail
 from piworkflows.client import ClientError, ServerNotRunning, WorkflowClient
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
-from piworkflows.states import ACTIVE_ATTEMPT_STATUSES, TERMINAL_RUN_STATUSES
+from piworkflows.states import ACTIVE_ATTEMPT_STATUSES, AGENT_NODE_KINDS, TERMINAL_RUN_STATUSES
 
-# Display statuses after which a run moves on only when someone acts.
-SETTLED = TERMINAL_RUN_STATUSES | {"waiting", "paused", "ambiguous"}
+# Display statuses after which a run moves on only when someone acts (a waiting or queued run:
+# see settled).
+SETTLED = TERMINAL_RUN_STATUSES | {"paused", "ambiguous"}
 
 
 def settled(view: dict[str, Any]) -> bool:
-    display = view["display"]
-    parked = display["activity"] == "parked" and display["reason"] != "shutdown"
-    return display["status"] in SETTLED or parked
+    """Whether the run moves on only when someone acts: it ended, is paused or ambiguous, waits for
+    a person (not at an agent step: the server's agent works on that), or is parked for a reason
+    other than a shutdown (the run's park reason fact; never the display's words)."""
+    status = view["display"]["status"]
+    if status == "waiting":
+        current = view["piworkflows"]["currentStep"]
+        return current is None or current["nodeKind"] not in AGENT_NODE_KINDS
+    if status == "queued":
+        return view["run"]["parkReason"] not in (None, "shutdown")
+    return status in SETTLED
 
 
 def _step_fields(step: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +114,8 @@ def event_lines(event: dict[str, Any], step: dict[str, Any] | None) -> list[str]
         if isinstance(error, str) and error:
             line += f": {error.splitlines()[0]}"
         return [story.cut(line, story.WIDTH)]
+    if step["nodeKind"] in AGENT_NODE_KINDS:  # the server's agent works on it: the run goes on
+        return [story.cut(f"{story.clock(step['startedAt'])}  {label} waits for its agent's result", story.WIDTH)]
     return [
         story.cut(f"{event['runId']} waits at {step['nodePath']}", story.WIDTH),
         *story.question(event["runId"], step, indent=2),
@@ -132,7 +143,7 @@ class _LiveLine:
             step_time = story.duration(max(0, now - current["startedAt"]))
             text = f"{story.step_label(current)} {current['status']} for {step_time}; run time {elapsed}"
         else:
-            text = f"{display['status']} ({display['activity']}); run time {elapsed}"
+            text = f"{story.status_text(display)}; run time {elapsed}"
         click.echo("\r" + story.cut(text, story.WIDTH - 1).ljust(story.WIDTH - 1), nl=False)
         self.drawn = True
 

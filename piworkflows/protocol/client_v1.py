@@ -23,7 +23,7 @@ from datetime import datetime
 from itertools import accumulate
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
@@ -95,12 +95,13 @@ OPERATIONS = (
     "workflow.list",
     "workflow.show",
     "run.logs",
+    "run.transcript",
 )
 
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
-) | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}
+) | {"protocol.schema", "state.verify", "workflow.show", "run.logs", "run.transcript"}
 
 # Their fingerprint leaves out payload.coordinatorEpoch.
 SESSION_ANSWER_OPERATIONS = frozenset(
@@ -464,6 +465,41 @@ class RunLogsReceipt(RootModel[RunLogsPage | ContentPart]):
     """run.logs: a page of steps, or with ``content`` a part of the value."""
 
 
+class RunTranscriptPayload(Payload):
+    """run.transcript, the run in the envelope's runId: its captured Pi conversation, the settled
+    session entries in order after ``after`` (the previous page's cursor, a runSeq), of one node's
+    agent attempts with ``nodePath``."""
+
+    nodePath: str | None = Field(default=None, min_length=1, max_length=1024)
+    after: int | None = Field(default=None, ge=0)
+    limit: int = Field(default=64, ge=1, le=256)
+
+
+class TranscriptEntry(BaseModel):
+    """One settled Pi session entry: ``entry`` is its JSON line as Pi wrote it (text), inline up to
+    64 KiB, else ``{"omitted": {byteLength, digest}}`` (read it with run.logs ``content``,
+    mediaType text/plain;charset=utf-8); ``attemptId`` and ``nodePath`` name the agent step whose
+    captured range holds it (null outside every step's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runSeq: int
+    piEntryId: str
+    role: str
+    settledAt: int
+    attemptId: str | None
+    nodePath: str | None
+    entry: str | dict[str, Any]
+
+
+class RunTranscriptReceipt(BaseModel):
+    """At most ``limit`` entries (and about 512 KiB); ``cursor``: the next page's ``after``, null at the end."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    items: list[TranscriptEntry]
+    cursor: int | None
+
+
 class CheckpointAnswerPayload(Payload):
     """checkpoint.answer, the run in the envelope's runId: the answer becomes the node's output."""
 
@@ -490,13 +526,24 @@ class InteractionSubmitPayload(Payload):
     and the session it targets, the coordinator epoch the tool was started with (the recording
     segment's lease generation; left out of the fingerprint), and ``submissionId``, one per
     submission (the tool's ``submit-<uuid>``; the envelope's idempotencyKey is the same). The
-    response stays open until a supervised child validated the value."""
+    response stays open until a supervised child validated the value.
+
+    An operator's submission (``pi-workflows submit``) says ``operator: true`` and sends no
+    ``coordinatorEpoch``: it is recorded with actor ``operator`` and needs no live host; its
+    validation and verdict are the model's."""
 
     targetSessionId: Id
-    coordinatorEpoch: int = Field(ge=1)
+    coordinatorEpoch: int | None = Field(default=None, ge=1)
     requestId: Id
     submissionId: Id
     value: SubmittedValue
+    operator: bool = False
+
+    @model_validator(mode="after")
+    def _epoch(self) -> InteractionSubmitPayload:
+        if self.operator != (self.coordinatorEpoch is None):
+            raise ValueError("a tool's submission carries its coordinatorEpoch; an operator's (operator: true) none")
+        return self
 
 
 class InteractionSubmitReceipt(BaseModel):
@@ -839,6 +886,8 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "workflow.show": (WorkflowShowPayload, WorkflowShowReceipt),
     # a run's steps with outputs, errors and complete shell streams (a read: never stored)
     "run.logs": (RunLogsPayload, RunLogsReceipt),
+    # a run's captured Pi conversation (a read: never stored)
+    "run.transcript": (RunTranscriptPayload, RunTranscriptReceipt),
 }
 
 

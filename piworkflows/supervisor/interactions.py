@@ -8,10 +8,15 @@
         interaction.settle (C11: accepted, the attempt completes and the run is queued; or
         rejected with the error the model can act on) ── the answer to the tool
 
-The verdict is committed before the tool hears it. A validator that times out or breaks, or
-a run whose workflow code changed, rejects the submission ``validatorFailed``; the model may
-submit again. A submission left validating by a crash is validated again when the server
-starts (``revalidate``).
+The verdict is committed before the tool hears it. A validator that times out or breaks, or a
+run whose workflow code changed, rejects the submission ``validatorFailed``; the model may submit
+again. A submission left validating by a crash is validated again when the server starts
+(``revalidate``).
+
+An operator's submission (``pi-workflows submit``: ``operator: true``, no coordinator epoch) takes
+the same path with actor ``operator`` and needs no live host; once it is accepted, a host still
+recording the step is ended as a pause ends it (its turn may never end by itself), so the run's
+next agent step can have its own.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ async def submit(
     except (TypeError, ValueError):
         return _refuse(request, CommandError("validationFailed", "the output is not JSON a run can store"))
     body = {
-        "actor": {"actor_class": "model", "actor_id": request.clientId},
+        # an operator's submission (operator: true, no epoch) is recorded as the operator's
+        "actor": {"actor_class": "operator" if payload.operator else "model", "actor_id": request.clientId},
         "request_id": payload.requestId,
         "target_session_id": payload.targetSessionId,
         "coordinator_epoch": payload.coordinatorEpoch,
@@ -87,7 +93,10 @@ async def submit(
     if recorded.outcome not in ("accepted", "adopted") or receipt.get("status") != "validating":
         return _answer(request, recorded)  # refused, or a repeat of a settled submission
     faults.hit(faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED)
-    return _answer(request, await settle(writer, resolvers, runs, receipt, payload.value.output))
+    settled = await settle(writer, resolvers, runs, receipt, payload.value.output)
+    if payload.operator and settled.outcome == "accepted" and (settled.receipt or {}).get("status") == "accepted":
+        runs.stop_agent_host(receipt["runId"])  # a host still on the step (a turn may hang) ends
+    return _answer(request, settled)
 
 
 async def settle(

@@ -155,6 +155,10 @@ class Supervisor:
         self.scheduler.stop_run(run_id, let_effect_settle)
         self.agents.stop_run(run_id)
 
+    def stop_agent_host(self, run_id: str) -> None:
+        """An operator settled the run's agent step: its host (Pi with it) has nothing left to do."""
+        self.agents.stop_run(run_id)
+
     def cancel_effects(self, run_id: str) -> None:
         self.outbox.cancel_run(run_id)
 

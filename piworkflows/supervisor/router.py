@@ -35,7 +35,7 @@ from piworkflows.clock import Clock
 from piworkflows.errors import CommandError, Outcome, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
 from piworkflows.protocol.internal.resolver import Resolution
 from piworkflows.protocol.internal.runs import RunCreate
 from piworkflows.protocol.internal.writer import Reply
@@ -280,6 +280,21 @@ class Router:
             reply = reply.model_copy(update={"receipt": {**reply.receipt, "data": data}})
         return from_reply(request, reply)
 
+    async def run_transcript(
+        self, request: client_v1.Request, payload: client_v1.RunTranscriptPayload
+    ) -> client_v1.Response:
+        """A page of the run's captured Pi conversation (its settled session entries)."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "run.transcript names the run in runId"))
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "run_id": request.runId,
+            "node_path": payload.nodePath,
+            "after": payload.after,
+            "limit": payload.limit,
+        }
+        return from_reply(request, await self.writer.request(RunTranscript.kind, body))
+
     async def checkpoint_answer(
         self, request: client_v1.Request, payload: client_v1.CheckpointAnswerPayload
     ) -> client_v1.Response:
@@ -478,6 +493,7 @@ ROUTES: dict[str, Route] = {
     "workflow.list": Router.workflow_list,
     "workflow.show": Router.workflow_show,
     "run.logs": Router.run_logs,
+    "run.transcript": Router.run_transcript,
 }
 
 

@@ -93,6 +93,7 @@ PROTOCOL_OPERATIONS = [
     "workflow.list",
     "workflow.show",
     "run.logs",
+    "run.transcript",
 ]
 
 PROTOCOL_SESSION_ANSWER_OPERATIONS = {
@@ -665,14 +666,14 @@ def test_fingerprint_treats_equal_numbers_alike() -> None:
 
 def test_operations_match_the_protocol_exactly() -> None:
     assert len(OPERATIONS) == len(set(OPERATIONS))
-    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 49
+    assert len(PROTOCOL_OPERATIONS) == len(set(PROTOCOL_OPERATIONS)) == 50
     assert list(OPERATIONS) == PROTOCOL_OPERATIONS
 
 
 def test_read_only_operations() -> None:
     expected = {
         op for op in PROTOCOL_OPERATIONS if op.split(".")[-1] in ("status", "list", "get") or op.startswith("view.")
-    } | {"protocol.schema", "state.verify", "workflow.show", "run.logs"}  # verification reads and repairs nothing
+    } | {"protocol.schema", "state.verify", "workflow.show", "run.logs", "run.transcript"}  # reads: repair nothing
     assert set(READ_ONLY_OPERATIONS) == expected
     for op in (
         "server.status",

@@ -78,6 +78,9 @@ class FakeServer:
     def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
         self.did.append(("stop_run", run_id, "settle" if let_effect_settle else "now"))
 
+    def stop_agent_host(self, run_id: str) -> None:
+        self.did.append(("stop_agent_host", run_id))
+
     def cancel_effects(self, run_id: str) -> None:
         self.did.append(("cancel_effects", run_id))
 
@@ -140,11 +143,29 @@ def test_a_refusal_of_the_writer_is_relayed_with_its_code():
 def test_a_request_without_its_run_is_refused_before_the_writer_is_asked():
     writer = FakeWriter()
     route, server, _ = router(writer)
-    for operation in ("run.status", "run.cancel", "run.pause", "run.resume", "run.delete", "run.logs"):
+    for operation in (
+        "run.status",
+        "run.cancel",
+        "run.pause",
+        "run.resume",
+        "run.delete",
+        "run.logs",
+        "run.transcript",
+    ):
         response = handle(route, request(operation))
         assert response.outcome == "rejected" and response.receipt == {"code": "validationFailed"}, operation
         assert "runId" in (response.error or "")
     assert writer.sent == [] and server.did == []
+
+
+def test_run_transcript_is_relayed_as_the_writers_read():
+    writer = FakeWriter()
+    route, server, _ = router(writer)
+    response = handle(route, request("run.transcript", {"nodePath": "fix", "after": 7}, runId="run-9"))
+    assert response.outcome == "accepted"
+    actor = {"actor_class": "client", "actor_id": "client-1"}
+    body = {"actor": actor, "run_id": "run-9", "node_path": "fix", "after": 7, "limit": 64}
+    assert writer.sent == [("run.transcript", body)] and server.did == []
 
 
 def test_a_payload_that_does_not_fit_is_refused_without_echoing_it():
@@ -248,3 +269,75 @@ def test_an_adopted_stop_of_an_older_epoch_is_not_carried_out():
     route, server, _ = router(writer)
     assert handle(route, request("server.stop")).outcome == "adopted"
     assert server.stops == []
+
+
+class Judge(NoResolvers):
+    """A validator that accepts an output whose summary is a string (else it is refused)."""
+
+    async def validate(self, project_path: str, source: Any, digest: str, node_path: str, output: Any) -> Any:
+        from piworkflows.protocol.internal.resolver import Validation
+
+        if isinstance(output.get("summary"), str):
+            return Validation(ok=True, output=output)
+        return Validation(ok=False, error="summary is not a string", code="validationFailed")
+
+
+def submission_writer(verdict: str) -> FakeWriter:
+    recorded = {"submissionId": "submission-1", "requestId": "request-1", "runId": "run-1", "nodePath": "fix"}
+    state = {"projectPath": "/p", "source": {"kind": "builtin", "id": "builtin:demo", "revision": "2"}}
+    settled: dict[str, Any] = {"submissionId": "submission-1", "requestId": "request-1", "status": verdict}
+    if verdict == "rejected":
+        settled.update(errorCode="validationFailed", error="summary is not a string")
+    return FakeWriter(
+        {
+            "interaction.submit": [Reply(outcome="accepted", revision=4, receipt={**recorded, "status": "validating"})],
+            "run.resume_state": [Reply(outcome="accepted", receipt={**state, "definitionDigest": "sha256:00"})],
+            "interaction.settle": [Reply(outcome="accepted", revision=5, receipt=settled)],
+        }
+    )
+
+
+def submit_payload(operator: bool, summary: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "targetSessionId": "pis-1",
+        "requestId": "request-1",
+        "submissionId": "operator-1" if operator else "submit-1",
+        "value": {"output": {"summary": summary}},
+    }
+    return {**payload, "operator": True} if operator else {**payload, "coordinatorEpoch": 2}
+
+
+@pytest.mark.parametrize("operator", [True, False])
+def test_an_operators_accepted_submission_ends_the_host_still_on_the_step(operator):
+    writer = submission_writer("accepted")
+    server, clock = FakeServer(), FakeClock()
+    route = Router(writer, Judge(), server, server, Settings(), clock)
+    response = handle(route, request("interaction.submit", submit_payload(operator, "done")))
+    assert response.outcome == "accepted" and response.receipt["status"] == "accepted"
+    ((kind, body), *_) = writer.sent
+    assert kind == "interaction.submit" and body["actor"]["actor_class"] == ("operator" if operator else "model")
+    assert body["coordinator_epoch"] == (None if operator else 2)
+    stopped = [("stop_agent_host", "run-1")] if operator else []  # the tool's host ends by itself
+    assert server.did == [("wake_scheduler",), *stopped]
+
+
+def test_an_operators_rejected_submission_is_answered_with_the_validators_error():
+    writer = submission_writer("rejected")
+    server, clock = FakeServer(), FakeClock()
+    route = Router(writer, Judge(), server, server, Settings(), clock)
+    response = handle(route, request("interaction.submit", submit_payload(True, 1)))
+    assert (response.outcome, response.receipt, response.error) == (
+        "rejected",
+        {"code": "validationFailed"},
+        "summary is not a string",
+    )
+    assert server.did == []
+
+
+@pytest.mark.parametrize("payload", [{"operator": True, "coordinatorEpoch": 2}, {"operator": False}, {}])
+def test_a_submission_is_the_tools_with_an_epoch_or_an_operators_without_one(payload):
+    writer = FakeWriter()
+    route, _, _ = router(writer)
+    base = {k: v for k, v in submit_payload(True, "x").items() if k != "operator"}
+    response = handle(route, request("interaction.submit", {**base, **payload}))
+    assert response.outcome == "rejected" and response.receipt == {"code": "validationFailed"} and writer.sent == []

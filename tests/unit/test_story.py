@@ -54,11 +54,17 @@ def step(index: int, status: str, kind: str = "compute") -> dict:
     }
 
 
-def run_view(status: str, steps: list[dict], activity: str = "running", reason: str | None = None) -> dict:
+def run_view(
+    status: str,
+    steps: list[dict],
+    activity: str | None = "running",
+    reason: str | None = None,
+    park_reason: str | None = None,
+) -> dict:
     current = next((s for s in steps if s["status"] in ("running", "waiting")), None)
     return {
         "runId": "run-1",
-        "run": {"errorCode": None},
+        "run": {"errorCode": None, "parkReason": park_reason},
         "steps": {"items": steps, "cursor": None},
         "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
         "piworkflows": {"currentStep": current, "ambiguousEffects": []},
@@ -89,6 +95,57 @@ def test_the_follower_reports_each_start_end_wait_and_finish_once():
 
 
 def test_parked_runs_are_settled_unless_for_a_shutdown():
-    assert settled(run_view("queued", [], activity="parked", reason="runnerNoProgress"))
-    assert not settled(run_view("queued", [], activity="parked", reason="shutdown"))
+    """By the display status and the run's park reason, whatever the activity and reason say."""
+    assert settled(run_view("queued", [], activity="parked", reason="runnerNoProgress", park_reason="runnerNoProgress"))
+    assert not settled(run_view("queued", [], activity="parked", reason="shutdown", park_reason="shutdown"))
+    assert not settled(run_view("queued", [], activity="queued"))
+    cause = "The agent could not start: Pi was not found"
+    assert settled(run_view("queued", [], activity=None, reason=cause, park_reason="agentNoProgress"))
     assert not settled(run_view("running", [step(0, "running")]))
+
+
+@pytest.mark.parametrize("kind", ["agent", "decision"])
+def test_a_run_at_an_agent_step_is_not_settled_its_agent_works_on_it(kind):
+    working = run_view("waiting", [step(0, "waiting", kind)], activity="origin_turn")
+    assert not settled(working) and not settled(run_view("waiting", [step(0, "waiting", kind)], activity=None))
+    assert settled(run_view("waiting", [step(0, "waiting", "checkpoint")], activity="waiting for checkpoint"))
+    assert settled(run_view("paused", [step(0, "waiting", kind)], activity="paused"))
+
+
+def transcript_item(seq: int, role: str, entry: dict) -> dict:
+    import json
+
+    return {"runSeq": seq, "piEntryId": "0a1b2c3d", "role": role, "settledAt": None, "entry": json.dumps(entry)}
+
+
+def test_a_transcript_entry_for_people():
+    from piworkflows.cli.agent_steps import entry_lines
+
+    def message(role: str, **fields: object) -> dict:
+        return {"type": "message", "id": "0a1b2c3d", "message": {"role": role, **fields}}
+
+    user = entry_lines(transcript_item(1, "user", message("user", content="Fix it.\nThen submit.")))
+    assert user == ["#1 user -", "  Fix it.", "  Then submit."]
+    call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "x" * 300}}
+    said = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Running it."}, call]
+    assistant = entry_lines(transcript_item(2, "assistant", message("assistant", content=said, stopReason="toolUse")))
+    assert assistant[:3] == ["#2 assistant -", "  (thinking, 3 characters)", "  Running it."]
+    assert assistant[3].startswith('  -> bash {"command":"xxx') and assistant[3].endswith("...")
+    assert len(assistant[3]) <= len("  -> bash ") + 160
+    output = "\n".join(f"line {n}" for n in range(10))
+    result = message("toolResult", toolName="bash", isError=True, content=[{"type": "text", "text": output}])
+    assert entry_lines(transcript_item(3, "toolResult", result)) == [
+        "#3 toolResult bash (error) -",
+        "  line 0",
+        "  line 1",
+        "  line 2",
+        "  line 3",
+        "  ... (6 more lines)",
+    ]
+    change = {"type": "model_change", "id": "0a1b2c3d", "provider": "scripted", "modelId": "m"}
+    assert entry_lines(transcript_item(4, "model_change", change)) == [
+        "#4 [model_change] -",
+        '  {"modelId":"m","provider":"scripted"}',
+    ]
+    aborted = message("assistant", content=[], stopReason="error", errorMessage="rate limited")
+    assert entry_lines(transcript_item(5, "assistant", aborted)) == ["#5 assistant -", "  (ended: rate limited)"]

@@ -53,6 +53,51 @@ def test_a_parked_run_names_its_reason():
     assert display(facts(park_reason="runnerNoProgress"))["reason"] == "runnerNoProgress"
 
 
+AGENT_CONTROLS = ["pause", "cancel", "update", "submit"]
+
+
+@pytest.mark.parametrize(
+    "overrides, activity, reason",
+    [
+        ({}, None, "The workflow needs its assigned agent result."),
+        ({"expected_output": "schema"}, None, "The workflow needs its assigned agent result."),
+        ({"expected_output": "assistant-message"}, None, "The workflow needs its assigned visible response."),
+        ({"pending_step": True}, None, "The workflow needs its assigned agent result."),  # not sent yet
+        ({"open_turn": True}, "origin_turn", "The agent is working on the workflow step."),
+        (
+            {"open_turn": True, "expected_output": "assistant-message"},
+            "origin_turn",
+            "The agent is working on the workflow step.",
+        ),
+        (
+            {"open_turn": True, "pending_step": True},
+            "origin_turn",
+            "A step is pending delivery. It starts a new model turn after this turn ends.",
+        ),
+    ],
+)
+@pytest.mark.parametrize("kind", ["agent", "decision"])
+def test_a_run_at_an_agent_step_waits_for_its_agent(kind, overrides, activity, reason):
+    """VIEWS.md §5 rule 4 for agent steps: the controls, the reason by what the step needs, the
+    open model turn as the activity."""
+    shown = display(facts(status="waiting", waiting_for=kind, **overrides))
+    assert shown == {"status": "waiting", "activity": activity, "controls": AGENT_CONTROLS, "reason": reason}
+
+
+def test_a_run_parked_because_its_agent_could_not_start_is_queued_with_the_cause():
+    cause = "Pi (the coding agent that runs agent steps) was not found: run 'pi-workflows setup pi'"
+    parked = facts(status="waiting", waiting_for="agent", park_reason="agentNoProgress", park_cause=cause)
+    assert display(parked) == {
+        "status": "queued",
+        "activity": None,
+        "controls": ["resume", "cancel"],
+        "reason": "The agent could not start: " + cause,
+    }
+    assert display(facts(park_reason="agentNoProgress"))["reason"] == "The agent could not start: no cause was recorded"
+    assert display(facts(status="waiting", paused=True, park_reason="agentNoProgress"))["status"] == "paused"
+    assert display(facts(status="cancelled", park_reason="agentNoProgress"))["status"] == "cancelled"
+
+
 def read(executor, kind, body):
     (reply,) = run_group(executor, submitted(kind, {"actor": {"actor_class": "client"}, **body}))
     return reply
@@ -174,7 +219,7 @@ def test_steps_carry_their_values_and_durations(executor):
     assert big["output"]["omitted"]["byteLength"] > INLINE_VALUE_BYTES and big["durationMs"] == 5
     assert (failed["output"], failed["error"], failed["request"]) == (None, "ValueError: no", None)
     assert waiting["request"] == {"summary": "go on?"} and waiting["durationMs"] is None
-    assert view["piworkflows"] == {"currentStep": waiting, "ambiguousEffects": [], "parkDetail": None}
+    assert view["piworkflows"] == {"currentStep": waiting, "ambiguousEffects": [], "parkDetail": None, "pending": None}
     assert view["run"]["durationMs"] is None
 
 

@@ -47,7 +47,7 @@ from piworkflows.protocol.internal.effects import (
     EffectRetry,
     EffectSettle,
 )
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
 from piworkflows.protocol.internal.nodes import (
     CheckpointAnswer,
     NodeEffectReserve,
@@ -141,6 +141,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunDelete,
         # logs
         RunLogs,
+        RunTranscript,
         RunContentRead,
         # agents
         NodeRequestAgent,

@@ -375,12 +375,14 @@ class PendingStep(Model):
 
 
 class InteractionSubmit(Command):
-    """C10: a submission for the request (idempotency key adopts); the request is ``validating``."""
+    """C10: a submission for the request (idempotency key adopts); the request is ``validating``.
+    The model's (the workflow tool's) carries the coordinator epoch of the live recording segment;
+    an operator's (actor ``operator``) carries none and needs no live segment."""
 
     kind: ClassVar[str] = "interaction.submit"
     request_id: Id
     target_session_id: Id
-    coordinator_epoch: int = Field(ge=1)
+    coordinator_epoch: int | None = Field(default=None, ge=1)
     idempotency_key: Id
     output: BlobValue  # JSON: the submitted output
 

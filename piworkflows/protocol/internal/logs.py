@@ -1,4 +1,4 @@
-"""A run's steps and the values linked to it (writer/commands/logs.py)."""
+"""A run's steps, its captured Pi conversation and the values linked to it (writer/commands/logs.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,21 @@ class RunLogs(ReadCommand):
     limit: int = Field(default=64, ge=1, le=256)
 
 
+class RunTranscript(ReadCommand):
+    """A run's settled Pi session entries in order (of one node's agent attempts, if named) after
+    run_seq ``after``: each entry's line inline up to 64 KiB, else its size and digest (run.transcript)."""
+
+    kind: ClassVar[str] = "run.transcript"
+    run_id: Id
+    node_path: str | None = Field(default=None, min_length=1, max_length=1024)
+    after: int | None = Field(default=None, ge=0)
+    limit: int = Field(default=64, ge=1, le=256)
+
+
 class RunContentRead(ReadCommand):
-    """A bounded part of a value linked to the run in ``run_view_content``: the run id, the digest
-    and the media type must all match the link. The reader verifies the whole digest."""
+    """A bounded part of a value linked to the run in ``run_view_content`` (or of a settled Pi entry
+    of the run): the run id, the digest and the media type must all match. The reader verifies the
+    whole digest."""
 
     kind: ClassVar[str] = "run.content"
     run_id: Id

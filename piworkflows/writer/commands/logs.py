@@ -1,11 +1,13 @@
-"""Run logs (``run.logs``): a run's steps page by page, and the values linked to the run, in parts."""
+"""Run logs (``run.logs``): a run's steps page by page, and the values linked to the run, in parts;
+its captured Pi conversation (``run.transcript``), entry by entry."""
 
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
 from piworkflows.writer.contract import Handler, Result, Tx
 from piworkflows.writer.views import logs as views
+from piworkflows.writer.views import transcript
 
 READERS = frozenset({"server", "client", "operator"})
 
@@ -17,6 +19,18 @@ class ReadRunLogs(Handler[RunLogs]):
 
     def execute(self, tx: Tx, cmd: RunLogs) -> Result:
         page = views.run_logs(tx.conn, cmd.run_id, cmd.node_path, cmd.after, cmd.limit)
+        if page is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Result(receipt=page)
+
+
+class ReadRunTranscript(Handler[RunTranscript]):
+    model = RunTranscript
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: RunTranscript) -> Result:
+        page = transcript.run_transcript(tx.conn, cmd.run_id, cmd.node_path, cmd.after, cmd.limit)
         if page is None:
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
         return Result(receipt=page)
@@ -35,4 +49,4 @@ class ReadRunContent(Handler[RunContentRead]):
         )
 
 
-HANDLERS = (ReadRunLogs(), ReadRunContent())
+HANDLERS = (ReadRunLogs(), ReadRunTranscript(), ReadRunContent())

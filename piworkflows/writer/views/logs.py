@@ -9,7 +9,8 @@
       keptBytes, seenBytes), on the latest attempt of the node visit (the one that adopted it)
       a page: at most ``limit`` steps and about PAGE_BYTES; ``cursor`` is the next ``after``
     run.content {run, digest, media type, offset, limit}
-      the run_view_content link of exactly these three, else contentNotFound; at most 256 KiB,
+      the run_view_content link of exactly these three, or a settled Pi entry of the run (its
+      text, session_entries), else contentNotFound; at most 256 KiB,
       read through SQLite's incremental blob I/O (a part never loads the whole value)
 """
 
@@ -23,8 +24,10 @@ from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.writer import records
 
-# The run view's readers and bound: one form of an inline (or omitted) value in every view.
-from piworkflows.writer.views.runs import INLINE_VALUE_BYTES, _read_json, _read_text
+# The views' readers and bound: one form of an inline (or omitted) value in every view.
+from piworkflows.writer.views.values import INLINE_VALUE_BYTES
+from piworkflows.writer.views.values import read_json as _read_json
+from piworkflows.writer.views.values import read_text as _read_text
 
 # A page of steps stays well inside one message: steps are added while the page is smaller than
 # this (the first always; one step is at most its two inline values, escaped).
@@ -124,11 +127,14 @@ def _streams(conn: sqlite3.Connection, effect_id: str | None) -> dict[str, Any] 
 def read_content(
     conn: sqlite3.Connection, run_id: str, digest: bytes, media_type: str, offset: int, limit: int
 ) -> dict[str, Any]:
-    """At most ``limit`` bytes from ``offset`` of a value linked to the run with this media type."""
+    """At most ``limit`` bytes from ``offset`` of a value linked to the run with this media type, or
+    of a settled Pi entry of the run (a text blob that ``session_entries`` names for it)."""
     row = conn.execute(
-        "SELECT b.rowid, b.byte_length FROM run_view_content l JOIN blobs b ON b.digest = l.digest "
-        "WHERE l.run_id = ? AND l.digest = ? AND l.media_type = ? AND b.media_type = l.media_type",
-        (run_id, digest, media_type),
+        "SELECT b.rowid, b.byte_length FROM blobs b WHERE b.digest = :digest AND b.media_type = :media AND ("
+        "EXISTS (SELECT 1 FROM run_view_content l WHERE l.run_id = :run AND l.digest = :digest "
+        "AND l.media_type = :media) "
+        "OR EXISTS (SELECT 1 FROM session_entries e WHERE e.content_digest = :digest AND e.run_id = :run))",
+        {"run": run_id, "digest": digest, "media": media_type},
     ).fetchone()
     if row is None:
         raise CommandError(

@@ -8,7 +8,8 @@ Each step carries its own values (output, error text, a checkpoint's
 request): each at most ``INLINE_VALUE_BYTES`` and all of one view together
 at most ``STEP_VALUES_BYTES``, newest step first; the rest only by size and
 digest, so one view fits one reply frame. What upstream's view does not have
-stays under ``piworkflows`` (the active step, the run's ambiguous effects, a park detail).
+stays under ``piworkflows`` (the active step, the run's ambiguous effects, a park detail, the
+pending agent step: writer/views/pending.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
+from piworkflows.writer.views.pending import pending_view
+from piworkflows.writer.views.values import INLINE_VALUE_BYTES
+from piworkflows.writer.views.values import omitted as _omitted
+from piworkflows.writer.views.values import read_json as _read_json
+from piworkflows.writer.views.values import read_text as _read_text
 
 PAGE_ROWS = 256
-INLINE_VALUE_BYTES = 64 * 1024
 # The step values of one view together: with the input, output, error and 256 step and trace rows
 # beside them the view stays within one reply frame.
 STEP_VALUES_BYTES = MAX_FRAME_BYTES * 3 // 8
@@ -38,13 +41,37 @@ _FACTS = """
     (SELECT a.node_kind FROM node_attempts a WHERE a.run_id = r.run_id AND a.attempt_status = 'waiting'),
     EXISTS (SELECT 1 FROM run_workers w JOIN leases l ON l.resource_id = w.run_id
             WHERE w.run_id = r.run_id AND w.ended_at IS NULL AND l.owner_id IS NOT NULL AND l.expires_at > :now),
-    EXISTS (SELECT 1 FROM workflow_turns t WHERE t.run_id = r.run_id AND t.turn_state = 'open')
+    EXISTS (SELECT 1 FROM workflow_turns t WHERE t.run_id = r.run_id AND t.turn_state = 'open'),
+    (SELECT json_extract(CAST(b.bytes AS TEXT), '$.expected_output.kind') FROM interactive_requests i
+     JOIN blobs b ON b.digest = i.contract_digest
+     WHERE i.run_id = r.run_id AND i.request_status IN ('pending', 'validating')),
+    EXISTS (SELECT 1 FROM workflow_messages m WHERE m.run_id = r.run_id AND m.message_kind = 'step'
+            AND m.message_state = 'pending' AND NOT EXISTS (
+                -- a step its own open turn works on was sent (its entry is not on file yet)
+                SELECT 1 FROM workflow_turns t WHERE t.workflow_message_id = m.workflow_message_id
+                AND t.turn_state = 'open')),
+    CASE WHEN r.park_reason = 'agentNoProgress' THEN
+        (SELECT substr(b.bytes, 1, :cause_bytes) FROM workflow_updates u JOIN blobs b ON b.digest = u.body_digest
+         WHERE u.run_id = r.run_id AND u.update_kind = 'notification' ORDER BY u.update_seq DESC LIMIT 1) END
 """
+# The cause of an agentNoProgress park as a display reason shows at most this much of its notification.
+PARK_CAUSE_BYTES = 4096
 
 
 def _facts(row: tuple[Any, ...]) -> RunFacts:
-    status, paused, park_reason, ambiguous, waiting_for, live_runner, open_turn = row
-    return RunFacts(status, bool(paused), park_reason, ambiguous, waiting_for, bool(live_runner), bool(open_turn))
+    status, paused, park_reason, ambiguous, waiting_for, live_runner, open_turn, expected, pending, cause = row
+    return RunFacts(
+        status,
+        bool(paused),
+        park_reason,
+        ambiguous,
+        waiting_for,
+        bool(live_runner),
+        bool(open_turn),
+        expected_output=expected,
+        pending_step=bool(pending),
+        park_cause=bytes(cause).decode("utf-8", "replace") if cause is not None else None,
+    )
 
 
 def list_runs(
@@ -67,6 +94,7 @@ def list_runs(
     where = ["1"]
     params: dict[str, Any] = {
         "now": now,
+        "cause_bytes": PARK_CAUSE_BYTES,
         "rows": limit + 1,
         "project": project_path,
         "workflow": workflow_name,
@@ -146,7 +174,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
             FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
             JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
             WHERE r.run_id = :run_id""",
-        {"run_id": run_id, "now": now},
+        {"run_id": run_id, "now": now, "cause_bytes": PARK_CAUSE_BYTES},
     ).fetchone()
     if row is None:
         return None
@@ -216,6 +244,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
             "currentStep": _current_step(conn, run_id),
             "ambiguousEffects": _ambiguous_effects(conn, run_id),
             "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
+            "pending": pending_view(conn, run_id),
         },
     }
 
@@ -232,29 +261,6 @@ def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
 
 def _duration(started: int | None, finished: int | None) -> int | None:
     return finished - started if started is not None and finished is not None else None
-
-
-def _omitted(length: int, digest: bytes) -> dict[str, Any]:
-    return {"omitted": {"byteLength": length, "digest": "sha256:" + digest.hex()}}
-
-
-def _read_json(conn: sqlite3.Connection, digest: bytes, limit: int | None) -> Any:
-    """A JSON value through its declared media type; above ``limit`` only its size."""
-    row = conn.execute("SELECT media_type, byte_length FROM blobs WHERE digest = ?", (digest,)).fetchone()
-    if row is None or row[0] != MEDIA_JSON:
-        raise CommandError("presentationFailed", "a stored JSON value is missing or has another media type")
-    length = row[1]
-    if limit is not None and length > limit:
-        return _omitted(length, digest)
-    return records.read_json(conn, digest)
-
-
-def _read_text(conn: sqlite3.Connection, digest: bytes, limit: int) -> str:
-    """A stored text value through its declared media type, cut at ``limit`` bytes."""
-    row = conn.execute("SELECT media_type, substr(bytes, 1, ?) FROM blobs WHERE digest = ?", (limit, digest)).fetchone()
-    if row is None or row[0] != MEDIA_TEXT:
-        raise CommandError("presentationFailed", "a stored text value is missing or has another media type")
-    return bytes(row[1]).decode("utf-8", "replace")
 
 
 class _StepValues:

@@ -18,6 +18,7 @@ from piworkflows.writer.contract import ResourceHandler, Target, Tx
 SERVER_ONLY = frozenset({"server"})
 HOSTS = frozenset({"runner", "server"})  # a host's frame arrives as the runner actor agent:<segment>
 MODELS = frozenset({"model", "client"})  # the workflow tool (and a person's control) through client.v1
+OPERATORS = frozenset({"operator"})  # a person providing a step's output (pi-workflows submit)
 
 S = TypeVar("S", bound=UnderSegmentClaim)
 

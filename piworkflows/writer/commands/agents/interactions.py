@@ -8,6 +8,7 @@
                                   recording segment's lease generation (claimLost); run paused
                                   (runPaused); another submission validating (validationInProgress)
                                   -> submission (outcome NULL), request validating
+                         (operator) the same, with no epoch and no live segment needed
     interaction.settle   (server) accepted -> submission, request and attempt complete, interval
                                   ends settlement, pending steps cancelled, run queued;
                                   rejected -> submission rejected {errorCode, error}, request pending
@@ -33,7 +34,14 @@ from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import agent_steps, records
 from piworkflows.writer.agent_steps import Request
-from piworkflows.writer.commands.agents.base import MODELS, SERVER_ONLY, find_request, paused, require_open
+from piworkflows.writer.commands.agents.base import (
+    MODELS,
+    OPERATORS,
+    SERVER_ONLY,
+    find_request,
+    paused,
+    require_open,
+)
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
 
@@ -66,10 +74,16 @@ class FromTheModel(ResourceHandler[ToRequest]):
 
 
 class SubmitInteraction(FromTheModel[InteractionSubmit]):
+    """The workflow tool's submission under the live segment's epoch, or an operator's without one."""
+
     model = InteractionSubmit
+    actors = MODELS | OPERATORS
 
     def transition(self, tx: Tx, cmd: InteractionSubmit, resource: records.Resource | None) -> Change:
         conn, now = tx.conn, tx.now
+        operator = tx.actor.actor_class in OPERATORS
+        if operator != (cmd.coordinator_epoch is None):
+            raise CommandError("validationFailed", "a model's submission carries its epoch; an operator's none")
         request = _session_request(tx, cmd)
         submission_id = submission_id_of(request.request_id, cmd.idempotency_key)
         (node_path,) = conn.execute(
@@ -96,7 +110,8 @@ class SubmitInteraction(FromTheModel[InteractionSubmit]):
         require_open(request)
         if agent_steps.contract_of(conn, request).expected_output.kind == "assistant-message":
             raise CommandError("wrongRequestKind", "this step takes the agent's reply, not a workflow submission")
-        _check_epoch(tx, request, cmd.coordinator_epoch)
+        if cmd.coordinator_epoch is not None:
+            _check_epoch(tx, request, cmd.coordinator_epoch)
         if paused(tx, request.run_id):
             raise CommandError("runPaused", "the run is paused", runId=request.run_id)
         if request.status == "validating":
