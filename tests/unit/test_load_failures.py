@@ -121,6 +121,7 @@ def test_the_listing_marks_shadowed_names_and_lists_broken_modules_with_their_er
         (item.name, item.origin, item.shadowed_by, item.error.line if item.error else "ok") for item in listing.items
     ]
     assert rows == [
+        ("agent-demo", "builtin", None, "ok"),
         ("demo", "user", None, "ok"),
         ("demo", "builtin", "user", "ok"),
         ("exits", "user", None, 2),
@@ -129,20 +130,20 @@ def test_the_listing_marks_shadowed_names_and_lists_broken_modules_with_their_er
         ("not a name", "project", None, None),
         ("shell-check", "builtin", None, "ok"),
     ]
-    assert listing.items[3].description == "From the project." and listing.items[4].description is None
-    assert listing.items[2].error.message == "SystemExit: 3"
-    assert listing.items[5].source is None and "is not a workflow name" in listing.items[5].error.text
+    assert listing.items[4].description == "From the project." and listing.items[5].description is None
+    assert listing.items[3].error.message == "SystemExit: 3"
+    assert listing.items[6].source is None and "is not a workflow name" in listing.items[6].error.text
     assert listing.truncated is False
 
 
 def test_a_long_listing_is_truncated_and_says_so(project: Path, user: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resolver, "MAX_LISTED_WORKFLOWS", 3)
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
-    assert listing.truncated is False and len(listing.items) == 2  # the two built-ins
+    assert listing.truncated is False and len(listing.items) == 3  # the three built-ins
     for name in ("a", "b"):
         write(user, name, GOOD.format(name=name, extra=""))
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
-    assert listing.truncated is True and [item.name for item in listing.items] == ["a", "b", "demo"]
+    assert listing.truncated is True and [item.name for item in listing.items] == ["a", "agent-demo", "b"]
     monkeypatch.setattr(resolver, "LISTING_BYTES", 1)  # the answer must fit one message: bytes bound it too
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
     assert listing.truncated is True and [item.name for item in listing.items] == ["a"]
