@@ -6,7 +6,8 @@
       ── agent.open (C3: a recording segment leased here: token in memory, hash in leases;
          a spent budget times the attempt out instead)
       ── Pi found? (PI_WORKFLOWS_PI_COMMAND, the installed copy, PATH) else agent.exited with
-         the fix: the run parks agentNoProgress
+         the fix: the run parks agentNoProgress (a command step, executor=command(argv), runs
+         its own program instead: no Pi is looked for)
       ── spawn `python -m piworkflows.agents` in its own process group (Pi runs in it)
          ── host.json (identity) ── launch AgentLaunch
       ── host frames (protocol/internal/agents.py HOST_FRAMES): the segment and its claim
@@ -161,8 +162,9 @@ class AgentManager:
         self.active[request_id] = handle
         handle.task = asyncio.create_task(self._serve(handle, receipt), name=f"agent-{segment_id}")
 
-    def _launch(self, handle: HostHandle, receipt: dict[str, Any], pi: str) -> AgentLaunch:
-        contract = AgentContract.model_validate(receipt["contract"])
+    def _launch(
+        self, handle: HostHandle, receipt: dict[str, Any], contract: AgentContract, pi: str | None
+    ) -> AgentLaunch:
         if contract.model is None and self.settings.agent_model:
             contract = contract.model_copy(update={"model": self.settings.agent_model})
         return AgentLaunch(
@@ -178,7 +180,7 @@ class AgentManager:
                 PendingStep(workflow_message_id=s["workflowMessageId"], text=s["text"]) for s in receipt["pending"]
             ],
             steps=receipt["steps"],
-            pi_command=[pi],
+            pi_command=[pi] if pi is not None else [],
             pi_args=shlex.split(self.settings.pi_args or ""),
             socket_path=self.socket_path,
             coordinator_epoch=handle.claim["lease_generation"],
@@ -194,11 +196,12 @@ class AgentManager:
     async def _serve(self, handle: HostHandle, receipt: dict[str, Any]) -> None:
         detail: str | None = None
         try:
-            pi = find_pi(self.settings)
-            if pi is None:
+            contract = AgentContract.model_validate(receipt["contract"])
+            pi = find_pi(self.settings) if contract.executor.kind == "pi" else None
+            if pi is None and contract.executor.kind == "pi":
                 detail = NEEDS_PI
                 return
-            launch = self._launch(handle, receipt, pi)
+            launch = self._launch(handle, receipt, contract, pi)
             env = {**os.environ, **self.settings.to_env()}
             handle.proc, handle.stderr = await spawn_child(
                 "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=env
