@@ -22,8 +22,8 @@ A command runs once per segment and is never reminded: a run that gives no accep
 its attempt, ``commandFailed`` (it could not start, exited non-zero or by a signal, printed
 nothing, more than MAX_OUTPUT_BYTES, text that is not UTF-8, or no JSON where a schema is set),
 or with the code of the validator's rejection (``validationFailed``, ``validatorFailed``) and
-its error. A node's declared retry runs it again as a new attempt. A host killed mid-run (a
-crash, a pause) leaves the step ``sent``: the next host runs the command on the ``resumed`` step.
+its error. A host killed mid-run (a crash, a pause) leaves the step ``sent``: the next host runs
+the command again on the ``resumed`` step.
 
 The two captured entries are shaped like Pi's message entries: the step message as the ``user``
 entry, the stdout as the ``assistant`` entry (with ``stopReason`` and ``exitCode``), their ids
