@@ -13,8 +13,9 @@
       ── host frames (protocol/internal/agents.py HOST_FRAMES): the segment and its claim
          attached, deduplicated by the message key, forwarded as the writer command of the
          same kind; replies relayed
-      ── the host ends ── agent.exited unless it closed its segment (the open turn lost, the
-         interval at its last sample; nothing committed after C3: the run parks)
+      ── the host ends ── its group killed (a command or Pi it left) ── agent.exited unless it
+         closed its segment (the open turn lost, the interval at its last sample; nothing
+         committed after C3: the run parks)
     renewal: claim.renew of every live segment every claim_renew_ms; a lost claim kills the host
     pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
          agent_abort_grace_ms); the commit already changed the rows
@@ -284,8 +285,11 @@ class AgentManager:
     async def _finish(self, handle: HostHandle, detail: str | None) -> None:
         proc = handle.proc
         if proc is not None:
+            # Even after the host exited: what it left in its group (a command it ran, a Pi that
+            # outlived a kill -9 of the host) ends with it. The group id stays taken while any
+            # member lives, so it names no other process.
+            _signal_group(proc.pid, signal.SIGKILL)
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             self.recorder.forget_child(proc.pid)
         if handle.stderr is not None:

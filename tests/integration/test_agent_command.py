@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,13 @@ elif mode == "prose":
     print("I would rather not answer in JSON.")
 elif mode == "sleep":
     time.sleep(60)
+elif mode == "once-slow":  # the first run hangs (its host is killed), the next one answers
+    runs = len([name for name in os.listdir(os.environ["AGENT_LOG"]) if name.startswith("once-slow-")])
+    if runs == 1:
+        with open(os.path.join(os.environ["AGENT_LOG"], "host-pid"), "w") as saved:
+            saved.write(str(os.getppid()))
+        time.sleep(60)
+    print(json.dumps({"steps": runs}))
 elif mode == "fail":
     print("half an output")
     print("the build is broken", file=sys.stderr)
@@ -217,3 +225,22 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_host_killed_mid_run_ends_its_command_and_the_next_host_runs_it_again(server, project, script, agent_log):
+    write(project, "again", workflow("again", script, "once-slow"))
+    run_id = start(server, project, "again")
+    host_pid = wait_until(lambda: (agent_log / "host-pid").exists() and (agent_log / "host-pid").read_text())
+    (first,) = agent_log.glob("once-slow-*.txt")
+    os.kill(int(host_pid), signal.SIGKILL)
+    done = finished(server, run_id)
+    assert done["display"]["status"] == "completed" and done["output"] == {"steps": 2}, done
+    command_pid = int(first.stem.split("-")[2])
+    wait_until(lambda: not _alive(command_pid), what="the first command killed with its host")
+    second = next(path for path in agent_log.glob("once-slow-*.txt") if path != first)
+    assert second.read_text().startswith("Resumed: ")  # the same attempt, on the resumed step
+    assert query(server, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id) == [(1,)]
+    turns = query(server, "SELECT turn_state FROM workflow_turns WHERE run_id = ? ORDER BY started_at", run_id)
+    assert turns == [("lost",), ("ended",)]
+    steps = query(server, "SELECT message_state FROM workflow_messages WHERE run_id = ? ORDER BY session_order", run_id)
+    assert steps == [("sent",), ("sent",)]
