@@ -38,8 +38,9 @@ SUPERVISOR_REGISTRY_SAVE = "supervisor.registry_save"
 SUPERVISOR_LOG_WRITE = "supervisor.log_write"
 # In the supervisor's shutdown, once the client socket closed (tests hang a stop there: its children live on).
 SUPERVISOR_SOCKET_CLOSED = "supervisor.socket_closed"
-# In an agent host (piworkflows/agents/host.py): its launch read (the segment is open), around the
-# RPC prompt of a step, after each report of C6, C7 and C8, before C9 and C12.
+# In an agent host (piworkflows/agents/host.py; agents/command.py for a command step): its launch
+# read (the segment is open), around the RPC prompt of a step (the command's start), after each
+# report of C6, C7 and C8, before C9 and C12.
 AGENT_AFTER_OPEN = "agent.after_open"
 AGENT_BEFORE_PROMPT = "agent.before_prompt"
 AGENT_AFTER_PROMPT = "agent.after_prompt"

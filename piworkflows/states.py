@@ -122,6 +122,10 @@ AGENT_SESSIONS = frozenset({"run", "fresh"})
 TURN_PHASES = frozenset({"started", "ended"})
 SUBMISSION_VERDICTS = frozenset({"accepted", "rejected"})
 SUBMISSION_REJECTIONS = frozenset({"validationFailed", "validatorFailed"})
+# Why the run of a command step (``executor=command(argv)``) fails its attempt (its error_code): the
+# command did not give an output (could not start, exited non-zero, printed no usable stdout), or
+# the output was rejected (the code of the validator's verdict).
+COMMAND_STEP_FAILURES = frozenset({"commandFailed", *SUBMISSION_REJECTIONS})
 BINDING_KINDS = frozenset({"settings", "session", "managed_resource"})
 SOURCE_KINDS = frozenset({"file", "builtin"})
 # Where a workflow is found, in resolve order (the first hit of a name wins).

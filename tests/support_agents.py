@@ -13,6 +13,7 @@ from typing import Any
 from piworkflows.protocol import step_contract
 from piworkflows.protocol.internal.agents import (
     AgentContract,
+    Executor,
     ExpectedOutput,
     initial_step_key,
     message_id_of,
@@ -39,7 +40,9 @@ def run_claim(generation: int = 1, token: str = "tok") -> dict[str, Any]:
     }
 
 
-def contract_of(attempt_id: str, expected: ExpectedOutput | None = None, session: str = "run") -> AgentContract:
+def contract_of(
+    attempt_id: str, expected: ExpectedOutput | None = None, session: str = "run", executor: Executor | None = None
+) -> AgentContract:
     return AgentContract(
         workflow_name="demo",
         node_path="fix",
@@ -50,6 +53,7 @@ def contract_of(attempt_id: str, expected: ExpectedOutput | None = None, session
         prompt="Fix the failing test.",
         expected_output=expected or ExpectedOutput(kind="description", description='{"summary": "what changed"}'),
         session=session,
+        executor=executor or Executor(),
     )
 
 
@@ -80,17 +84,27 @@ class AgentStep:
         return reply
 
     def start(
-        self, expected: ExpectedOutput | None = None, session: str = "run", timeout_ms: int = 0, epoch: bool = True
+        self,
+        expected: ExpectedOutput | None = None,
+        session: str = "run",
+        timeout_ms: int = 0,
+        epoch: bool = True,
+        executor: Executor | None = None,
     ) -> Any:
         """C1 and C2: the run created and claimed, its agent node started, its request committed."""
-        self.begin(expected, session, epoch=epoch)
+        self.begin(expected, session, epoch=epoch, executor=executor)
         reply = self.request_agent(timeout_ms)
         if reply.outcome == "accepted":
             self.revision = reply.revision
         return reply
 
     def begin(
-        self, expected: ExpectedOutput | None = None, session: str = "run", kind: str = "agent", epoch: bool = True
+        self,
+        expected: ExpectedOutput | None = None,
+        session: str = "run",
+        kind: str = "agent",
+        epoch: bool = True,
+        executor: Executor | None = None,
     ) -> None:
         """The run created (with the server's epoch unless another step took it) and claimed, a node started."""
         run_group(self.executor, *([take_epoch()] if epoch else []), run_create(self.run_id))
@@ -111,7 +125,7 @@ class AgentStep:
         self.revision = started.revision
         self.attempt_id = started.receipt["attemptId"]
         self.request_id = request_id_of(self.attempt_id)
-        self.contract = contract_of(self.attempt_id, expected, session)
+        self.contract = contract_of(self.attempt_id, expected, session, executor)
 
     def request_agent(self, timeout_ms: int = 0, **changes: Any) -> Any:
         assert self.contract is not None

@@ -93,6 +93,19 @@ def compact(event: Mapping[str, Any], at_ms: int) -> SessionEvent | None:
     )
 
 
+def next_sample_ns(now_ns: int, started_ns: int, sample_ms: int, timeout_ms: int, spent_ms: int) -> int:
+    """When an open turn's next sample is due: its next multiple of ``sample_ms``, or the moment
+    the budget runs out when that comes first (``timeout_ms`` > 0; ``spent_ms`` spent before the
+    turn). Monotonic nanoseconds."""
+    period = sample_ms * 1_000_000
+    due = started_ns + ((now_ns - started_ns) // period + 1) * period
+    if timeout_ms > 0:
+        budget_end = started_ns + max(0, timeout_ms - spent_ms) * 1_000_000
+        if budget_end > now_ns:
+            due = min(due, budget_end)
+    return due
+
+
 def prompt_event(workflow_message_id: str, at_ms: int) -> SessionEvent:
     """The host sent a step message to Pi (RPC ``prompt``)."""
     return SessionEvent(event_type="prompt", pi_event_id=workflow_message_id, event_role="user", started_at=at_ms)

@@ -1,4 +1,5 @@
-"""An agent host child: drives Pi (RPC mode) through one recording segment of an agent step.
+"""An agent host child: drives Pi (RPC mode) through one recording segment of an agent step (a
+command step's command instead: agents/command.py).
 
 ::
 
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from piworkflows import faults
-from piworkflows.agents.capture import Capture, now_ms, prompt_event
+from piworkflows.agents.capture import Capture, next_sample_ns, now_ms, prompt_event
+from piworkflows.agents.command import CommandStep
 from piworkflows.agents.pi import NEEDS_NODE
 from piworkflows.agents.rpc import WORKFLOW_TOOL, PiProcess, pi_argv, pi_env
 from piworkflows.agents.session import SessionFile, assistant_text, role_of, settled_reply, steps_on, stop_reason
@@ -68,6 +70,7 @@ SETUP_PI = "run 'pi-workflows setup pi', or set PI_WORKFLOWS_PI_COMMAND to a pi 
 UI_DIALOGS = frozenset({"select", "confirm", "input", "editor"})
 
 Item = tuple[str, Any]  # ("frame", a supervisor frame) | ("eof", None) | ("pi", a record) | ("pi_exit", code)
+# (a command step adds ("command_ended", command.Finished) and ("submitted", a client.v1 Response | None))
 
 
 class _Ended(Exception):
@@ -126,6 +129,10 @@ class Host:
         except queue.Empty:
             return None
 
+    def next_item(self, timeout_s: float | None) -> Item | None:
+        """What arrived next: an item deferred while a reply was awaited, else the queue's."""
+        return self.deferred.popleft() if self.deferred else self._take(timeout_s)
+
     def call(self, frame: Frame) -> dict[str, Any]:
         """Send a report and wait for its reply; its receipt. Refused: the host ends."""
         self.ids += 1
@@ -168,6 +175,8 @@ class Host:
             return HOST_EXIT_DONE
         try:
             launch = AgentLaunch.model_validate(item[1]["b"])
+            if launch.contract.executor.kind == "command":  # another command-line agent, not Pi
+                return CommandStep(self, launch).drive()
             return self._drive(launch)
         except _Ended as ended:
             if ended.why:
@@ -217,7 +226,7 @@ class Host:
                     self.stopping = "no step is left to send"
                     break
                 self._prompt(self.queue.popleft())
-            item = self.deferred.popleft() if self.deferred else self._take(self._timeout_s())
+            item = self.next_item(self._timeout_s())
             if item is not None:
                 self._handle(item)
             self._tick()
@@ -448,13 +457,10 @@ class Host:
         """The next sample of the open turn: its next multiple of sample_ms, or the moment the budget
         runs out when that comes first."""
         assert self.turn is not None
-        now, started, period = time.monotonic_ns(), self.turn.started_ns, self.launch.sample_ms * 1_000_000
-        due = started + ((now - started) // period + 1) * period
-        if self.launch.timeout_ms > 0:
-            budget_end = started + max(0, self.launch.timeout_ms - self.spent_ms) * 1_000_000
-            if budget_end > now:
-                due = min(due, budget_end)
-        self.sample_due_ns = due
+        launch = self.launch
+        self.sample_due_ns = next_sample_ns(
+            time.monotonic_ns(), self.turn.started_ns, launch.sample_ms, launch.timeout_ms, self.spent_ms
+        )
 
     def _timeout_s(self) -> float:
         dues = [due for due in (self.flush_due_ns, self.sample_due_ns) if due is not None]

@@ -1,4 +1,5 @@
-"""The step contract: the text of every step message Pi gets, and how a Pi entry names its message.
+"""The step contract: the text of every step message Pi gets (a command step's command reads it on
+its stdin), and how a Pi entry names its message.
 
 Every step message ends with the line ``pi-workflows-message: <id>``: the
 agent host finds the step's entry on the session's active branch by it
@@ -33,8 +34,29 @@ def _expected(contract: AgentContract) -> str:
     return f"Expected output: {expected.description}"
 
 
+def _command_instructions(contract: AgentContract) -> list[str]:
+    """A command step (``executor=command(argv)``): the output is what the command prints."""
+    expected = contract.expected_output
+    if expected.kind == "assistant-message":
+        limit = f" of at most {expected.max_chars} characters" if expected.max_chars is not None else ""
+        first = [f"Complete this step by printing your reply{limit} on standard output: it is the step's output."]
+    elif expected.kind == "schema":
+        first = [
+            "Complete this step by printing its output on standard output as one JSON value, and nothing else.",
+            _expected(contract),
+        ]
+    else:
+        first = [
+            "Complete this step by printing its output on standard output: the text is the output.",
+            _expected(contract),
+        ]
+    return [*first, "Exit with status 0 once it is printed; any other status fails the step."]
+
+
 def _instructions(contract: AgentContract) -> list[str]:
     expected = contract.expected_output
+    if contract.executor.kind == "command":
+        return _command_instructions(contract)
     if expected.kind == "assistant-message":
         limit = f" of at most {expected.max_chars} characters" if expected.max_chars is not None else ""
         return [

@@ -6,14 +6,16 @@
       ── agent.open (C3: a recording segment leased here: token in memory, hash in leases;
          a spent budget times the attempt out instead)
       ── Pi found? (PI_WORKFLOWS_PI_COMMAND, the installed copy, PATH) else agent.exited with
-         the fix: the run parks agentNoProgress
+         the fix: the run parks agentNoProgress (a command step, executor=command(argv), runs
+         its own program instead: no Pi is looked for)
       ── spawn `python -m piworkflows.agents` in its own process group (Pi runs in it)
          ── host.json (identity) ── launch AgentLaunch
       ── host frames (protocol/internal/agents.py HOST_FRAMES): the segment and its claim
          attached, deduplicated by the message key, forwarded as the writer command of the
          same kind; replies relayed
-      ── the host ends ── agent.exited unless it closed its segment (the open turn lost, the
-         interval at its last sample; nothing committed after C3: the run parks)
+      ── the host ends ── its group killed (a command or Pi it left) ── agent.exited unless it
+         closed its segment (the open turn lost, the interval at its last sample; nothing
+         committed after C3: the run parks)
     renewal: claim.renew of every live segment every claim_renew_ms; a lost claim kills the host
     pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
          agent_abort_grace_ms); the commit already changed the rows
@@ -188,8 +190,9 @@ class AgentManager:
         self.active[request_id] = handle
         handle.task = asyncio.create_task(self._serve(handle, receipt), name=f"agent-{segment_id}")
 
-    def _launch(self, handle: HostHandle, receipt: dict[str, Any], pi: str) -> AgentLaunch:
-        contract = AgentContract.model_validate(receipt["contract"])
+    def _launch(
+        self, handle: HostHandle, receipt: dict[str, Any], contract: AgentContract, pi: str | None
+    ) -> AgentLaunch:
         if contract.model is None and self.settings.agent_model:
             contract = contract.model_copy(update={"model": self.settings.agent_model})
         return AgentLaunch(
@@ -205,7 +208,7 @@ class AgentManager:
                 PendingStep(workflow_message_id=s["workflowMessageId"], text=s["text"]) for s in receipt["pending"]
             ],
             steps=receipt["steps"],
-            pi_command=[pi],
+            pi_command=[pi] if pi is not None else [],
             pi_args=shlex.split(self.settings.pi_args or ""),
             socket_path=self.socket_path,
             coordinator_epoch=handle.claim["lease_generation"],
@@ -221,11 +224,12 @@ class AgentManager:
     async def _serve(self, handle: HostHandle, receipt: dict[str, Any]) -> None:
         detail: str | None = None
         try:
-            pi = find_pi(self.settings)
-            if pi is None:
+            contract = AgentContract.model_validate(receipt["contract"])
+            pi = find_pi(self.settings) if contract.executor.kind == "pi" else None
+            if pi is None and contract.executor.kind == "pi":
                 detail = NEEDS_PI
                 return
-            launch = self._launch(handle, receipt, pi)
+            launch = self._launch(handle, receipt, contract, pi)
             env = {**os.environ, **self.settings.to_env()}
             if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
                 env.pop(faults.ENV, None)
@@ -310,8 +314,11 @@ class AgentManager:
     async def _finish(self, handle: HostHandle, detail: str | None) -> None:
         proc = handle.proc
         if proc is not None:
+            # Even after the host exited: what it left in its group (a command it ran, a Pi that
+            # outlived a kill -9 of the host) ends with it. The group id stays taken while any
+            # member lives, so it names no other process.
+            signal_group(proc.pid, signal.SIGKILL)
             if proc.returncode is None:
-                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             self.recorder.forget_child(proc.pid)
         if handle.stderr is not None:
@@ -375,4 +382,3 @@ class AgentManager:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-

@@ -497,4 +497,3 @@ HANDLERS: dict[str, Handler] = {
     BlobPutPartFrame.kind: OutboxPool._upload,
     EffectSettleFrame.kind: OutboxPool._settle,
 }
-

@@ -576,7 +576,6 @@ RELAYS: dict[str, Relay] = {
 }
 
 
-
 def _step(step: dict[str, Any]) -> CompletedStep:
     """A step of run.resume_state's receipt as the launch carries it."""
     return CompletedStep(

@@ -191,8 +191,10 @@ def pi() -> ExecutorDecl:
 
 
 def command(argv: Sequence[str]) -> ExecutorDecl:
-    """The step runs ``argv`` (no shell): the step message on its stdin, its stdout the output
-    (parsed as JSON unless the output is a description or an assistant message)."""
+    """The step runs ``argv`` (no shell) in the project: the step message on its stdin, its stdout
+    the output (parsed as JSON unless the output is a description or an assistant message),
+    validated as a Pi submission is. One run per attempt: a non-zero exit, unusable stdout or a
+    rejected output fails the step (docs/authoring.md, command)."""
     return ExecutorDecl("command", argv)
 
 

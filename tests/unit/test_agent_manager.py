@@ -14,12 +14,29 @@ import pytest
 
 from piworkflows.agents.pi import NEEDS_PI
 from piworkflows.clock import FakeClock
+from piworkflows.protocol.internal.agents import AgentContract, AgentLaunch, Executor, ExpectedOutput, request_id_of
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.agents import AgentManager, HostHandle
+from piworkflows.supervisor.registry import ChildNotRecorded
 from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def contract(executor: Executor | None = None) -> dict[str, Any]:
+    agreed = AgentContract(
+        workflow_name="demo",
+        node_path="fix",
+        attempt_id="attempt-1",
+        request_id=request_id_of("attempt-1"),
+        visit_number=1,
+        attempt_number=1,
+        prompt="Fix it.",
+        expected_output=ExpectedOutput(kind="description", description="what changed"),
+        executor=executor or Executor(),
+    )
+    return agreed.model_dump(mode="json")
 
 
 class FakeWriter:
@@ -29,6 +46,7 @@ class FakeWriter:
         self.pending = list(pending)
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.answers: dict[str, list[Reply]] = {}
+        self.contract = contract()
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         self.sent.append((kind, body))
@@ -52,7 +70,7 @@ class FakeWriter:
                     "requestId": body["request_id"],
                     "sessionId": "pis-1",
                     "piSessionFile": None,
-                    "contract": {},
+                    "contract": self.contract,
                     "pending": [],
                     "steps": [],
                     "timeoutMs": 0,
@@ -106,6 +124,39 @@ def test_without_pi_a_request_ends_its_segment_naming_the_fix(monkeypatch):
     assert writer.kinds() == ["agent.claimable", "agent.open", "agent.exited"]
     exited = writer.sent[-1][1]
     assert not exited["stopped_by_server"] and exited["detail"]["data"].decode() == NEEDS_PI
+
+
+def test_a_command_step_starts_its_host_without_looking_for_pi(monkeypatch):
+    """executor=command(argv): no Pi is needed, so none is looked for; the launch names no Pi."""
+
+    def no_pi(settings: Settings) -> str:
+        raise AssertionError("a command step looked for Pi")
+
+    async def unspawned(*args: Any, **kwargs: Any) -> Any:
+        raise ChildNotRecorded("the test starts no host")
+
+    launches: list[AgentLaunch] = []
+    real_launch = AgentManager._launch
+
+    def launch(manager: AgentManager, *args: Any) -> AgentLaunch:
+        launches.append(real_launch(manager, *args))
+        return launches[-1]
+
+    monkeypatch.setattr("piworkflows.supervisor.agents.find_pi", no_pi)
+    monkeypatch.setattr("piworkflows.supervisor.agents.spawn_child", unspawned)
+    monkeypatch.setattr(AgentManager, "_launch", launch)
+    writer = FakeWriter(["r1"])
+    writer.contract = contract(Executor(kind="command", argv=["my-agent", "--print"]))
+
+    async def scenario() -> None:
+        manager, _ = _manager(writer, FakeClock())
+        await manager.admit()
+        await _settle(manager)
+
+    asyncio.run(scenario())
+    (launched,) = launches
+    assert launched.pi_command == [] and launched.contract.executor.argv == ["my-agent", "--print"]
+    assert writer.kinds() == ["agent.claimable", "agent.open", "agent.exited"]
 
 
 def test_a_timed_out_open_starts_no_host_and_wakes_the_scheduler():

@@ -62,6 +62,7 @@ FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("agents", "Executor", "kind"): states.AGENT_EXECUTORS,
     ("agents", "AgentContract", "session"): states.AGENT_SESSIONS,
     ("agents", "AgentTurnFrame", "phase"): states.TURN_PHASES,
+    ("agents", "AgentTurnFrame", "error_code"): states.COMMAND_STEP_FAILURES,
     ("agents", "InteractionSettle", "verdict"): states.SUBMISSION_VERDICTS,
     ("agents", "InteractionSettle", "error_code"): states.SUBMISSION_REJECTIONS,
 }

@@ -175,7 +175,8 @@ def test_an_assistant_message_step_on_a_command_executor(tmp_path: Path) -> None
     assert (contract.expected_output.kind, contract.expected_output.max_chars) == ("assistant-message", 200)
     assert (contract.executor.kind, contract.executor.argv) == ("command", ["my-agent", "-q"])
     assert frame.timeout_ms == 0
-    assert "Do not call the workflow tool" in frame.step.data.decode()
+    step = frame.step.data.decode()  # the command reads it on stdin: no workflow tool there
+    assert "printing your reply of at most 200 characters on standard output" in step and "workflow` tool" not in step
 
 
 def test_an_interrupted_agent_attempt_continues_with_the_next_attempt_number(tmp_path: Path) -> None:

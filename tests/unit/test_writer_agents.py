@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from piworkflows.protocol.internal.agents import (
+    Executor,
     initial_step_key,
     message_id_of,
     reminder_step_key,
@@ -397,6 +398,73 @@ def test_a_turn_ending_past_the_budget_times_out(step, executor):
     ended = step.turn("ended", "turn-segment-1-1", stop_reason="stop", elapsed_ms=1_000)
     assert ended.receipt["timedOut"] is True and ended.receipt["requestStatus"] == "failed"
     assert step.attempt() == ("timed_out", "timed_out", "agentTimeout")
+    consistent(executor)
+
+
+# --- a command step's run (executor=command(argv)): one turn, never reminded --------------------
+
+COMMAND = Executor(kind="command", argv=["my-agent", "--print"])
+
+
+def command_turn(step, **end):
+    """The run's one turn of a command step: the step sent as its prompt entry, started, ended."""
+    step.host("agent.message_sent", workflow_message_id=step.initial_id, pi_entry_id="c0000001")
+    assert step.turn("started", "turn-segment-1-1").outcome == "accepted"
+    return step.turn("ended", "turn-segment-1-1", elapsed_ms=120, **end)
+
+
+@pytest.mark.parametrize(
+    ("code", "stop"), [("commandFailed", "error"), ("validationFailed", "stop"), ("validatorFailed", "stop")]
+)
+def test_a_command_run_that_failed_fails_its_attempt_with_its_code(step, executor, code, stop):
+    step.start(executor=COMMAND)
+    step.open()
+    error = BlobValue.of_text("the command exited with status 3: the build is broken").model_dump()
+    ended = command_turn(step, stop_reason=stop, error_code=code, error=error)
+    assert ended.outcome == "accepted" and ended.receipt["requestStatus"] == "failed" and ended.receipt["pending"] == []
+    assert step.attempt() == ("failed", "failed", code)
+    (saved,) = step.row("SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.error_digest")
+    assert saved == b"the command exited with status 3: the build is broken"
+    assert step.row("SELECT count(*) FROM workflow_messages") == (1,)  # no reminder for a command
+    assert step.rows("SELECT elapsed_ms, end_cause FROM attempt_active_intervals") == [(120, "turn_end")]
+    assert run_state(executor) == (("queued", "queued", False, False), None)
+    assert step.row("SELECT event_type FROM events WHERE resource_id = 'run-1' ORDER BY resource_revision DESC") == (
+        "agent.failed",
+    )
+    consistent(executor)
+
+
+def test_a_command_reply_over_its_limit_fails_the_attempt_and_one_within_is_accepted(step, executor):
+    step.start(expected=assistant_message(max_chars=10), executor=COMMAND)
+    step.open()
+    ended = command_turn(step, stop_reason="stop", reply=BlobValue.of_text("x" * 11).model_dump())
+    assert ended.receipt["requestStatus"] == "failed" and ended.receipt["pending"] == []
+    assert step.attempt() == ("failed", "failed", "validationFailed")
+    (error,) = step.row("SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.error_digest")
+    assert (
+        error.decode() == "the command's output was not accepted: the reply has 11 characters, more than the step's 10"
+    )
+    consistent(executor)
+
+
+def test_a_command_turn_ending_after_its_output_was_accepted_changes_nothing(step, executor):
+    step.start(executor=COMMAND)
+    step.open()
+    step.host("agent.message_sent", workflow_message_id=step.initial_id, pi_entry_id="c0000001")
+    step.turn("started", "turn-segment-1-1")
+    submitted = step.submit({"summary": "done"}, key="command-segment-1")
+    step.settle(submitted.receipt["submissionId"], {"summary": "done"})
+    ended = step.turn("ended", "turn-segment-1-1", stop_reason="stop", elapsed_ms=80)
+    assert ended.receipt["requestStatus"] == "accepted" and step.attempt() == ("completed", "ok", None)
+    consistent(executor)
+
+
+def test_only_a_command_steps_turn_ends_with_an_error(opened, executor):
+    opened.turn("started", "turn-segment-1-1")
+    error = BlobValue.of_text("no").model_dump()
+    ended = opened.turn("ended", "turn-segment-1-1", stop_reason="stop", error_code="commandFailed", error=error)
+    refused(ended, "rejected", "invalidTransition")
+    assert opened.request_status() == "pending"
     consistent(executor)
 
 

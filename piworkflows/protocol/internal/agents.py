@@ -28,6 +28,7 @@ from piworkflows.protocol.internal.nodes import UnderRunClaim
 from piworkflows.protocol.internal.values import (
     AgentExecutor,
     AgentSession,
+    CommandStepFailure,
     ExpectedOutputKind,
     SubmissionRejection,
     SubmissionVerdict,
@@ -251,7 +252,9 @@ class AgentTurnFrame(Frame):
     At the end: ``stop_reason`` is Pi's (``stop``, ``toolUse``, ``length``, ``error``,
     ``aborted``), ``aborted_by_server`` when the host aborted it (timeout, pause, cancel),
     ``reply`` the final visible text (an assistant-message step is accepted with it),
-    ``elapsed_ms`` the interval's measured active time at the end.
+    ``elapsed_ms`` the interval's measured active time at the end. A command step's run (one
+    turn) that gave no accepted output ends with ``error_code`` and ``error``: its attempt fails
+    so (a command is not reminded).
     """
 
     kind: ClassVar[str] = "agent.turn"
@@ -263,6 +266,16 @@ class AgentTurnFrame(Frame):
     reply: BlobValue | None = None
     aborted_by_server: bool = False
     elapsed_ms: int = Field(default=0, ge=0)
+    error_code: CommandStepFailure | None = None
+    error: BlobValue | None = None  # text: why the command's run failed
+
+    @model_validator(mode="after")
+    def _shape(self) -> AgentTurnFrame:
+        if (self.error_code is None) != (self.error is None):
+            raise ValueError("a failed run carries its error code and its error, and only it does")
+        if self.error is not None and (self.phase != "ended" or self.error.media_type != MEDIA_TEXT):
+            raise ValueError("a turn's error is text, at its end")
+        return self
 
 
 class AgentTurn(UnderSegmentClaim, AgentTurnFrame):

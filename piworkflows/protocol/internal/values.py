@@ -58,3 +58,4 @@ AgentSession: TypeAlias = Literal[_values(states.AGENT_SESSIONS)]  # type: ignor
 TurnPhase: TypeAlias = Literal[_values(states.TURN_PHASES)]  # type: ignore[valid-type]
 SubmissionVerdict: TypeAlias = Literal[_values(states.SUBMISSION_VERDICTS)]  # type: ignore[valid-type]
 SubmissionRejection: TypeAlias = Literal[_values(states.SUBMISSION_REJECTIONS)]  # type: ignore[valid-type]
+CommandStepFailure: TypeAlias = Literal[_values(states.COMMAND_STEP_FAILURES)]  # type: ignore[valid-type]

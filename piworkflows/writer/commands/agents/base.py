@@ -92,6 +92,22 @@ def session_step(tx: Tx, segment: Segment, message_id: str) -> tuple[str | None,
     return row[0], row[2], row[3]
 
 
+def reply_problem(contract: AgentContract, reply: BlobValue | None) -> str | None:
+    """Why a reply is not the output of the step (None: it is): an assistant-message step takes
+    non-empty text within its limit."""
+    expected = contract.expected_output
+    if expected.kind != "assistant-message":
+        return "the step's output is submitted, not replied"
+    if reply is None or reply.media_type != MEDIA_TEXT:
+        return "there is no reply"
+    text = reply.data.decode("utf-8")
+    if not text.strip():
+        return "the reply is empty"
+    if expected.max_chars is not None and len(text) > expected.max_chars:
+        return f"the reply has {len(text)} characters, more than the step's {expected.max_chars}"
+    return None
+
+
 @dataclass(frozen=True)
 class ReplyAcceptance:
     """An assistant-message step accepted with the model's visible reply (C9; adopted at C5)."""
@@ -112,11 +128,9 @@ class ReplyAcceptance:
         adopted: bool,
     ) -> ReplyAcceptance | None:
         """The acceptance, when the reply is one: non-empty text within the step's limit."""
-        if contract.expected_output.kind != "assistant-message" or reply is None or reply.media_type != MEDIA_TEXT:
+        if reply is None or reply_problem(contract, reply) is not None:
             return None
         text, limit = reply.data.decode("utf-8"), contract.expected_output.max_chars
-        if not text.strip() or (limit is not None and len(text) > limit):
-            return None
         receipt = {
             "textSha256": hashlib.sha256(reply.data).hexdigest(),
             "piEntryId": entry,

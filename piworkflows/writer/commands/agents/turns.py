@@ -9,6 +9,8 @@
              aborted by the person       -> the run pauses (pending steps cancelled interruption)
              assistant-message reply ok  -> accepted (submission assistant:<turn>)
              otherwise, the budget spent -> timed out (the turn's end is its last sample)
+             a command step's run        -> attempt failed with the run's error_code (a command
+                                            is not reminded), run queued
              otherwise, under 2 reminders -> a reminder step (source workflow_turn)
              otherwise                   -> attempt failed missingSubmission, run queued
 
@@ -31,6 +33,7 @@ from piworkflows.writer.commands.agents.base import (
     outcome_receipt,
     paused,
     recording,
+    reply_problem,
     require_open,
     session_step,
 )
@@ -93,11 +96,14 @@ def _start(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change
 def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
     conn, now = tx.conn, tx.now
     contract = agent_steps.contract_of(conn, request)
+    command = contract.executor.kind == "command"
+    if cmd.error_code is not None and not command:
+        raise CommandError("invalidTransition", "only a command step's run ends with an error")
     quiet = request.status != "pending" or paused(tx, request.run_id) or cmd.aborted_by_server
     interrupted = not quiet and cmd.stop_reason == "aborted"
     key = f"assistant:{cmd.workflow_turn_id}"
     accepted = None
-    if not quiet and not interrupted:
+    if not quiet and not interrupted and cmd.error_code is None:
         accepted = ReplyAcceptance.of(request, contract, key, cmd.reply, cmd.response_entry_id, adopted=False)
     unproductive = not quiet and not interrupted and accepted is None
     timeout_ms, _, spent = active_time.budget_spent(conn, segment.attempt_id, cmd.elapsed_ms)
@@ -105,7 +111,14 @@ def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
     blobs = [accepted.output, accepted.receipt] if accepted else []
     reminder: tuple[str, BlobValue] | None = None
     missing: BlobValue | None = None
-    if unproductive and not timed_out and not agent_steps.pending_steps(conn, request.request_id):
+    failure: tuple[str, BlobValue] | None = None
+    if unproductive and not timed_out and command:  # a command's run is not reminded: the attempt fails
+        if cmd.error_code is not None and cmd.error is not None:
+            failure = (cmd.error_code, cmd.error)
+        else:
+            problem = reply_problem(contract, cmd.reply)
+            failure = ("validationFailed", BlobValue.of_text(f"the command's output was not accepted: {problem}"))
+    elif unproductive and not timed_out and not agent_steps.pending_steps(conn, request.request_id):
         # (a pending step left: the host still has it to send)
         count = agent_steps.reminders(conn, request.request_id)
         if count < step_contract.MAX_REMINDERS:
@@ -142,6 +155,9 @@ def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
         elif missing is not None:
             agent_steps.fail(conn, request, "failed", "missingSubmission", missing, None, tx.actor, now)
             agent_steps.advance(conn, request.run_id, "agent.failed", tx.actor, now, missing.digest)
+        elif failure is not None:
+            agent_steps.fail(conn, request, "failed", *failure, None, tx.actor, now)
+            agent_steps.advance(conn, request.run_id, "agent.failed", tx.actor, now, failure[1].digest)
         records.advance_presentation(conn, request.run_id, now)
         change.receipt.update(workflowTurnId=cmd.workflow_turn_id, turnState="ended", **outcome_receipt(tx, request))
 
