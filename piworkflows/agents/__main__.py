@@ -1,8 +1,6 @@
 """``python -m piworkflows.agents``: one agent host child (spawned by the supervisor, in its own
 process group, with Pi as its child)."""
 
-import sys
-
 from piworkflows.agents.host import main
 
-sys.exit(main())
+main()

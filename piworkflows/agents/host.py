@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from piworkflows import faults
 from piworkflows.agents.capture import Capture, now_ms, prompt_event
@@ -516,7 +516,7 @@ class Host:
         return HOST_EXIT_DONE
 
 
-def main() -> int:
+def main() -> NoReturn:
     host = Host(sys.stdin.buffer, sys.stdout.buffer)
     relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
@@ -526,4 +526,7 @@ def main() -> int:
     if os.getpgrp() == os.getpid():  # the supervisor started this group: end whatever Pi left in it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.killpg(os.getpgrp(), signal.SIGTERM)
-    return status
+    # Every frame and line is flushed: exit now. The supervisor keeps stdin open until this process
+    # ended, so interpreter shutdown would wait a second for the reader thread's lock on stdin and
+    # then abort (SIGABRT): a second more per step, and neither this status nor the line above.
+    os._exit(status)

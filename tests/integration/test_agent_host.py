@@ -433,8 +433,14 @@ def test_the_host_process_logs_to_its_supervisor_and_ends_with_its_declared_stat
         stderr=subprocess.PIPE,
         start_new_session=True,  # as the supervisor starts it: its own group
     )
-    out, err = proc.communicate(frames.encode(launch.kind, 0, launch.model_dump()), timeout=60)
-    assert proc.returncode == HOST_EXIT_PI_UNAVAILABLE
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(frames.encode(launch.kind, 0, launch.model_dump()))
+    proc.stdin.flush()  # and left open, as the supervisor leaves it until the host ended
+    proc.wait(timeout=60)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    # Its declared status, not SIGABRT after a second's wait for its stdin reader at interpreter shutdown.
+    assert proc.returncode == HOST_EXIT_PI_UNAVAILABLE, err.decode()[-2000:]
     logged = [frame for frame in frames.FrameDecoder().feed(out)]
     assert [frame["k"] for frame in logged] == ["log"]
     assert "pi-workflows setup pi" in logged[0]["b"]["message"]
