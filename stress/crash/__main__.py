@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
         "--quiet-seconds",
         type=float,
         default=60.0,
-        help="the longest kill-free settling period at the end (it ends once no run is queued or running)",
+        help="how long the kill-free settling period at the end waits without a run settling (it ends once "
+        "no run moves on by itself and every agent run ended)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     return p

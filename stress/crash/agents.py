@@ -160,20 +160,20 @@ def victim(target: str, registry: Registry, rng: random.Random) -> psutil.Proces
     return children[0] if children else None
 
 
-def resume_unended(final: workload.Client, statuses: dict[str, str]) -> bool:
-    """Whether every agent run (``statuses``: run id -> its last seen status) has ended; a paused or
-    parked one is resumed (with a key: evidence) so that it goes on."""
+def resume_unended(final: workload.Client, statuses: dict[str, str]) -> int:
+    """How many agent runs (``statuses``: run id -> its last seen status) have not ended; a paused
+    or parked one is resumed (with a key: evidence) so that it goes on."""
     for run_id, status in statuses.items():
         if status in agent_oracles.TERMINAL:
             continue
         view = final.status(run_id)
         if view is None:
-            return False
+            continue  # not seen now: still counted as it was
         run = view["run"]
         statuses[run_id] = run["status"]
         if run["status"] not in agent_oracles.TERMINAL and (run["paused"] or run["parkReason"]):
             final.send("run.resume", run_id=run_id, key=f"quiet-resume-{run_id}-{final.sent}")
-    return all(status in agent_oracles.TERMINAL for status in statuses.values())
+    return sum(status not in agent_oracles.TERMINAL for status in statuses.values())
 
 
 def counts(found: dict[str, Any], state: State) -> dict[str, Any]:

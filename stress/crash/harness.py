@@ -428,27 +428,31 @@ class Harness:
             found = self._evidence()
             self.agent_runs = {run_id: "unknown" for run_id in workload.agent_runs(found["sent"], found["acks"])}
             deadline = time.monotonic() + self.options.quiet_s
-            while time.monotonic() < deadline:  # bounded: what is left then is stuck
+            fewest: int | None = None  # the fewest runs left moving (or agent runs unended) seen
+            while time.monotonic() < deadline:  # what still moves once none settled for quiet_s is stuck
                 self._restart_if_gone(arm=False)
                 try:
-                    agents_ended = agents.resume_unended(final, self.agent_runs)
-                    if self._settled(final) and agents_ended:
-                        break
+                    left = agents.resume_unended(final, self.agent_runs) + self._moving(final)
                 except (ClientError, OSError, ConnectionError):
                     continue  # it stopped by itself: restarted above on the next turn
+                if left == 0:
+                    break
+                if fewest is None or left < fewest:  # progress: a slow backlog is not stuck
+                    fewest, deadline = left, time.monotonic() + self.options.quiet_s
                 time.sleep(0.2)
         finally:
             final.close()
 
     @staticmethod
-    def _settled(final: workload.Client) -> bool:
-        """No queued or running run moves on by itself any more: each is paused, or parked for a
+    def _moving(final: workload.Client) -> int:
+        """The queued or running runs that move on by themselves: neither paused nor parked for a
         reason that waits for a person (an ambiguous effect among them)."""
         payload: dict[str, Any] = {"status": ["queued", "running"], "limit": 256}
+        moving = 0
         while True:
             response = final.client.request("run.list", payload)
             if response.outcome != "accepted":
-                return False
+                raise ConnectionError(f"run.list: {response.outcome}")
             page = response.receipt
             for item in page["items"]:
                 shown = item["display"]
@@ -456,9 +460,9 @@ class Harness:
                     continue
                 if shown["activity"] == "parked" and shown["reason"] in oracles.DOCUMENTED_PARKS:
                     continue
-                return False
+                moving += 1
             if page["cursor"] is None:
-                return True
+                return moving
             payload["cursor"] = page["cursor"]
 
     # --- evidence and report ----------------------------------------------------
