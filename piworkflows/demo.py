@@ -3,13 +3,18 @@
 Starts a real server (and a local webhook receiver for the demo's http
 node), runs the built-in demo workflow through the public client (exactly
 what `pi-workflows run start builtin:demo` does), answers its checkpoint
-like an operator would, prints the run view as it finishes, and stops the
-server. Nothing outside the temporary directory is touched.
+like an operator would, prints the run view as it finishes; then runs the
+built-in agent-demo workflow, whose agent step and decision run on the real
+Pi coding agent against a scripted model (provider ``scripted``: answers
+written in advance, no network, no API key), and stops the server. Nothing
+outside the temporary directory is touched. Pi comes from
+PI_WORKFLOWS_PI_COMMAND, else `pi-workflows setup pi` (scripts/demo runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -20,6 +25,7 @@ from pathlib import Path
 from piworkflows import canonical
 from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
+from piworkflows.testing.scripted_model import ScriptedModel
 
 
 def wait_for(client: WorkflowClient, run_id: str, statuses: set[str], timeout: float = 60.0) -> dict:
@@ -51,6 +57,45 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
+# What the scripted model answers the agent-demo's two steps with: each a call of the workflow tool.
+SCRIPT = [
+    {
+        "tool_calls": [
+            {
+                "name": "workflow",
+                "arguments": {
+                    "action": "submit",
+                    "requestId": "${requestId}",
+                    "output": {"summary": "All 41 tests pass after the change.", "risk": "low"},
+                },
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "workflow",
+                "arguments": {"action": "submit", "requestId": "${requestId}", "output": {"route": "ship"}},
+            }
+        ]
+    },
+]
+
+
+def agent_demo(client: WorkflowClient, project: str) -> str:
+    """builtin:agent-demo on the scripted model: its final display status."""
+    started = client.request("run.start", {"projectPath": project, "workflowName": "builtin:agent-demo", "input": {}})
+    run_id = started.receipt["runId"]
+    print(f"run.start builtin:agent-demo -> {started.outcome}: {run_id}")
+    print("  agent steps run on the real Pi against a SCRIPTED model (provider 'scripted', no network, no API key)")
+    done = wait_for(client, run_id, {"completed", "failed", "cancelled", "timed_out"}, timeout=120)
+    print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
+    for step in done["steps"]["items"]:
+        output = canonical.dumps(step["output"]) if step.get("output") is not None else ""
+        print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']} {output[:100]}")
+    return str(done["display"]["status"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m piworkflows.demo")
     parser.add_argument("--who", default="you")
@@ -60,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"state dir: {paths.state_dir}")
         hook = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
         threading.Thread(target=hook.serve_forever, daemon=True).start()
+        model = ScriptedModel({"demo": SCRIPT})
+        # The server (and the Pi it starts) reads these from its environment: Pi's own configuration
+        # names the scripted model as provider "scripted"; the user's ~/.pi/agent is not touched.
+        os.environ["PI_CODING_AGENT_DIR"] = str(model.write_pi_config(Path(tmp) / "pi-agent"))
+        os.environ["PI_WORKFLOWS_AGENT_MODEL"] = "scripted/demo"
         start_server(paths)
         try:
             with WorkflowClient(paths.state_dir) as client:
@@ -83,10 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
                 for step in done["steps"]["items"]:
                     print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']}")
+                agent_status = agent_demo(client, tmp)
         finally:
             stop_server(paths)  # waits until the server process is gone, before the directory goes
             hook.shutdown()
-    return 0 if done["display"]["status"] == "completed" else 1
+            model.close()
+    return 0 if done["display"]["status"] == agent_status == "completed" else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Actions: ``crash`` (SIGKILL to this process: no cleanup, like ``kill -9``),
 ``OSError`` a full or failing disk gives at that write). ``@N`` fires on the
 Nth hit only, ``@N-M`` on hits N to M (default: every hit). Each point is
 named once, here; call sites use the constants. An outbox worker the pool restarts runs without ``PIW_FAULTS``, so a
-worker fault fires in the first worker of each slot only.
+worker fault fires in the first worker of each slot only; likewise a resolver child started after
+one broke, and an agent host (with its Pi) started after one ended unclosed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ AGENT_BEFORE_CLOSE = "agent.before_close"
 # In Pi, the workflow tool (piworkflows/agents/pi/workflow.ts reads PIW_FAULTS itself; only
 # ``crash`` there, which kills Pi): a submission written to the socket, its verdict not read.
 TOOL_AFTER_SUBMIT_SENT = "tool.after_submit_sent"
+# In the supervisor, a submission recorded validating (C10) and not yet judged; in the validator
+# (a resolver child), the verdict reached and not yet answered.
+SUPERVISOR_AFTER_SUBMISSION_RECORDED = "supervisor.after_submission_recorded"
+VALIDATOR_BEFORE_VERDICT = "validator.before_verdict"
 
 POINTS = frozenset(
     {
@@ -71,6 +76,8 @@ POINTS = frozenset(
         AGENT_AFTER_RECORD,
         AGENT_BEFORE_CLOSE,
         TOOL_AFTER_SUBMIT_SENT,
+        SUPERVISOR_AFTER_SUBMISSION_RECORDED,
+        VALIDATOR_BEFORE_VERDICT,
     }
 )
 ACTIONS = ("crash", "raise", "sleep", "enospc", "eio")

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from piworkflows import faults
 from piworkflows.protocol import frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import Frame
@@ -188,7 +189,10 @@ HANDLERS: dict[str, Callable[[Any], Frame]] = {
 def answer(kind: str, body: Any) -> Frame:
     """The answer to one request frame."""
     request: ResolverRequest = RESOLVER_FRAMES[kind].model_validate(body)
-    return HANDLERS[kind](request)
+    answered = HANDLERS[kind](request)
+    if kind == ValidateRequest.kind:
+        faults.hit(faults.VALIDATOR_BEFORE_VERDICT)
+    return answered
 
 
 def main() -> int:

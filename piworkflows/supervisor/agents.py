@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from piworkflows import canonical
+from piworkflows import canonical, faults
 from piworkflows.agents.pi import NEEDS_PI, find_pi
 from piworkflows.clock import Clock
 from piworkflows.protocol import frames
@@ -45,10 +45,18 @@ from piworkflows.protocol.internal.agents import HOST_FRAMES, AgentContract, Age
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.settings import Settings
+from piworkflows.supervisor import interactions
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded
-from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable, refusal
-from piworkflows.supervisor.spawn import spawn_child
+from piworkflows.supervisor.seams import (
+    ChildRecorder,
+    RunControl,
+    WorkflowResolvers,
+    WriterRequests,
+    ask_while_unavailable,
+    refusal,
+)
+from piworkflows.supervisor.spawn import GroupStopper, signal_group, spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -87,6 +95,8 @@ class AgentManager:
         server_epoch: Callable[[], int],
         socket_path: str,
         wake_scheduler: Callable[[], None],
+        resolvers: WorkflowResolvers,
+        runs: RunControl,
     ) -> None:
         self.writer = writer
         self.recorder = recorder  # host.json: agent host groups
@@ -95,11 +105,14 @@ class AgentManager:
         self.server_epoch = server_epoch
         self.socket_path = socket_path  # the workflow tool in Pi submits here (client.v1)
         self.wake_scheduler = wake_scheduler  # a settled request requeues its run
+        self.resolvers = resolvers  # judge the submissions a crash left validating
+        self.runs = runs
         self.active: dict[str, HostHandle] = {}  # by request id
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._timers: set[asyncio.Task[None]] = set()
+        self._stopper = GroupStopper(clock)
         self._stopping = False
+        self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.writer.request(kind, {"actor": SERVER, **body})
@@ -108,6 +121,8 @@ class AgentManager:
         self._wake.set()
 
     async def start(self) -> None:
+        """Judge what a crash left validating, then admit requests."""
+        await self.revalidate()
         if self.settings.max_agents <= 0:
             return
         self._tasks = [
@@ -115,6 +130,18 @@ class AgentManager:
             asyncio.create_task(self._renewal(), name="agent-renewal"),
         ]
         self.wake()
+
+    async def revalidate(self) -> None:
+        """Submissions recorded validating before the server stopped (none is judged now): each is
+        validated and settled, so its request is accepted or pending again (its tool is gone)."""
+        reply = await self.request("interaction.validating", {"limit": 256})
+        for item in (reply.receipt or {}).get("submissions", []):
+            try:
+                settled = await interactions.settle(self.writer, self.resolvers, self.runs, item, item["output"])
+            except Exception as exc:  # one submission's failure never stops the start
+                log_failure(log, f"validating submission {item['submissionId']} again failed", exc)
+                continue
+            log.info("%s: a submission left validating was judged again: %s", item["runId"], settled.outcome)
 
     async def _admission(self) -> None:
         while not self._stopping:
@@ -200,6 +227,8 @@ class AgentManager:
                 return
             launch = self._launch(handle, receipt, pi)
             env = {**os.environ, **self.settings.to_env()}
+            if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
+                env.pop(faults.ENV, None)
             handle.proc, handle.stderr = await spawn_child(
                 "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=env
             )
@@ -282,12 +311,14 @@ class AgentManager:
         proc = handle.proc
         if proc is not None:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             self.recorder.forget_child(proc.pid)
         if handle.stderr is not None:
             handle.stderr.close()
         if not handle.closed:
+            if proc is not None and not handle.stopping:
+                self._failures += 1
             body: dict[str, Any] = {"segment_id": handle.segment_id, "stopped_by_server": handle.stopping}
             if detail is not None and not handle.stopping:
                 body["detail"] = BlobValue.of_text(detail[:2000]).model_dump()
@@ -329,19 +360,8 @@ class AgentManager:
 
     def _stop_handle(self, handle: HostHandle) -> None:
         handle.stopping = True
-        proc = handle.proc
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-
-        async def kill_if_alive() -> None:
-            await self.clock.sleep_ms(self.settings.stop_grace_ms)
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
-
-        timer = asyncio.create_task(kill_if_alive(), name=f"kill-agent-{proc.pid}")
-        self._timers.add(timer)
-        timer.add_done_callback(self._timers.discard)
+        if handle.proc is not None:
+            self._stopper.stop(handle.proc, self.settings.stop_grace_ms, "agent")
 
     async def stop(self) -> None:
         """Shutdown: every host ends; its segment closes and the step resumes after the restart."""
@@ -356,10 +376,3 @@ class AgentManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-
-def _signal_group(pid: int, signum: int) -> None:
-    """The group of a host this supervisor spawned itself (its own unreaped child)."""
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from piworkflows import faults
 from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import BlobValue
@@ -85,6 +86,7 @@ async def submit(
     receipt = recorded.receipt or {}
     if recorded.outcome not in ("accepted", "adopted") or receipt.get("status") != "validating":
         return _answer(request, recorded)  # refused, or a repeat of a settled submission
+    faults.hit(faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED)
     return _answer(request, await settle(writer, resolvers, runs, receipt, payload.value.output))
 
 

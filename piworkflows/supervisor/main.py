@@ -137,6 +137,8 @@ class Supervisor:
             server_epoch=lambda: self.epoch,
             socket_path=str(self.paths.socket),
             wake_scheduler=self.wake_scheduler,
+            resolvers=self.resolvers,
+            runs=self,
         )
 
     # --- what the components ask of each other (supervisor/seams.py) -------------------

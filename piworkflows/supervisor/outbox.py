@@ -54,7 +54,7 @@ from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable
-from piworkflows.supervisor.spawn import spawn_child
+from piworkflows.supervisor.spawn import signal_group, spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -228,7 +228,7 @@ class OutboxPool:
                 slot.arrived.set()
         except Exception as exc:  # a malformed frame: the worker is not trusted any more
             log_failure(log, f"outbox worker {slot.index} sent a bad frame", exc)
-            _kill_group(proc.pid)
+            signal_group(proc.pid, signal.SIGKILL)
         finally:
             slot.broke = True  # ended by itself unless the pool ended it (cancel, stop)
             slot.frames.append(None)  # end of the worker
@@ -337,7 +337,7 @@ class OutboxPool:
     def _end_commands(self, slot: Slot) -> None:
         for identity in slot.commands:
             if identity.find() is not None:
-                _kill_group(identity.pid)
+                signal_group(identity.pid, signal.SIGKILL)
             self.recorder.forget_child(identity.pid)
         slot.commands.clear()
 
@@ -406,7 +406,7 @@ class OutboxPool:
                 except TimeoutError:
                     pass
             if proc.returncode is None:
-                _kill_group(proc.pid)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
             self.recorder.forget_child(proc.pid)
             await self._end_stderr(slot, proc, by_itself)
@@ -469,7 +469,7 @@ class OutboxPool:
                 self._end_commands(slot)
                 slot.cancelled = True
                 if slot.proc is not None and slot.proc.returncode is None:
-                    _kill_group(slot.proc.pid)
+                    signal_group(slot.proc.pid, signal.SIGKILL)
 
     async def stop(self) -> None:
         """Shutdown: no new claims; applying effects get stop_grace_ms to settle, then the workers
@@ -498,10 +498,3 @@ HANDLERS: dict[str, Handler] = {
     EffectSettleFrame.kind: OutboxPool._settle,
 }
 
-
-def _kill_group(pid: int) -> None:
-    """A group this supervisor spawned itself (its own handle), or one identity-checked first."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

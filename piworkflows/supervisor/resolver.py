@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 from typing import Any
 
+from piworkflows import faults
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import MAX_FRAME_BYTES, Frame
 from piworkflows.protocol.internal.resolver import (
@@ -73,8 +75,12 @@ class Resolvers:
         self.settings = settings
         self._idle: list[_Child] = []
         self._slots = asyncio.Semaphore(settings.resolvers)
+        self._failures = 0  # children that broke or hung so far
 
     async def _spawn(self) -> _Child:
+        # Like a restarted outbox worker, a child started after one broke runs without fault rules:
+        # a crash point fires in the resolvers started before the first failure only.
+        env = None if not self._failures else {k: v for k, v in os.environ.items() if k != faults.ENV}
         proc, stderr = await spawn_child(
             "resolver",
             RESOLVER_MARKER,
@@ -82,6 +88,7 @@ class Resolvers:
             self.recorder,
             self.settings,
             own_group=False,
+            env=env,
         )
         return _Child(proc, stderr)
 
@@ -180,6 +187,7 @@ class Resolvers:
         returncode = await child.proc.wait()
         self.recorder.forget_child(child.proc.pid)
         if failed:
+            self._failures += 1
             await child.stderr.drained(self.settings.child_stderr_drain_ms / 1000)
             log.warning("resolver %d failed a request: %s", child.proc.pid, exit_text("resolver", returncode))
             for line in child.stderr.take():

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ from piworkflows.states import EFFECT_STATUSES, EFFECT_WORK_STATUSES, RUNNER_PAR
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder, EffectPool, WriterRestarts, refusal
-from piworkflows.supervisor.spawn import spawn_child
+from piworkflows.supervisor.spawn import GroupStopper, signal_group, spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text, park_detail
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -126,7 +125,7 @@ class Scheduler:
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._timers: set[asyncio.Task[None]] = set()  # kills after stop_grace_ms
+        self._stopper = GroupStopper(clock)  # kills after stop_grace_ms
         self._reconciled = writer.restarts  # the writer's restarts when runner records were last reconciled
         self._stopping = False
         # Runner children kept waiting (package imported) for the next launch: a Python start
@@ -451,7 +450,7 @@ class Scheduler:
                 self._ready.append(proc)  # its workflow code is done; it waits for the next launch
             else:
                 if proc.returncode is None:
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                     await proc.wait()
                 self._forget(proc)
         if handle.record_ended:  # the run ended or waits: that commit ended the runner record
@@ -516,7 +515,7 @@ class Scheduler:
             proc = handle.proc
             if reply.outcome == "claimLost" and not handle.done and proc is not None and proc.returncode is None:
                 handle.stopping = True
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
 
     def stop_run(self, run_id: str, let_effect_settle: bool = False) -> None:
         """After a committed cancel or pause: stop the run's runner group (it is never reused).
@@ -539,18 +538,8 @@ class Scheduler:
         handle.stopping = True
         if handle.awaiting is not None:
             handle.awaiting.set()  # its runner stops: no need to wait for the effect
-        proc = handle.proc
-        if proc is not None and proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-
-            async def kill_if_alive() -> None:
-                await self.clock.sleep_ms(self.settings.stop_grace_ms)
-                if proc.returncode is None:
-                    _signal_group(proc.pid, signal.SIGKILL)
-
-            timer = asyncio.create_task(kill_if_alive(), name=f"kill-runner-{proc.pid}")
-            self._timers.add(timer)
-            timer.add_done_callback(self._timers.discard)
+        if handle.proc is not None:
+            self._stopper.stop(handle.proc, self.settings.stop_grace_ms, "runner")
 
     async def stop(self) -> None:
         """Shutdown: stop every runner group; their runs park at the last durable boundary."""
@@ -565,7 +554,7 @@ class Scheduler:
             task.cancel()
         spares, self._ready = self._ready, []
         for proc in spares:  # waiting for a launch: nothing to park
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
             self._forget(proc)
 
@@ -586,13 +575,6 @@ RELAYS: dict[str, Relay] = {
     RunnerExiting.kind: Scheduler._exiting,
 }
 
-
-def _signal_group(pid: int, signum: int) -> None:
-    """The group of a runner this supervisor spawned itself (its own handle, not a pid from disk)."""
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _step(step: dict[str, Any]) -> CompletedStep:

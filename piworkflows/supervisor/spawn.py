@@ -6,6 +6,8 @@
       python -m <module args>   stdin/stdout: frames, stderr: a bounded tail (StderrTail)
       its identity (pid, create time, marker) into host.json before it acts;
       not recorded (ChildNotRecorded): killed (its group), waited for, and the error raised
+    signal_group(pid, sig)          a signal to the group of a child spawned here (or identity-checked)
+    GroupStopper.stop(proc, ...)    SIGTERM to its group now, SIGKILL after the grace if it is still there
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from piworkflows.clock import Clock
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder
@@ -60,3 +63,34 @@ async def spawn_child(
         stderr.close()
         raise
     return proc, stderr
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """A signal to the group of a child this supervisor spawned itself (its own unreaped child, so
+    its pid cannot name another process), or of one whose identity was checked first."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class GroupStopper:
+    """Stops spawned children's groups: SIGTERM now, SIGKILL after the grace if still there."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._timers: set[asyncio.Task[None]] = set()
+
+    def stop(self, proc: asyncio.subprocess.Process, grace_ms: int, role: str) -> None:
+        if proc.returncode is not None:
+            return
+        signal_group(proc.pid, signal.SIGTERM)
+
+        async def kill_if_alive() -> None:
+            await self.clock.sleep_ms(grace_ms)
+            if proc.returncode is None:
+                signal_group(proc.pid, signal.SIGKILL)
+
+        timer = asyncio.create_task(kill_if_alive(), name=f"kill-{role}-{proc.pid}")
+        self._timers.add(timer)
+        timer.add_done_callback(self._timers.discard)

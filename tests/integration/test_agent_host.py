@@ -229,7 +229,8 @@ def test_active_time_is_sampled_while_the_turn_runs_and_an_assistant_reply_is_re
         sent, peer = drive(launch_of(agreed, project, pi_command, tool_server.path, sample_ms=50, flush_ms=1000))
     assert peer.status == HOST_EXIT_DONE
     samples = [r.sample.elapsed_ms for r in records(sent) if r.sample is not None]
-    assert len(samples) >= 6 and samples == sorted(samples) and len(set(samples)) == len(samples)
+    # every record of an open turn carries a sample: two in one millisecond repeat it, never lower it
+    assert len(set(samples)) >= 6 and samples == sorted(samples)
     assert samples[-1] >= 600
     ended = sent[-2]["b"]
     assert ended["phase"] == "ended" and ended["stop_reason"] == "stop"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.engine_util import (
@@ -149,7 +151,7 @@ def test_the_cli_answers_a_checkpoint(server, project):
     assert again.returncode == 1 and "winnerDecided" in again.stderr
 
 
-def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
+def test_the_main_job_runs_the_demo_end_to_end(tmp_path, pi_command):
     import subprocess
     import sys
 
@@ -157,13 +159,19 @@ def test_the_main_job_runs_the_demo_end_to_end(tmp_path):
         [sys.executable, "-m", "piworkflows.demo", "--who", "tests"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         cwd=tmp_path,
+        env={**os.environ, "HOME": str(tmp_path), "PI_WORKFLOWS_PI_COMMAND": pi_command[0]},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'completed: output {"kind":"final","message":"demo finished: 2 words"}' in result.stdout
     assert "summary/describe [compute] completed" in result.stdout
     assert "post [http] completed" in result.stdout
+    # the agent demo: its agent step and decision on the real Pi, labelled as a scripted model
+    assert "against a SCRIPTED model" in result.stdout
+    assert '"message":"shipping: All 41 tests pass after the change."}' in result.stdout
+    assert 'decide [decision] completed {"route":"ship"}' in result.stdout
+    assert not (tmp_path / ".pi").exists()  # Pi's configuration and sessions stayed in the demo's temp dir
 
 
 def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project):

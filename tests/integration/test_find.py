@@ -163,6 +163,7 @@ def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_se
     assert receipt["truncated"] is False
     rows = [(item["name"], item["origin"], item["shadowedBy"], item["error"] is None) for item in receipt["items"]]
     assert rows == [
+        ("agent-demo", "builtin", None, True),
         ("demo", "user", None, True),
         ("demo", "builtin", "user", True),
         ("hello", "project", None, True),
@@ -309,7 +310,7 @@ def test_completion_offers_run_ids_workflow_names_and_checkpoints_from_the_runni
     ]
     assert sorted(candidates(complete(state, env, "effects", "--run", ""))) == sorted(run_ids)
     workflows = candidates(complete(state, env, "run", "start", "--project", str(project), ""))
-    assert workflows == ["demo", "hello", "imports", "shell-check", "syntax", "builtin:demo"]
+    assert workflows == ["agent-demo", "demo", "hello", "imports", "shell-check", "syntax", "builtin:demo"]
     assert candidates(complete(state, env, "workflow", "show", "--project", str(project), "he")) == ["hello"]
     assert candidates(complete(state, env, "answer", run_ids[0], "")) == ["ask"]  # not started: its checkpoints
 

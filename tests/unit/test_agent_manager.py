@@ -17,7 +17,7 @@ from piworkflows.clock import FakeClock
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.agents import AgentManager, HostHandle
-from piworkflows.supervisor.registry import Identity
+from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,17 +66,6 @@ class FakeWriter:
         return [kind for kind, _ in self.sent]
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.recorded: list[Identity] = []
-
-    def record_child(self, identity: Identity) -> None:
-        self.recorded.append(identity)
-
-    def forget_child(self, pid: int) -> None:
-        self.recorded = [i for i in self.recorded if i.pid != pid]
-
-
 def _manager(writer: FakeWriter, clock: FakeClock, **settings: Any) -> tuple[AgentManager, list[int]]:
     wakes: list[int] = []
     manager = AgentManager(
@@ -87,6 +76,8 @@ def _manager(writer: FakeWriter, clock: FakeClock, **settings: Any) -> tuple[Age
         server_epoch=lambda: 3,
         socket_path="/tmp/sock",
         wake_scheduler=lambda: wakes.append(1),
+        resolvers=None,  # type: ignore[arg-type]  (nothing is validated here)
+        runs=None,  # type: ignore[arg-type]
     )
     return manager, wakes
 

@@ -15,8 +15,8 @@ from piworkflows.clock import FakeClock
 from piworkflows.protocol.internal.runner import EffectAwait
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
-from piworkflows.supervisor.registry import Identity
 from piworkflows.supervisor.scheduler import RELAYS, EffectInFlight, RunnerHandle, Scheduler
+from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,17 +52,6 @@ class FakeWriter:
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.sent]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.recorded: list[Identity] = []
-
-    def record_child(self, identity: Identity) -> None:
-        self.recorded.append(identity)
-
-    def forget_child(self, pid: int) -> None:
-        self.recorded = [i for i in self.recorded if i.pid != pid]
 
 
 class FakePool:

@@ -15,9 +15,9 @@ from piworkflows.protocol.internal.resolver import ValidateRequest, Validation
 from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.runner import resolve
 from piworkflows.settings import Settings
-from piworkflows.supervisor.registry import Identity
 from piworkflows.supervisor.resolver import Resolvers, Unanswered
 from piworkflows.workflows import discovery
+from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,17 +185,6 @@ def test_a_changed_source_or_digest_is_refused_and_its_code_not_run(project: Pat
     path.write_text(textwrap.dedent(WORKFLOW))
     other = resolve.answer("validate", request(project, "code", {}, digest="sha256:" + "0" * 64).model_dump())
     assert isinstance(other, Validation) and other.code == "workflowSourceChanged"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.recorded: list[Identity] = []
-
-    def record_child(self, identity: Identity) -> None:
-        self.recorded.append(identity)
-
-    def forget_child(self, pid: int) -> None:
-        self.recorded = [i for i in self.recorded if i.pid != pid]
 
 
 def test_resolvers_validate_in_a_child_and_a_validator_past_its_time_is_unanswered(project: Path) -> None:

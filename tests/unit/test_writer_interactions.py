@@ -158,10 +158,13 @@ def test_cancel_gives_pending_steps_their_cancellation(executor):
     consistent(executor)
 
 
-def test_a_runs_end_closes_a_segment_still_recording(opened, executor):
+def test_a_runs_end_closes_a_segment_whose_host_hung(opened, executor):
     step = opened
     submission = step.submit({"summary": "done"})
     step.settle(submission.receipt["submissionId"], output={"summary": "done"})
+    (waits,) = run_group(executor, claim_run(token="tok-2"))  # its host still records: no runner yet
+    assert waits.outcome == "rejected"
+    executor.clock.advance(60_000)  # the host hung: its segment's claim expired
     (claimed,) = run_group(executor, claim_run(token="tok-2"))  # the next runner, while the host lingers
     finish = {
         "actor": RUNNER,

@@ -7,6 +7,7 @@
  *        submissionId: "submit-<uuid>", value: {output}} on PI_WORKFLOWS_SOCKET ──> server
  *     <── the verdict, once a supervised child validated the output
  *   accepted: "Accepted" (terminate: the turn ends); validationFailed: an error the model fixes;
+ *   validatorFailed: the output could not be judged (the validator broke): submit again;
  *   winnerDecided: already accepted; anything else: the step is no longer waiting.
  *
  * Registered only when PI_WORKFLOWS_SOCKET is set (the agent host sets it, with
@@ -223,6 +224,8 @@ export default function (pi: ExtensionAPI) {
 			const code = response.receipt?.code;
 			if (response.outcome === "rejected" && code === "validationFailed")
 				throw new Error(`${response.error ?? "The output is not valid."} Fix the output and call the workflow tool again.`);
+			if (response.outcome === "rejected" && code === "validatorFailed")
+				throw new Error(`${response.error ?? "The output could not be validated."} Call the workflow tool again.`);
 			if (response.outcome === "conflict" && code === "winnerDecided")
 				return { content: text("The step's output was already accepted."), details: {}, terminate: true };
 			throw notWaiting(response);

@@ -30,6 +30,7 @@ from piworkflows.protocol.internal.agents import (
     AgentTurn,
     InteractionSettle,
     InteractionSubmit,
+    InteractionsValidating,
     InteractionUpdate,
     NodeRequestAgent,
 )
@@ -154,6 +155,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         AgentExited,
         InteractionSubmit,
         InteractionSettle,
+        InteractionsValidating,
         InteractionUpdate,
     )
 }

@@ -385,6 +385,14 @@ class InteractionSubmit(Command):
     output: BlobValue  # JSON: the submitted output
 
 
+class InteractionsValidating(ReadCommand):
+    """Submissions recorded ``validating`` with no verdict (oldest first): at the server's start none
+    is being judged, so each is validated again (its tool's connection died with the server)."""
+
+    kind: ClassVar[str] = "interaction.validating"
+    limit: int = Field(default=256, ge=1, le=256)
+
+
 class InteractionSettle(Command):
     """C11: the validator's verdict on a submission: accepted (the attempt completes with
     ``output``) or rejected with the error the model can act on."""

@@ -45,8 +45,12 @@ _CLAIMABLE = """
       AND NOT EXISTS (SELECT 1 FROM effects e JOIN leases el ON el.resource_id = e.effect_id
                       WHERE e.run_id = r.run_id AND e.effect_status = 'applying'
                         AND el.owner_id IS NOT NULL AND el.expires_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM session_segments s JOIN leases sl ON sl.resource_id = s.segment_id
+                      WHERE s.run_id = r.run_id AND s.segment_status = 'recording'
+                        AND sl.owner_id IS NOT NULL AND sl.expires_at > :now)
 """
-# (an effect still applying under a live claim, e.g. one a paused run let settle, is awaited)
+# (an effect still applying under a live claim, e.g. one a paused run let settle, is awaited; so is
+# the agent host of a settled step: its turn ends and its segment closes before a runner goes on)
 
 
 class ClaimRun(ResourceHandler[RunClaim]):

@@ -25,6 +25,7 @@ from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.agents import (
     InteractionSettle,
     InteractionSubmit,
+    InteractionsValidating,
     InteractionUpdate,
     submission_id_of,
 )
@@ -34,7 +35,7 @@ from piworkflows.writer import agent_steps, records
 from piworkflows.writer.agent_steps import Request
 from piworkflows.writer.commands.agents.base import MODELS, SERVER_ONLY, find_request, paused, require_open
 from piworkflows.writer.commands.runs import run_target
-from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx, adoption
+from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
 
 ToRequest = TypeVar("ToRequest", InteractionSubmit, InteractionUpdate)
 
@@ -216,4 +217,33 @@ class UpdateInteraction(FromTheModel[InteractionUpdate]):
         return change
 
 
-HANDLERS = (SubmitInteraction(), SettleInteraction(), UpdateInteraction())
+class ListValidating(Handler[InteractionsValidating]):
+    """Submissions left validating (no verdict), with what the validator needs to judge them again."""
+
+    model = InteractionsValidating
+    actors = SERVER_ONLY
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: InteractionsValidating) -> Result:
+        rows = tx.conn.execute(
+            "SELECT s.submission_id, s.request_id, r.run_id, r.attempt_id, a.node_path, s.payload_digest "
+            "FROM interactive_submissions s JOIN interactive_requests r ON r.request_id = s.request_id "
+            "JOIN node_attempts a ON a.attempt_id = r.attempt_id "
+            "WHERE s.outcome IS NULL AND r.request_status = 'validating' ORDER BY s.created_at LIMIT ?",
+            (cmd.limit,),
+        ).fetchall()
+        items = [
+            {
+                "submissionId": submission,
+                "requestId": request,
+                "runId": run,
+                "attemptId": attempt,
+                "nodePath": node_path,
+                "output": records.read_json(tx.conn, payload),
+            }
+            for submission, request, run, attempt, node_path, payload in rows
+        ]
+        return Result(receipt={"submissions": items})
+
+
+HANDLERS = (SubmitInteraction(), SettleInteraction(), UpdateInteraction(), ListValidating())
