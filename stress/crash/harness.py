@@ -49,10 +49,27 @@ from stress.crash import agents, evidence, oracles, snapshot, workload
 
 AGENT_TARGETS = ("agent", "pi")
 TARGETS = ("supervisor", "writer", "outbox", "runner", "group", *AGENT_TARGETS)
-# Every point the load reaches: the harness makes no backups. The agent host's points and the
-# workflow tool's are reached by agent runs only.
+# Every point the load reaches: the harness makes no backups. Agent runs alone reach the agent
+# host's points, the workflow tool's (in Pi) and the submission's (recorded, judged); each is hit
+# once or twice in the process it fires in (a host, a Pi, a server's few submissions).
 CRASH_POINTS = tuple(sorted(faults.POINTS - {faults.WRITER_BACKUP_STEP}))
-AGENT_POINTS = tuple(point for point in CRASH_POINTS if point.startswith(("agent.", "tool.")))
+AGENT_POINTS = tuple(
+    sorted(
+        {
+            faults.AGENT_AFTER_OPEN,
+            faults.AGENT_BEFORE_PROMPT,
+            faults.AGENT_AFTER_PROMPT,
+            faults.AGENT_AFTER_MESSAGE_SENT,
+            faults.AGENT_AFTER_TURN_STARTED,
+            faults.AGENT_BEFORE_TURN_END,
+            faults.AGENT_AFTER_RECORD,
+            faults.AGENT_BEFORE_CLOSE,
+            faults.TOOL_AFTER_SUBMIT_SENT,
+            faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED,
+            faults.VALIDATOR_BEFORE_VERDICT,
+        }
+    )
+)
 FAULT_KINDS = ("crash", "enospc", "eio")
 # Where a disk fault strikes: the writer's next groups (answered unavailable, nothing committed), and
 # the supervisor's own writes.
@@ -304,7 +321,7 @@ class Harness:
             if not self.options.faults:
                 return None
             point = self.fault_rng.choice(self.options.faults)
-            if point in AGENT_POINTS:  # each host (each Pi) is a new process: its first hits
+            if point in AGENT_POINTS:  # a host's, a Pi's, a server life's few submissions: early hits
                 first = self.fault_rng.randint(1, 2)
             return f"{point}=crash@{first}"
         point = self.fault_rng.choice(DISK_POINTS)

@@ -157,9 +157,9 @@ def test_the_default_fault_points_are_the_ones_the_load_reaches(monkeypatch):
     names = {value: name for name, value in vars(faults).items() if isinstance(value, str) and value in faults.POINTS}
     for point in CRASH_POINTS:
         assert f"faults.hit(faults.{names[point]})" in code or f'"{point}"' in tool, point
-    assert (
-        set(AGENT_POINTS) == {p for p in CRASH_POINTS if p.startswith(("agent.", "tool."))} and len(AGENT_POINTS) == 9
-    )
+    agent_only = {p for p in CRASH_POINTS if p.startswith(("agent.", "tool."))}
+    agent_only |= {faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED, faults.VALIDATOR_BEFORE_VERDICT}
+    assert set(AGENT_POINTS) == agent_only and len(AGENT_POINTS) == 11
     given = []
 
     class Capture:
