@@ -66,6 +66,10 @@ from piworkflows.protocol.internal.writer import Reply
 log = logging.getLogger("piworkflows.agents")
 
 OPEN_REQUEST = ("pending", "validating")
+# A segment's start-up points, logged with its close (stress/bench/agents.py reads them): the host
+# read its launch; Pi's process started; Pi answered get_state; the first step's RPC prompt written.
+LAUNCH_READ, PI_STARTED, PI_READY, PROMPT_WRITTEN = "launch read", "Pi started", "Pi ready", "first prompt written"
+TIMING = (LAUNCH_READ, PI_STARTED, PI_READY, PROMPT_WRITTEN)
 SETUP_PI = "run 'pi-workflows setup pi', or set PI_WORKFLOWS_PI_COMMAND to a pi you have"
 UI_DIALOGS = frozenset({"select", "confirm", "input", "editor"})
 
@@ -108,6 +112,7 @@ class Host:
         self.pi: PiProcess | None = None
         self.stopping: str | None = None  # why the segment closes now
         self.timed_out = False
+        self.timing: dict[str, int] = {}  # epoch ms of the segment's start-up points (TIMING), for its log line
         threading.Thread(target=self._read, args=(stdin,), daemon=True).start()
 
     # --- channels ---------------------------------------------------------------------------
@@ -175,6 +180,7 @@ class Host:
             return HOST_EXIT_DONE
         try:
             launch = AgentLaunch.model_validate(item[1]["b"])
+            self.timing[LAUNCH_READ] = now_ms()
             if launch.contract.executor.kind == "command":  # another command-line agent, not Pi
                 return CommandStep(self, launch).drive()
             return self._drive(launch)
@@ -248,6 +254,7 @@ class Host:
             raise _Ended(
                 HOST_EXIT_PI_UNAVAILABLE, f"Pi could not be started ({argv[0]}: {exc.strerror}): {SETUP_PI}"
             ) from None
+        self.timing[PI_STARTED] = now_ms()
         state_rpc = self.pi.send({"type": "get_state"})
         deadline = time.monotonic() + launch.start_timeout_ms / 1000
         while True:
@@ -276,6 +283,7 @@ class Host:
             if kind == "pi" and value.get("type") == "response" and value.get("id") == state_rpc:
                 if not value.get("success") or not isinstance(value.get("data"), dict):
                     raise _Ended(HOST_EXIT_PI_UNAVAILABLE, f"Pi's get_state failed: {value.get('error')}")
+                self.timing[PI_READY] = now_ms()
                 return dict(value["data"])
             self.deferred.append(item)
 
@@ -317,6 +325,7 @@ class Host:
         self.capture.add(prompt_event(step.workflow_message_id, now_ms()))
         self._due_flush()
         self.prompt_rpc = self.pi.send({"type": "prompt", "message": step.text})
+        self.timing.setdefault(PROMPT_WRITTEN, now_ms())
         faults.hit(faults.AGENT_AFTER_PROMPT)
         self.current = step
         self.sent.add(step.workflow_message_id)
@@ -505,7 +514,8 @@ class Host:
     def _close(self) -> int:
         """C12: abort a running turn, close the segment, let Pi go (killed after the grace)."""
         assert self.pi is not None
-        log.info("agent host: segment %s closes: %s", self.launch.segment_id, self.stopping)
+        timing = ", ".join(f"{name} {self.timing[name]}" for name in TIMING if name in self.timing)
+        log.info("agent host: segment %s closes: %s (epoch ms: %s)", self.launch.segment_id, self.stopping, timing)
         if self.turn is not None or self.awaiting_start:
             self.pi.send({"type": "abort"})
         if not self.timed_out:  # what settled is recorded (after a timeout the attempt is over)
@@ -523,6 +533,7 @@ class Host:
 
 
 def main() -> int:
+    """Serve one launch; the exit status. Every frame and stderr line is flushed when it returns."""
     host = Host(sys.stdin.buffer, sys.stdout.buffer)
     relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel

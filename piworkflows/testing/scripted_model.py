@@ -16,7 +16,8 @@ demo (no network, no API key).
     GET /requests     every request received, in order (its model, path and JSON body)
 
 A request for a model without a script, or past the end of its script, is answered 400 with an
-OpenAI-shaped error naming the model, so a test sees why its agent stopped.
+OpenAI-shaped error naming the model, so a test sees why its agent stopped. With ``cycle=True``
+a script starts again from its first step after its last (endless load: the crash harness).
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ Step = Mapping[str, Any]
 class ScriptedModel:
     """Serve ``scripts`` (model id -> steps) on 127.0.0.1 until :meth:`close`; a context manager."""
 
-    def __init__(self, scripts: Mapping[str, Sequence[Step]], port: int = 0) -> None:
+    def __init__(self, scripts: Mapping[str, Sequence[Step]], port: int = 0, cycle: bool = False) -> None:
         for model, steps in scripts.items():
             for index, step in enumerate(steps):
                 _check_step(model, index, step)
         self._scripts = {model: list(steps) for model, steps in scripts.items()}
         self._next = {model: 0 for model in scripts}
+        self._cycle = cycle
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self._server = _Server(("127.0.0.1", port), _handler(self))
@@ -96,6 +98,8 @@ class ScriptedModel:
             if not isinstance(model, str) or model not in self._scripts:
                 return f"no script for model {model!r}"
             index = self._next[model]
+            if self._cycle and self._scripts[model]:
+                index %= len(self._scripts[model])
             if index >= len(self._scripts[model]):
                 return f"the script of model {model!r} has no step {index + 1}"
             self._next[model] = index + 1

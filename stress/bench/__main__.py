@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import effects, logs, retention, runs, server, startup, writer
+from stress.bench import agents, effects, logs, retention, runs, server, startup, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "retention": retention,
     "startup": startup,
     "logs": logs,
+    "agents": agents,
 }
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows import faults
-from stress.crash.harness import CRASH_POINTS, FAULT_KINDS, TARGETS, Harness, Options
+from stress.crash import agents
+from stress.crash.harness import AGENT_POINTS, AGENT_TARGETS, CRASH_POINTS, FAULT_KINDS, TARGETS, Harness, Options
 
 
 def _names(known: frozenset[str] | tuple[str, ...], what: str):
@@ -38,12 +39,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
     p.add_argument("--clients", type=int, default=4, help="client processes")
     p.add_argument("--kill-every", type=int, default=1500, metavar="MS", help="mean time between two kills")
-    p.add_argument("--targets", type=_names(TARGETS, "target"), default=TARGETS, help=",".join(TARGETS))
+    p.add_argument(
+        "--agents",
+        type=int,
+        default=2,
+        metavar="N",
+        help="clients that keep an agent run going (real Pi, scripted model); 0: no agent runs, no agent "
+        "targets or fault points",
+    )
+    p.add_argument(
+        "--targets", type=_names(TARGETS, "target"), default=None, help=f"{','.join(TARGETS)} (default: all)"
+    )
     p.add_argument(
         "--faults",
         type=_names(faults.POINTS, "fault point"),
-        default=CRASH_POINTS,
-        help="fault points a restart may arm to crash at the Nth hit; default: all of them",
+        default=None,
+        help="fault points a restart may arm to crash at the Nth hit; default: every one the load reaches",
     )
     p.add_argument(
         "--fault-kinds",
@@ -57,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
         "--quiet-seconds",
         type=float,
         default=60.0,
-        help="the longest kill-free settling period at the end (it ends once no run is queued or running)",
+        help="how long the kill-free settling period at the end waits without a run settling (it ends once "
+        "no run moves on by itself and every agent run ended)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     return p
@@ -81,6 +93,7 @@ def human(report: dict[str, Any]) -> str:
         ("effects", ", ".join(f"{k} {v}" for k, v in report["effects"].items())),
         ("violations", report["violations"]),
         ("stuck runs", report["stuck"]),
+        ("agent runs", _agents(report["agents"])),
         (
             "latency outside crash windows",
             f"p50 {report['latencyMs']['p50']} ms, p99 {report['latencyMs']['p99']} ms "
@@ -95,14 +108,32 @@ def human(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _agents(counts: dict[str, Any] | None) -> str:
+    if counts is None:
+        return "none (--agents 0)"
+    ended = ", ".join(f"{k} {v}" for k, v in counts["ended"].items())
+    return (
+        f"{counts['runs']} (ended: {ended}); requests accepted {counts['requestsAccepted']}, submissions "
+        + ", ".join(f"{k} {v}" for k, v in counts["submissions"].items())
+        + "; step messages "
+        + ", ".join(f"{k} {v}" for k, v in counts["stepMessages"].items())
+        + f"; {counts['sessionFiles']} session files, {counts['modelRequests']} model requests"
+    )
+
+
 def _used(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.seconds <= 0 or args.clients < 1 or args.kill_every < 50:
-        parser().error("--seconds must be > 0, --clients >= 1 and --kill-every >= 50 ms")
+    if args.seconds <= 0 or args.clients < 1 or args.kill_every < 50 or not 0 <= args.agents <= args.clients:
+        parser().error("--seconds must be > 0, --clients >= 1, --kill-every >= 50 ms and --agents 0 to --clients")
+    agent_only = set(AGENT_TARGETS) | set(AGENT_POINTS)
+    targets = args.targets or tuple(t for t in TARGETS if args.agents or t not in agent_only)
+    fault_points = args.faults or tuple(p for p in CRASH_POINTS if args.agents or p not in agent_only)
+    if not args.agents and agent_only & {*targets, *fault_points}:
+        parser().error(f"{', '.join(sorted(agent_only & {*targets, *fault_points}))} need agent runs: --agents > 0")
     if args.state_dir is not None and (
         _used(args.state_dir) or _used(args.state_dir.parent / f"{args.state_dir.name}.crash")
     ):
@@ -110,17 +141,24 @@ def main(argv: list[str] | None = None) -> int:
             f"--state-dir {args.state_dir} is in use: name a new or empty directory (the oracles compare "
             "the whole database with this run's evidence)"
         )
+    pi = agents.pi_command() if args.agents else None
+    if args.agents and pi is None:
+        parser().error(
+            "agent runs need Pi: run 'pi-workflows setup pi' or set PI_WORKFLOWS_PI_COMMAND, or pass --agents 0"
+        )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1 << 31)
     options = Options(
         seconds=args.seconds,
         seed=seed,
         clients=args.clients,
         kill_every_ms=args.kill_every,
-        targets=args.targets,
-        faults=args.faults,
+        targets=targets,
+        faults=fault_points,
         fault_kinds=args.fault_kinds,
         state_dir=args.state_dir,
         quiet_s=args.quiet_seconds,
+        agents=args.agents,
+        pi=pi,
     )
     report = Harness(options).run()
     print(json.dumps(report, sort_keys=True) if args.json else human(report), flush=True)

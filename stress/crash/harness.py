@@ -3,10 +3,12 @@
 ::
 
     ledger process (HTTP, scripted answers, every request fsynced with its key and answer)
+    scripted model (agents.py, in this process) <── Pi of the agent steps
     server (detached, short durations) <── N client processes (workload.py, seeded)
       ├─ every --kill-every ms: SIGKILL one target, drawn from the seed:
       │    supervisor | group (the supervisor's process group) -> restart the server
       │    writer | outbox | runner                            -> its supervisor restarts it
+      │    agent (an agent host) | pi (its Pi)                 -> the step resumes in a new host
       │  a restart may arm one fault of a --fault-kinds kind for that server's life:
       │    crash: a --faults point kills its process at the Nth hit
       │    enospc | eio: hits N to N+K of a disk write site fail as on a full or failing disk
@@ -14,7 +16,8 @@
       ├─ a server that stopped by itself (epoch claim lost) is restarted and counted
       ├─ after every restart: state.verify (integrity, foreign keys, the spec's invariants)
     end: clients stop; a kill-free quiet period; every unanswered command retried with its key;
-         the server stops; the database is read read-only; oracles.judge; the report
+         paused or parked agent runs resumed until each ends; the server stops; no host or Pi
+         left; the database and Pi's session files are read; oracles.judge; the report
 
 The evidence (client logs, harness log, ledger) lives in the work directory beside the
 state dir; a failed run keeps both and prints the command that repeats it.
@@ -42,10 +45,31 @@ from piworkflows import faults
 from piworkflows.client import ClientError, WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from piworkflows.supervisor.registry import Registry
-from stress.crash import evidence, oracles, snapshot, workload
+from stress.crash import agents, evidence, oracles, snapshot, workload
 
-TARGETS = ("supervisor", "writer", "outbox", "runner", "group")
-CRASH_POINTS = tuple(sorted(faults.POINTS - {faults.WRITER_BACKUP_STEP}))  # the harness makes no backups
+AGENT_TARGETS = ("agent", "pi")
+TARGETS = ("supervisor", "writer", "outbox", "runner", "group", *AGENT_TARGETS)
+# Every point the load reaches: the harness makes no backups. Agent runs alone reach the agent
+# host's points, the workflow tool's (in Pi) and the submission's (recorded, judged); each is hit
+# once or twice in the process it fires in (a host, a Pi, a server's few submissions).
+CRASH_POINTS = tuple(sorted(faults.POINTS - {faults.WRITER_BACKUP_STEP}))
+AGENT_POINTS = tuple(
+    sorted(
+        {
+            faults.AGENT_AFTER_OPEN,
+            faults.AGENT_BEFORE_PROMPT,
+            faults.AGENT_AFTER_PROMPT,
+            faults.AGENT_AFTER_MESSAGE_SENT,
+            faults.AGENT_AFTER_TURN_STARTED,
+            faults.AGENT_BEFORE_TURN_END,
+            faults.AGENT_AFTER_RECORD,
+            faults.AGENT_BEFORE_CLOSE,
+            faults.TOOL_AFTER_SUBMIT_SENT,
+            faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED,
+            faults.VALIDATOR_BEFORE_VERDICT,
+        }
+    )
+)
 FAULT_KINDS = ("crash", "enospc", "eio")
 # Where a disk fault strikes: the writer's next groups (answered unavailable, nothing committed), and
 # the supervisor's own writes.
@@ -85,6 +109,8 @@ class Options:
     state_dir: Path | None = None
     quiet_s: float = 60.0
     pace_ms: int = 100
+    agents: int = 2  # clients keeping an agent run going (the server's max_agents); 0: no agent load
+    pi: str | None = None  # the Pi command the servers run (agents > 0)
 
     def command(self) -> str:
         """The command that repeats this run's schedule."""
@@ -100,6 +126,8 @@ class Options:
             str(self.clients),
             "--kill-every",
             str(self.kill_every_ms),
+            "--agents",
+            str(self.agents),
             "--targets",
             ",".join(self.targets),
         ]
@@ -137,6 +165,8 @@ class Harness:
         self.tally = Tally()
         self.checks: list[dict[str, Any]] = []
         self.ledger: subprocess.Popen[str] | None = None
+        self.agents: agents.AgentSide | None = None
+        self.agent_runs: dict[str, str] = {}  # agent run -> its status at the end of the quiet period
 
     # --- the run -------------------------------------------------------------
 
@@ -145,6 +175,12 @@ class Harness:
         workload.write_project(self.project)
         self.log = evidence.EvidenceLog(self.evidence_dir / "harness.jsonl")
         os.environ.update(SERVER_ENV, PI_WORKFLOWS_CONFIG_DIR=str(self.work / "config"))
+        if self.options.agents:
+            assert self.options.pi is not None
+            self.agents = agents.AgentSide(self.work, self.options.pi, self.options.agents)
+            os.environ.update(self.agents.env())
+        else:
+            os.environ["PI_WORKFLOWS_MAX_AGENTS"] = "0"
         ledger_url = self._start_ledger()
         try:
             self._start_server(arm=False)
@@ -171,11 +207,16 @@ class Harness:
             self._quiet()
             evidence_now = self._evidence()
             self._stop_server()
+            evidence_now.update(self.agents.evidence() if self.agents is not None else {})
             state = snapshot.read(self.paths.database, int(time.time() * 1000))
         finally:
             self._stop_ledger()
             self._end_server()
-        findings = oracles.judge(evidence_now, state, frozenset({workload.MANUAL_PATH}))
+            if self.agents is not None:
+                self.agents.kill_leftovers()
+                self.agents.close()
+        agent_workflow = workload.AGENT_WORKFLOW if self.agents is not None else None
+        findings = oracles.judge(evidence_now, state, frozenset({workload.MANUAL_PATH}), agent_workflow)
         report = self._report(evidence_now, state, findings)
         if report["ok"] and self.options.state_dir is None:
             shutil.rmtree(self.work, ignore_errors=True)  # a passing run leaves nothing behind
@@ -191,6 +232,9 @@ class Harness:
         target = self.rng.choice(self.options.targets)
         registry = Registry.load(self.paths.registry)
         at = time.time()
+        if target in AGENT_TARGETS:
+            self._kill_agent(target, registry, at)
+            return
         if target in ("supervisor", "group"):
             supervisor = registry.supervisor
             if supervisor is None or not _same_process(supervisor.pid, supervisor.createTime):
@@ -223,6 +267,19 @@ class Harness:
         self.tally.kills[target] += 1
         self.tally.windows.append((at, at + CHILD_WINDOW_S))
         self._record({"t": "kill", "target": target, "pid": child.pid, "at": at})
+
+    def _kill_agent(self, target: str, registry: Registry, at: float) -> None:
+        proc = agents.victim(target, registry, self.rng)
+        if proc is None:
+            self._record({"t": "skip", "target": target, "at": at})
+            return
+        try:
+            proc.kill()
+        except psutil.Error:
+            return
+        self.tally.kills[target] += 1
+        self.tally.windows.append((at, at + CHILD_WINDOW_S))
+        self._record({"t": "kill", "target": target, "pid": proc.pid, "at": at})
 
     def _restart_if_gone(self, arm: bool = True) -> None:
         """A server that stopped by itself (it lost its epoch claim while its writer was down
@@ -263,7 +320,10 @@ class Harness:
         if kind == "crash":
             if not self.options.faults:
                 return None
-            return f"{self.fault_rng.choice(self.options.faults)}=crash@{first}"
+            point = self.fault_rng.choice(self.options.faults)
+            if point in AGENT_POINTS:  # a host's, a Pi's, a server life's few submissions: early hits
+                first = self.fault_rng.randint(1, 2)
+            return f"{point}=crash@{first}"
         point = self.fault_rng.choice(DISK_POINTS)
         return f"{point}={kind}@{first}-{first + self.fault_rng.randint(0, 20)}"
 
@@ -358,7 +418,10 @@ class Harness:
             stop,
             self.options.pace_ms,
         )
-        procs = [ctx.Process(target=workload.client_main, args=(i, *common)) for i in range(self.options.clients)]
+        procs = [
+            ctx.Process(target=workload.client_main, args=(i, *common, i < self.options.agents))
+            for i in range(self.options.clients)
+        ]
         for proc in procs:
             proc.start()
         return stop, procs
@@ -379,18 +442,45 @@ class Harness:
             for sent in oracles.unanswered_commands(found["sent"], found["acks"]):
                 final.client.client_id = sent["clientId"]  # the same client and key: it must converge
                 final.send(sent["op"], sent["payload"], sent["runId"], sent["revision"], key=sent["key"])
+            found = self._evidence()
+            self.agent_runs = {run_id: "unknown" for run_id in workload.agent_runs(found["sent"], found["acks"])}
             deadline = time.monotonic() + self.options.quiet_s
-            while time.monotonic() < deadline:  # bounded: what is left then is stuck
+            fewest: int | None = None  # the fewest runs left moving (or agent runs unended) seen
+            while time.monotonic() < deadline:  # what still moves once none settled for quiet_s is stuck
                 self._restart_if_gone(arm=False)
                 try:
-                    counts = final.client.request("server.status").receipt
+                    left = agents.resume_unended(final, self.agent_runs) + self._moving(final)
                 except (ClientError, OSError, ConnectionError):
                     continue  # it stopped by itself: restarted above on the next turn
-                if counts["queuedRuns"] + counts["runningRuns"] == 0:
+                if left == 0:
                     break
+                if fewest is None or left < fewest:  # progress: a slow backlog is not stuck
+                    fewest, deadline = left, time.monotonic() + self.options.quiet_s
                 time.sleep(0.2)
         finally:
             final.close()
+
+    @staticmethod
+    def _moving(final: workload.Client) -> int:
+        """The queued or running runs that move on by themselves: neither paused nor parked for a
+        reason that waits for a person (an ambiguous effect among them)."""
+        payload: dict[str, Any] = {"status": ["queued", "running"], "limit": 256}
+        moving = 0
+        while True:
+            response = final.client.request("run.list", payload)
+            if response.outcome != "accepted":
+                raise ConnectionError(f"run.list: {response.outcome}")
+            page = response.receipt
+            for item in page["items"]:
+                shown = item["display"]
+                if shown["status"] in ("paused", "ambiguous"):
+                    continue
+                if shown["activity"] == "parked" and shown["reason"] in oracles.DOCUMENTED_PARKS:
+                    continue
+                moving += 1
+            if page["cursor"] is None:
+                return moving
+            payload["cursor"] = page["cursor"]
 
     # --- evidence and report ----------------------------------------------------
 
@@ -438,6 +528,7 @@ class Harness:
             },
             "violations": len(findings["violations"]),
             "stuck": len(findings["stuck"]),
+            "agents": agents.counts(found, state) if self.agents is not None else None,
             "latencyMs": _percentiles(calm),
             "findings": {name: items[:20] for name, items in findings.items() if items},
             "stateDir": str(self.paths.state_dir) if not ok else None,

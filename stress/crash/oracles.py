@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from stress.crash import agent_oracles
 from stress.crash.snapshot import State
 
 # Client operations whose answers the writer stores with the client's key (host_commands).
@@ -116,12 +117,19 @@ def stuck_runs(state: State) -> list[str]:
     return found
 
 
-def judge(evidence: dict[str, Any], state: State, manual_paths: frozenset[str]) -> dict[str, list[str]]:
-    """The findings by class; the run passes only when every class is empty."""
+def judge(
+    evidence: dict[str, Any], state: State, manual_paths: frozenset[str], agent_workflow: str | None = None
+) -> dict[str, list[str]]:
+    """The findings by class; the run passes only when every class is empty. ``agent_workflow``:
+    the workflow of the agent runs (``agent_oracles``), if the load had any."""
     acks, ledger = evidence["acks"], evidence["ledger"]
-    return {
+    found = {
         "lost": acknowledged_missing(acks, state) + unanswered(evidence["sent"], acks),
         "duplicated": duplicated_manual(ledger, state, manual_paths) + applied_twice(state),
         "violations": invariant_violations(evidence["checks"], state) + unsettled_after_2xx(ledger, state),
         "stuck": stuck_runs(state),
     }
+    if agent_workflow is not None:
+        for name, items in agent_oracles.judge(evidence, state, agent_workflow).items():
+            found[name] += items
+    return found

@@ -1,8 +1,9 @@
 """What the database holds at the end, read once the server has stopped (read-only, query_only).
 
 Only the facts the oracles compare: the stored receipts, the runs (with the harness tag of
-their input), the effects by idempotency key, and the spec's invariants with the integrity and
-foreign-key checks (``writer/invariants.py``).
+their input), the effects by idempotency key, the agent steps' requests, submissions and step
+messages (with the count of their ``workflow_message.sent`` events) and Pi session files, and
+the spec's invariants with the integrity and foreign-key checks (``writer/invariants.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ class State:
     receipts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (clientId, key) -> answer
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # runId -> status, parkReason, paused, tag, root
     effects: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> status, policy
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # requestId -> runId, status, accepted
+    submissions: list[dict[str, Any]] = field(default_factory=list)  # requestId, submissionId, outcome
+    messages: dict[str, dict[str, Any]] = field(default_factory=dict)  # step message id -> state, entry, sentEvents
+    session_files: dict[str, set[str]] = field(default_factory=dict)  # runId -> its segments' Pi session files
     violations: dict[str, list[str]] = field(default_factory=dict)
     integrity: list[str] = field(default_factory=list)
 
@@ -36,9 +41,9 @@ def read(database: Path, now_ms: int) -> State:
             "SELECT client_id, idempotency_key, outcome, receipt FROM host_commands"
         ):
             state.receipts[(client, key)] = {"outcome": outcome, "receipt": json.loads(receipt) if receipt else None}
-        for run_id, root, status, park, paused, queue, data in conn.execute(
-            "SELECT r.run_id, r.root_run_id, r.status, r.park_reason, r.paused, q.queue_status, b.bytes FROM runs r "
-            "JOIN blobs b ON b.digest = r.input_digest LEFT JOIN run_queue q ON q.run_id = r.run_id"
+        for run_id, root, status, park, paused, queue, workflow, data in conn.execute(
+            "SELECT r.run_id, r.root_run_id, r.status, r.park_reason, r.paused, q.queue_status, r.workflow_name, "
+            "b.bytes FROM runs r JOIN blobs b ON b.digest = r.input_digest LEFT JOIN run_queue q ON q.run_id = r.run_id"
         ):
             value = json.loads(data)
             tag = value.get("tag") if isinstance(value, dict) else None
@@ -49,11 +54,40 @@ def read(database: Path, now_ms: int) -> State:
                 "queue": queue,
                 "tag": tag,
                 "root": run_id == root,
+                "workflow": workflow,
             }
         for key, status, policy in conn.execute("SELECT idempotency_key, effect_status, recovery_policy FROM effects"):
             state.effects[key] = {"status": status, "policy": policy}
+        _agent_rows(conn, state)
         state.violations = invariants.violations(conn, now_ms)
         state.integrity = invariants.integrity(conn)
     finally:
         conn.close()
     return state
+
+
+def _agent_rows(conn: sqlite3.Connection, state: State) -> None:
+    for request_id, run_id, status, accepted in conn.execute(
+        "SELECT request_id, run_id, request_status, accepted_submission_id FROM interactive_requests"
+    ):
+        state.requests[request_id] = {"runId": run_id, "status": status, "accepted": accepted}
+    for request_id, submission_id, outcome in conn.execute(
+        "SELECT request_id, submission_id, outcome FROM interactive_submissions"
+    ):
+        state.submissions.append({"requestId": request_id, "submissionId": submission_id, "outcome": outcome})
+    for message_id, run_id, request_id, message_state, entry, sent in conn.execute(
+        "SELECT m.workflow_message_id, m.run_id, m.request_id, m.message_state, m.pi_entry_id, "
+        "(SELECT count(*) FROM events e WHERE e.resource_id = m.workflow_message_id "
+        "AND e.event_type = 'workflow_message.sent') FROM workflow_messages m WHERE m.message_kind = 'step'"
+    ):
+        state.messages[message_id] = {
+            "runId": run_id,
+            "requestId": request_id,
+            "state": message_state,
+            "entry": entry,
+            "sentEvents": sent,
+        }
+    for run_id, path in conn.execute(
+        "SELECT DISTINCT run_id, pi_session_file FROM session_segments WHERE pi_session_file IS NOT NULL"
+    ):
+        state.session_files.setdefault(run_id, set()).add(path)

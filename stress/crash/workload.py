@@ -1,4 +1,5 @@
-"""The load: one workflow with every node kind, the ledger's scripts, and the client processes.
+"""The load: one workflow with every node kind, one with agent steps, the ledger's scripts, and
+the client processes.
 
 A client process draws its operations from its own seeded random stream (``seed:index``), so a
 run's schedule is reproducible from the seed; its timing is not. Each command carries a
@@ -6,6 +7,11 @@ deterministic idempotency key and is logged before it is sent (``sent``) and aft
 (``ack``, fsynced before it is counted). A command still unanswered when the server stays gone
 past the client's retry window is logged ``unanswered``; the harness retries those at the end.
 Reads (``run.status``) choose what to control and are not evidence.
+
+A client with agents keeps at most one ``crash-agent`` run going (one not yet ended, paused or
+parked): the clients with agents bound the Pi processes the load starts. Agent runs are
+paused, resumed and cancelled like the others, never restarted (a restart would start one more
+beyond that bound).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from piworkflows.client import ClientError, WorkflowClient
 from stress.crash.evidence import EvidenceLog
 
 WORKFLOW = "crash-mix"
+AGENT_WORKFLOW = "crash-agent"
+AGENT_SHARE = 0.5  # of a client's run starts, when its agent run has ended
+TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
 MANUAL_PATH, IDEMPOTENT_PATH = "/manual", "/idempotent"
 SOURCE = """
 from piworkflows.workflows import (checkpoint, compute, define_workflow, edge, http, idempotent_effect,
@@ -72,10 +81,49 @@ workflow = define_workflow(
 """
 
 
+# Two agent steps in the run's Pi session (stress/crash/agents.py scripts their model): a
+# submission judged by schema and validate, then an assistant-message reply.
+AGENT_SOURCE = """
+from piworkflows.workflows import agent, assistant_message, compute, define_workflow, edge
+
+
+def judge(output):
+    return True if output["ok"] else "ok must be true: submit again with ok true"
+
+
+workflow = define_workflow(
+    name="crash-agent",
+    start_at="plan",
+    nodes={
+        "plan": agent(
+            prompt=lambda ctx: f"Plan the change {ctx.input['tag']}.",
+            expected_output={"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"}}},
+            validate=judge,
+        ),
+        "reply": agent(prompt="Say that you are done.", expected_output=assistant_message(max_chars=200),
+                       model="scripted/reply"),
+        "done": compute(run=lambda ctx: {"plan": ctx.outputs["plan"], "reply": ctx.outputs["reply"]}),
+    },
+    edges=[edge("plan", "reply"), edge("reply", "done")],
+)
+"""
+
+
 def write_project(project: Path) -> None:
     workflows = project / ".pi" / "workflows"
     workflows.mkdir(parents=True, exist_ok=True)
     (workflows / f"{WORKFLOW}.workflow.py").write_text(SOURCE, encoding="utf-8")
+    (workflows / f"{AGENT_WORKFLOW}.workflow.py").write_text(AGENT_SOURCE, encoding="utf-8")
+
+
+def agent_runs(sent: list[dict[str, Any]], acks: list[dict[str, Any]]) -> set[str]:
+    """The runs the evidence shows started of the agent workflow."""
+    keys = {
+        (s["clientId"], s["key"])
+        for s in sent
+        if s["op"] == "run.start" and (s.get("payload") or {}).get("workflowName") == AGENT_WORKFLOW
+    }
+    return {a["runId"] for a in acks if (a["clientId"], a["key"]) in keys and a.get("runId")}
 
 
 def ledger_script(seed: int, length: int = 20_000) -> dict[str, list[str]]:
@@ -90,7 +138,15 @@ def ledger_script(seed: int, length: int = 20_000) -> dict[str, list[str]]:
 
 class Client:
     def __init__(
-        self, index: int, seed: int, state_dir: Path, project: Path, ledger_url: str, evidence: Path, retry_for: float
+        self,
+        index: int,
+        seed: int,
+        state_dir: Path,
+        project: Path,
+        ledger_url: str,
+        evidence: Path,
+        retry_for: float,
+        agents: bool = False,
     ) -> None:
         self.rng = random.Random(f"{seed}:{index}")
         self.prefix = f"s{seed}-c{index}"
@@ -99,6 +155,9 @@ class Client:
         self.log = EvidenceLog(evidence / f"client-{index}.jsonl")
         self.sent = 0
         self.runs: list[str] = []  # started by this client (the ones its controls pick from)
+        self.agents = agents  # this client keeps one agent run going
+        self.agent_runs: set[str] = set()
+        self.agent_run: str | None = None  # its latest
 
     def send(
         self,
@@ -136,15 +195,23 @@ class Client:
         roll = self.rng.random()
         if roll < 0.5 or not self.runs:
             tag = f"{self.prefix}-{self.sent}"
-            run_input = {"n": self.sent, "tag": tag, "ledger": self.ledger_url, "ask": self.rng.random() < 0.3}
-            payload = {"projectPath": str(self.project), "workflowName": WORKFLOW, "input": run_input}
+            ask, agent = self.rng.random() < 0.3, self.rng.random() < AGENT_SHARE
+            if agent and self.agents and self._agent_ended():
+                payload = {"projectPath": str(self.project), "workflowName": AGENT_WORKFLOW, "input": {"tag": tag}}
+            else:
+                agent = False
+                run_input = {"n": self.sent, "tag": tag, "ledger": self.ledger_url, "ask": ask}
+                payload = {"projectPath": str(self.project), "workflowName": WORKFLOW, "input": run_input}
             response = self.send("run.start", payload, key=tag)
             if response is not None and response.outcome in ("accepted", "adopted"):
                 self.runs.append(response.receipt["runId"])
+                if agent:
+                    self.agent_run = response.receipt["runId"]
+                    self.agent_runs.add(self.agent_run)
             return
         run_id = self.rng.choice(self.runs[-50:])
         if roll < 0.7:
-            view = self.status(run_id)
+            view = self.status(run_id) if run_id not in self.agent_runs else None
             if view is not None and view["run"]["status"] == "waiting":
                 self.send("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
         elif roll < 0.8:
@@ -154,9 +221,19 @@ class Client:
         elif roll < 0.93:
             self.send("run.cancel", run_id=run_id)
         else:
-            view = self.status(run_id)
+            view = self.status(run_id) if run_id not in self.agent_runs else None
             if view is not None and view["run"]["finishedAt"] is not None:
                 self.send("run.restart", {}, run_id=run_id, revision=view["runRevision"])
+
+    def _agent_ended(self) -> bool:
+        """This client's latest agent run no longer holds an agent: ended, paused or parked."""
+        if self.agent_run is None:
+            return True
+        view = self.status(self.agent_run)
+        if view is None:
+            return False
+        run = view["run"]
+        return run["status"] in TERMINAL or run["paused"] or run["parkReason"] is not None
 
     def close(self) -> None:
         self.client.close()
@@ -173,9 +250,10 @@ def client_main(
     retry_for: float,
     stop: Any,
     pace_ms: int,
+    agents: bool,
 ) -> None:
     """A client process: operations until ``stop`` is set, ``pace_ms`` apart."""
-    client = Client(index, seed, Path(state_dir), Path(project), ledger_url, Path(evidence), retry_for)
+    client = Client(index, seed, Path(state_dir), Path(project), ledger_url, Path(evidence), retry_for, agents)
     try:
         while not stop.is_set():
             client.step()

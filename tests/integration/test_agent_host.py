@@ -5,6 +5,7 @@ answering the workflow tool."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from piworkflows.protocol.internal.agents import (
     session_id_of,
 )
 from piworkflows.testing.scripted_model import ScriptedModel
+from stress.bench import agents as bench_agents
 from tests.pi_util import PROVIDER, ClientServer, HostPeer, accept, agent_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -150,7 +152,8 @@ def records(sent: list[dict[str, Any]]) -> list[AgentRecordFrame]:
     return [AgentRecordFrame.model_validate(frame["b"]) for frame in sent if frame["k"] == "agent.record"]
 
 
-def test_a_step_submitted_through_the_workflow_tool_is_reported_in_order(world, pi_command):
+def test_a_step_submitted_through_the_workflow_tool_is_reported_in_order(world, pi_command, caplog):
+    caplog.set_level(logging.INFO, logger="piworkflows.agents")
     model, project = world({"fixer": [{"text": "Submitting.", "tool_calls": [SUBMIT]}]})
     agreed = contract("fixer", ExpectedOutput(kind="description", description='{"fixed": <count>}'))
     with ClientServer() as tool_server:
@@ -176,6 +179,11 @@ def test_a_step_submitted_through_the_workflow_tool_is_reported_in_order(world, 
     }
 
     client_v1.InteractionSubmitPayload.model_validate(submit.payload)
+
+    # The close line names the segment's start-up points (the agents benchmark reads them), in order.
+    timing = bench_agents.host_timing(record.getMessage() for record in caplog.records)
+    assert list(timing) == [SEGMENT]
+    assert timing[SEGMENT]["launch"] <= timing[SEGMENT]["ready"] <= timing[SEGMENT]["prompt"]
 
     # C4 names the file Pi wrote; C6 names the step's user entry in it.
     bind = sent[0]["b"]
@@ -434,8 +442,14 @@ def test_the_host_process_logs_to_its_supervisor_and_ends_with_its_declared_stat
         stderr=subprocess.PIPE,
         start_new_session=True,  # as the supervisor starts it: its own group
     )
-    out, err = proc.communicate(frames.encode(launch.kind, 0, launch.model_dump()), timeout=60)
-    assert proc.returncode == HOST_EXIT_PI_UNAVAILABLE
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(frames.encode(launch.kind, 0, launch.model_dump()))
+    proc.stdin.flush()  # and left open, as the supervisor leaves it until the host ended
+    proc.wait(timeout=60)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    # Its declared status, not SIGABRT after a second's wait for its stdin reader at interpreter shutdown.
+    assert proc.returncode == HOST_EXIT_PI_UNAVAILABLE, err.decode()[-2000:]
     logged = [frame for frame in frames.FrameDecoder().feed(out)]
     assert [frame["k"] for frame in logged] == ["log"]
     assert "pi-workflows setup pi" in logged[0]["b"]["message"]

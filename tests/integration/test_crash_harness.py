@@ -1,10 +1,12 @@
 """The short bounded crash run CI makes (docs/STRESS.md): two fixed seeds, every target kind and
-every fault point, ending with nothing lost, duplicated, violated or stuck. A fixed seed fixes
-the schedule of kills and operations (not their timing); random seeds are for developers."""
+every fault point, agent runs on the real Pi against the harness's scripted model among the load,
+ending with nothing lost, duplicated, violated or stuck. A fixed seed fixes the schedule of kills
+and operations (not their timing); random seeds are for developers."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.timeout(400)
 
 
 @pytest.mark.parametrize("seed", [11, 12])
-def test_a_short_crash_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int):
+def test_a_short_crash_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int, pi_command: list[str]):
     command = [
         sys.executable,
         "-m",
@@ -28,9 +30,11 @@ def test_a_short_crash_run_loses_and_duplicates_nothing(tmp_path: Path, seed: in
         "--state-dir",
         str(tmp_path / "state"),
         "--json",
-    ]  # default targets and fault points: all
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=380)
+    ]  # default targets and fault points: all; two clients keep an agent run going
+    env = {**os.environ, "PI_WORKFLOWS_PI_COMMAND": pi_command[0]}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=380, env=env)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0 and report["ok"], json.dumps(report, indent=1) + done.stderr[-4000:]
     assert report["killsTotal"] > 0 and report["commands"]["acknowledged"] > 0
     assert report["commands"]["lost"] == report["effects"]["duplicated"] == report["violations"] == 0
+    assert report["agents"]["runs"] > 0 and report["agents"]["requestsAccepted"] > 0

@@ -3,11 +3,15 @@ class of bug, reports it, and the harness exits non-zero. Consistent evidence pa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import piworkflows
+from piworkflows import faults
 from stress.crash import __main__ as crash_main
 from stress.crash import oracles, snapshot
-from stress.crash.harness import Harness, Options
+from stress.crash.harness import AGENT_POINTS, CRASH_POINTS, Harness, Options
 from tests.support import client_receipt, effect_request, reserve, run_create, run_group, take_epoch
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,7 +120,7 @@ def test_any_finding_fails_the_run_with_the_command_that_repeats_it(
             return report
 
     monkeypatch.setattr(crash_main, "Harness", Doctored)
-    assert crash_main.main(["--seconds", "1", "--seed", "5"]) == 1
+    assert crash_main.main(["--seconds", "1", "--seed", "5", "--agents", "0"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "--seed 5" in out and str(paths.state_dir) in out and "planted" in out
 
@@ -126,6 +130,50 @@ def test_bad_arguments_exit_2_naming_the_fix(capsys):
         crash_main.main(["--targets", "writer,printer"])
     assert exit_info.value.code == 2
     assert "unknown target printer" in capsys.readouterr().err
+
+
+def test_agent_targets_and_points_need_agent_runs_and_agent_runs_need_pi(capsys, monkeypatch):
+    for argv, said in (
+        (["--agents", "0", "--targets", "writer,pi"], "pi need agent runs"),
+        (["--agents", "0", "--faults", "agent.after_prompt"], "agent.after_prompt need agent runs"),
+        (["--agents", "5", "--clients", "4"], "--agents 0 to --clients"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            crash_main.main(argv)
+        assert exit_info.value.code == 2 and said in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "/nonexistent")  # no pi anywhere (HOME is private: no installed copy)
+    monkeypatch.delenv("PI_WORKFLOWS_PI_COMMAND", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        crash_main.main(["--seconds", "1"])
+    assert exit_info.value.code == 2 and "agent runs need Pi" in capsys.readouterr().err
+
+
+def test_the_default_fault_points_are_the_ones_the_load_reaches(monkeypatch):
+    """Every point but the backup's (the harness makes none) has its hit in the code; without agent
+    runs, the agent host's and the workflow tool's points and the agent targets are left out."""
+    assert set(faults.POINTS) - set(CRASH_POINTS) == {faults.WRITER_BACKUP_STEP}
+    code = "".join(path.read_text() for path in Path(piworkflows.__file__).parent.rglob("*.py"))
+    tool = (Path(piworkflows.__file__).parent / "agents" / "pi" / "workflow.ts").read_text()
+    names = {value: name for name, value in vars(faults).items() if isinstance(value, str) and value in faults.POINTS}
+    for point in CRASH_POINTS:
+        assert f"faults.hit(faults.{names[point]})" in code or f'"{point}"' in tool, point
+    agent_only = {p for p in CRASH_POINTS if p.startswith(("agent.", "tool."))}
+    agent_only |= {faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED, faults.VALIDATOR_BEFORE_VERDICT}
+    assert set(AGENT_POINTS) == agent_only and len(AGENT_POINTS) == 11
+    given = []
+
+    class Capture:
+        def __init__(self, options: Options) -> None:
+            given.append(options)
+
+        def run(self) -> dict:
+            raise SystemExit(0)
+
+    monkeypatch.setattr(crash_main, "Harness", Capture)
+    with pytest.raises(SystemExit):
+        crash_main.main(["--agents", "0"])
+    assert set(given[0].faults) == set(CRASH_POINTS) - set(AGENT_POINTS)
+    assert given[0].targets == ("supervisor", "writer", "outbox", "runner", "group") and given[0].pi is None
 
 
 def test_a_state_dir_in_use_is_refused(tmp_path, capsys):

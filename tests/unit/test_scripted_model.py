@@ -116,6 +116,15 @@ def test_no_script_or_no_step_left_is_a_400_that_names_the_model():
         assert len(model.requests) == 3  # the malformed body is not a request
 
 
+def test_a_cycling_script_starts_again_after_its_last_step():
+    with ScriptedModel({"loop": [{"text": "one"}, {"text": "two"}]}, cycle=True) as model:
+        answers = [
+            json.loads(post(model.url, {"model": "loop", "messages": []})[1])["choices"][0]["message"]["content"]
+            for _ in range(5)
+        ]
+    assert answers == ["one", "two", "one", "two", "one"]
+
+
 def test_a_step_without_text_or_tool_calls_is_refused_when_the_script_is_given():
     with pytest.raises(ValueError, match="model 'm' step 2"):
         ScriptedModel({"m": [{"text": "fine"}, {"stall_ms": 10}]})
