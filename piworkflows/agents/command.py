@@ -284,7 +284,7 @@ class CommandStep:
             clientId=f"pi-workflows-command:{launch.segment_id}",
             operation="interaction.submit",
             idempotencyKey=key,
-            payload=payload.model_dump(mode="json"),
+            payload=payload.model_dump(mode="json", exclude_defaults=True),  # as the tool sends it: no "operator"
         )
         try:
             client_v1.encode(request)
