@@ -25,7 +25,7 @@ import click
 from piworkflows import canonical
 from piworkflows.cli import story
 from piworkflows.cli.base import OPERATOR_CLIENT_ID, accepted, check, fail, main, request
-from piworkflows.cli.logs import Ask, read_content
+from piworkflows.cli.logs import Ask, asker, read_content
 from piworkflows.cli.runs import run_group
 from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
 from piworkflows.paths import StatePaths
@@ -50,7 +50,7 @@ def run_transcript(paths: StatePaths, run_id: str, node: str | None, as_json: bo
     """
     check("run.transcript", {"nodePath": node} if node else {}, run_id)
     with WorkflowClient(paths.state_dir, retry_for=0) as client:
-        ask = _asker(client, paths, run_id)
+        ask = asker(client, paths, run_id)
         if node is not None:
             _agent_node(ask("run.status", {}), node)
         printed = False
@@ -67,18 +67,6 @@ def run_transcript(paths: StatePaths, run_id: str, node: str | None, as_json: bo
             printed = True
     if not printed and not as_json:
         click.echo("no conversation captured" + (f" for {node}" if node else "") + " yet")
-
-
-def _asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:
-    def ask(operation: str, payload: dict[str, Any]) -> Any:
-        try:
-            return accepted(client.request(operation, payload, run_id=run_id))
-        except ServerRefused as exc:
-            fail(str(exc))
-        except (ServerNotRunning, OSError, ConnectionError):
-            fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
-
-    return ask
 
 
 def _agent_node(view: dict[str, Any], node: str) -> None:

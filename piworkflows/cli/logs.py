@@ -56,7 +56,7 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
     check("run.logs", {"nodePath": node} if node else {}, run_id)
     out = sys.stdout.buffer
     with WorkflowClient(paths.state_dir, retry_for=0) as client:
-        ask = _asker(client, paths, run_id)
+        ask = asker(client, paths, run_id)
         emit: Emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
         settings = Settings.from_env()
         after, delay = None, settings.watch_poll_min_ms / 1000
@@ -77,7 +77,7 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
             time.sleep(delay)
 
 
-def _asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:
+def asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:
     """One checked request on the run over the open connection; what is not accepted ends the command."""
 
     def ask(operation: str, payload: dict[str, Any]) -> Any:
