@@ -12,8 +12,9 @@ command step's command instead: agents/command.py).
             settled entries, links) every flush_ms / sample_ms; agent_end ── agent.turn ended (C9;
             its receipt may hold a reminder to send)
     the request settled (a receipt's requestStatus), its budget spent ({"timedOut": true}), or
-            nothing left to send: RPC abort if a turn is open, agent.close (C12), Pi's input
-            closed (killed after abort_grace_ms), exit 0
+            nothing left to send: RPC abort if a turn is open (else an idle Pi is killed: it
+            writes nothing more), agent.close (C12), Pi's input closed (killed after
+            abort_grace_ms), exit 0
 
 Every report is a frame of HOST_FRAMES (protocol/internal/agents.py), forwarded by the supervisor
 under the segment's claim; a reply that is not accepted or adopted ends the host at once (Pi
@@ -512,16 +513,22 @@ class Host:
     # --- the end -----------------------------------------------------------------------------
 
     def _close(self) -> int:
-        """C12: abort a running turn, close the segment, let Pi go (killed after the grace)."""
+        """C12: abort a running turn, close the segment, let Pi go (killed after the grace). An idle
+        Pi ends first (killed): it wrote each entry as it settled and writes nothing more, and the
+        run's next host may start on its session file once this host is gone."""
         assert self.pi is not None
         timing = ", ".join(f"{name} {self.timing[name]}" for name in TIMING if name in self.timing)
         log.info("agent host: segment %s closes: %s (epoch ms: %s)", self.launch.segment_id, self.stopping, timing)
-        if self.turn is not None or self.awaiting_start:
+        idle = self.turn is None and not self.awaiting_start
+        if not idle:
             self.pi.send({"type": "abort"})
         if not self.timed_out:  # what settled is recorded (after a timeout the attempt is over)
             self.stopping = None
             self._read_session()
             self._flush()
+        if idle:  # (its shutdown on end of input takes 0.1 s, on every step's path)
+            self.pi.kill()
+            self.pi.wait(10)
         faults.hit(faults.AGENT_BEFORE_CLOSE)
         self.call(AgentCloseFrame(elapsed_ms=self.turn.elapsed_ms() if self.turn is not None else None))
         self.pi.close_input()

@@ -8,17 +8,24 @@
       ── Pi found? (PI_WORKFLOWS_PI_COMMAND, the installed copy, PATH) else agent.exited with
          the fix: the run parks agentNoProgress (a command step, executor=command(argv), runs
          its own program instead: no Pi is looked for)
-      ── spawn `python -m piworkflows.agents` in its own process group (Pi runs in it)
-         ── host.json (identity) ── launch AgentLaunch
+      ── a ready host (spawned earlier, its imports done, waiting for its launch) or a new one:
+         `python -m piworkflows.agents` in its own process group (Pi runs in it), host.json
+         (identity); another host is made ready for the next segment ── launch AgentLaunch
       ── host frames (protocol/internal/agents.py HOST_FRAMES): the segment and its claim
          attached, deduplicated by the message key, forwarded as the writer command of the
          same kind; replies relayed
+      ── agent.close committed: the scheduler is woken (the run goes on while Pi exits); the
+         run's next request waits until this host's group is gone (Pi writes the session file
+         until it exits)
       ── the host ends ── its group killed (a command or Pi it left) ── agent.exited unless it
          closed its segment (the open turn lost, the interval at its last sample; nothing
          committed after C3: the run parks)
     renewal: claim.renew of every live segment every claim_renew_ms; a lost claim kills the host
     pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
          agent_abort_grace_ms); the commit already changed the rows
+    ready host: one, from the first admitted request on (a host's start is mostly Python's
+         imports); replaced when taken; killed at shutdown; spawned with the crash points only
+         while no host has failed, and a dead one is never launched
     logs:    a host's own log records (LOG frames) go to server.log with its pid; the last
              stderr lines of a host that died go there too and, as the park detail, to the run
 
@@ -86,6 +93,15 @@ class HostHandle:
         return {"actor_class": "runner", "actor_id": f"agent:{self.segment_id}"}
 
 
+@dataclass
+class ReadyHost:
+    """A host spawned ahead of its segment, blocked on reading its launch."""
+
+    proc: asyncio.subprocess.Process
+    stderr: StderrTail
+    faults: bool  # spawned with the crash points (PIW_FAULTS): only the first host may fire them
+
+
 class AgentManager:
     def __init__(
         self,
@@ -115,6 +131,8 @@ class AgentManager:
         self._stopper = GroupStopper(clock)
         self._stopping = False
         self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
+        self._ready: ReadyHost | None = None
+        self._readying: asyncio.Task[None] | None = None
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.writer.request(kind, {"actor": SERVER, **body})
@@ -161,6 +179,8 @@ class AgentManager:
         for item in (reply.receipt or {}).get("requests", []):
             if item["requestId"] in self.active or self._stopping:
                 continue
+            if any(handle.run_id == item["runId"] for handle in self.active.values()):
+                continue  # its run's last host still ends (its Pi may write the session file): woken then
             try:
                 await self._open(item["requestId"])
             except Exception as exc:  # one request's failure never stops the manager
@@ -230,12 +250,7 @@ class AgentManager:
                 detail = NEEDS_PI
                 return
             launch = self._launch(handle, receipt, contract, pi)
-            env = {**os.environ, **self.settings.to_env()}
-            if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
-                env.pop(faults.ENV, None)
-            handle.proc, handle.stderr = await spawn_child(
-                "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=env
-            )
+            handle.proc, handle.stderr = await self._take_host()
             detail = await self._relay(handle, launch)
         except ChildNotRecorded as exc:  # ended before it ran anything; the request waits for the next host
             log.warning("no agent host for %s: %s", handle.run_id, exc)
@@ -246,6 +261,53 @@ class AgentManager:
             log_failure(log, f"the agent host of {handle.run_id} failed", exc)
         finally:
             await self._finish(handle, detail)
+
+    async def _take_host(self) -> tuple[asyncio.subprocess.Process, StderrTail]:
+        """The ready host when it is alive and may run (crash points only while no host failed),
+        else a new one; another is made ready for the next segment."""
+        ready, self._ready = self._ready, None
+        if ready is not None and (ready.proc.returncode is not None or (ready.faults and self._failures)):
+            await self._discard(ready)
+            ready = None
+        host = (ready.proc, ready.stderr) if ready is not None else await self._spawn_host()
+        if self._readying is None or self._readying.done():
+            self._readying = asyncio.create_task(self._make_ready(), name="agent-ready-host")
+        return host
+
+    async def _spawn_host(self) -> tuple[asyncio.subprocess.Process, StderrTail]:
+        return await spawn_child(
+            "agent host", HOST_MARKER, (HOST_MARKER,), self.recorder, self.settings, own_group=True, env=self._env()
+        )
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **self.settings.to_env()}
+        if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
+            env.pop(faults.ENV, None)
+        return env
+
+    async def _make_ready(self) -> None:
+        if self._stopping or self._ready is not None:
+            return
+        armed = faults.ENV in self._env()
+        try:
+            proc, stderr = await self._spawn_host()
+        except Exception as exc:  # the next segment spawns its own host
+            log_failure(log, "making an agent host ready failed", exc)
+            return
+        self._ready = ReadyHost(proc, stderr, armed)
+        if self._stopping:
+            await self._discard_ready()
+
+    async def _discard_ready(self) -> None:
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            await self._discard(ready)
+
+    async def _discard(self, ready: ReadyHost) -> None:
+        signal_group(ready.proc.pid, signal.SIGKILL)  # it waits for its launch: nothing to lose
+        await ready.proc.wait()
+        self.recorder.forget_child(ready.proc.pid)
+        ready.stderr.close()
 
     async def _relay(self, handle: HostHandle, launch: AgentLaunch) -> str | None:
         """Serve the host's frames until it ends; returns why it ended when that is news for the
@@ -302,7 +364,8 @@ class AgentManager:
         if reply.outcome in ("accepted", "adopted"):
             if kind == "agent.close":
                 handle.closed = True
-            if self._settled(reply):
+                self.wake_scheduler()  # the run is claimable again (its next request waits for this host)
+            elif self._settled(reply):
                 self.wake_scheduler()  # the step ended (accepted, failed, timed out): the run goes on
         return reply
 
@@ -379,6 +442,9 @@ class AgentManager:
         tasks = [h.task for h in self.active.values() if h.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000 + 1)
+        if self._readying is not None:
+            await self._readying  # a spawn under way ends with its host discarded
+        await self._discard_ready()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

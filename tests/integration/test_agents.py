@@ -3,6 +3,7 @@ the scripted model (no network, no API key), and the state they leave verifies c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -98,6 +99,13 @@ def test_two_agent_steps_share_the_run_session_and_the_run_completes(agent_serve
     )
     assert accepted == [(2,)]
     assert view(agent_server, run_id)["display"]["status"] == "completed"
+    ((session_file,),) = query(
+        agent_server, "SELECT DISTINCT pi_session_file FROM session_segments WHERE run_id = ?", run_id
+    )
+    written = [json.loads(line) for line in Path(session_file).read_text().splitlines()]
+    captured = query(agent_server, "SELECT pi_entry_id FROM session_entries WHERE run_id = ?", run_id)
+    # each entry Pi wrote captured once: each segment's Pi ended (killed when idle) after its last entry
+    assert sorted(entry for (entry,) in captured) == sorted(e["id"] for e in written if e["type"] != "session")
 
 
 def _ended(run_view: dict[str, Any]) -> dict[str, Any] | None:
@@ -220,6 +228,17 @@ def _open_turn(server: ServerProcess, run_id: str, turns: int) -> bool:
     return len(rows) == turns and rows[-1][0] == "open"
 
 
+def _working_host(server: Any) -> int | None:
+    """The agent host running a step: Pi is its child (a ready host waits for its launch without)."""
+    for pid in server.child_pids("agent host"):
+        try:
+            if psutil.Process(pid).children():
+                return pid
+        except psutil.Error:
+            continue
+    return None
+
+
 def _pi_of(host_pid: int) -> int:
     (pi,) = [p for p in psutil.Process(host_pid).children() if "node" in p.name() or "pi" in p.name()]
     return pi.pid
@@ -240,8 +259,7 @@ def test_kill_9_mid_turn_keeps_the_attempt_and_resumes_it_once(agent_server, pro
         timeout=60,
         what="the second turn open, its model request stalled",
     )
-    host = agent_server.child_pid("agent host")
-    assert host is not None
+    host = wait_until(lambda: _working_host(agent_server), what="the host running the step")
     os.kill(host if target == "agent host" else _pi_of(host), signal.SIGKILL)
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
     assert done["display"]["status"] == "completed", done
@@ -375,7 +393,7 @@ def test_the_active_time_budget_times_the_step_out_and_a_pause_inside_is_not_cou
     wait_until(lambda: (i := _intervals(agent_server, run_id)) and i[0][2] >= 500, timeout=60, what="500 ms spent")
     with agent_server.client() as client:
         assert client.request("run.pause", {}, run_id=run_id).outcome == "accepted"
-        wait_until(lambda: agent_server.child_pid("agent host") is None, what="the host stopped")
+        wait_until(lambda: _working_host(agent_server) is None, what="the host stopped")
         assert client.request("run.resume", {}, run_id=run_id).outcome == "accepted"
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
     assert done["display"]["status"] == "timed_out", done

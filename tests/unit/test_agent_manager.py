@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from piworkflows import faults
 from piworkflows.agents.pi import NEEDS_PI
 from piworkflows.clock import FakeClock
 from piworkflows.protocol.internal.agents import AgentContract, AgentLaunch, Executor, ExpectedOutput, request_id_of
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.agents import AgentManager, HostHandle
-from piworkflows.supervisor.registry import ChildNotRecorded
+from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.stderr import StderrTail
 from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,6 +49,10 @@ class FakeWriter:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.answers: dict[str, list[Reply]] = {}
         self.contract = contract()
+        self.runs: dict[str, str] = {}  # request id -> its run id (else "run-" + the request id)
+
+    def run_of(self, request_id: str) -> str:
+        return self.runs.get(request_id, "run-" + request_id)
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         self.sent.append((kind, body))
@@ -55,7 +61,7 @@ class FakeWriter:
         if kind == "agent.claimable":
             items = [r for r in self.pending if r not in body["exclude_request_ids"]][: body["limit"]]
             return Reply(
-                outcome="accepted", receipt={"requests": [{"requestId": r, "runId": "run-" + r} for r in items]}
+                outcome="accepted", receipt={"requests": [{"requestId": r, "runId": self.run_of(r)} for r in items]}
             )
         if kind == "agent.open":
             self.pending.remove(body["request_id"])
@@ -65,7 +71,7 @@ class FakeWriter:
                 receipt={
                     "segmentId": body["segment_id"],
                     "leaseGeneration": 7,
-                    "runId": "run-" + body["request_id"],
+                    "runId": self.run_of(body["request_id"]),
                     "attemptId": "attempt-1",
                     "requestId": body["request_id"],
                     "sessionId": "pis-1",
@@ -215,6 +221,157 @@ def test_a_lost_segment_claim_ends_the_host_group():
     assert handle.stopping
     assert sleeper.wait(timeout=10) == -signal.SIGTERM
     assert writer.kinds() == ["claim.renew"]
+
+
+class Hosts:
+    """Stands in for spawn_child: each "host" is a real idle process in its own group, recorded; the
+    relay stands in for the host's frames: it notes which host served which request and ends at
+    once (closed or not, as ``close`` says)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, close: bool = True) -> None:
+        self.spawned: list[tuple[asyncio.subprocess.Process, dict[str, str]]] = []
+        self.served: dict[str, asyncio.subprocess.Process] = {}
+        self.close = close
+        monkeypatch.setattr("piworkflows.supervisor.agents.find_pi", lambda settings: "/bin/pi")
+        monkeypatch.setattr("piworkflows.supervisor.agents.spawn_child", self.spawn)
+        monkeypatch.setattr(AgentManager, "_relay", lambda manager, handle, launch: self.relay(handle))
+
+    async def spawn(
+        self, role: str, marker: str, args: Any, recorder: Recorder, settings: Settings, **kw: Any
+    ) -> tuple[asyncio.subprocess.Process, StderrTail]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            f"import sys  # {marker}\nsys.stdin.buffer.read()",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stderr is not None
+        recorder.record_child(Identity.of(role, proc.pid, marker, process_group=True))
+        self.spawned.append((proc, kw["env"]))
+        return proc, StderrTail(proc.stderr, 10, 200)
+
+    async def relay(self, handle: HostHandle) -> None:
+        assert handle.proc is not None and handle.proc.returncode is None  # a dead host is never launched
+        self.served[handle.request_id] = handle.proc
+        handle.closed = self.close
+
+    def procs(self) -> list[asyncio.subprocess.Process]:
+        return [proc for proc, _ in self.spawned]
+
+
+async def _ready(manager: AgentManager) -> asyncio.subprocess.Process:
+    assert manager._readying is not None
+    await manager._readying
+    assert manager._ready is not None
+    return manager._ready.proc
+
+
+def test_a_ready_host_serves_the_next_segment_and_is_replaced_and_killed_at_shutdown(monkeypatch):
+    """The first segment spawns its host and makes another ready; the next segment is launched on
+    the ready one (spawned before its request existed) and a new one is made ready; shutdown kills
+    it, and host.json keeps no host."""
+    hosts = Hosts(monkeypatch)
+    writer = FakeWriter(["r1"])
+
+    async def scenario() -> Recorder:
+        manager, _ = _manager(writer, FakeClock(), max_agents=2)
+        await manager.admit()
+        await _settle(manager)
+        ready = await _ready(manager)
+        assert hosts.served["r1"] is hosts.procs()[0] and ready is hosts.procs()[1]
+        writer.pending.append("r2")
+        await manager.admit()
+        await _settle(manager)
+        assert hosts.served["r2"] is ready and await _ready(manager) is hosts.procs()[2]
+        await manager.stop()
+        return manager.recorder  # type: ignore[return-value]
+
+    recorder = asyncio.run(scenario())
+    assert len(hosts.spawned) == 3 and all(proc.returncode is not None for proc in hosts.procs())
+    assert recorder.recorded == []
+
+
+def test_a_dead_ready_host_is_never_launched(monkeypatch):
+    hosts = Hosts(monkeypatch)
+    writer = FakeWriter(["r1"])
+
+    async def scenario() -> None:
+        manager, _ = _manager(writer, FakeClock())
+        await manager.admit()
+        await _settle(manager)
+        ready = await _ready(manager)
+        ready.kill()
+        await ready.wait()
+        writer.pending.append("r2")
+        await manager.admit()
+        await _settle(manager)
+        assert hosts.served["r2"] is hosts.procs()[2]  # a new one (the relay asserts it lives)
+        assert ready.pid not in [i.pid for i in manager.recorder.recorded]  # type: ignore[attr-defined]
+        await manager.stop()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_host_failed_the_ready_host_armed_with_crash_points_is_replaced(monkeypatch):
+    """Crash points fire in the first host only: a ready host spawned with PIW_FAULTS before a host
+    failed is discarded, and the next segment's host (and the next ready one) run without them."""
+    monkeypatch.setenv(faults.ENV, "agent.after_open")
+    hosts = Hosts(monkeypatch, close=False)  # the host ends without closing its segment: a failure
+    writer = FakeWriter(["r1"])
+
+    async def scenario() -> None:
+        manager, _ = _manager(writer, FakeClock())
+        await manager.admit()
+        await _settle(manager)
+        armed = await _ready(manager)
+        writer.pending.append("r2")
+        await manager.admit()
+        await _settle(manager)
+        assert armed.returncode is not None and hosts.served["r2"] is hosts.procs()[2]
+        await _ready(manager)
+        await manager.stop()
+
+    asyncio.run(scenario())
+    assert [faults.ENV in env for _, env in hosts.spawned] == [True, True, False, False]
+    assert writer.kinds().count("agent.exited") == 2
+
+
+def test_the_next_request_of_a_run_waits_until_its_last_host_ended(monkeypatch):
+    """A closed segment's Pi may still write the session file: the run's next request is opened
+    only after that host is gone (its end wakes the admission)."""
+    hosts = Hosts(monkeypatch)
+    writer = FakeWriter(["r2"])
+    writer.runs["r2"] = "run-r1"
+
+    async def scenario() -> list[str]:
+        manager, _ = _manager(writer, FakeClock(), max_agents=4)
+        manager.active["r1"] = HostHandle("segment-1", "run-r1", "r1", {"lease_generation": 1}, closed=True)
+        await manager.admit()
+        held = writer.kinds()
+        manager.active.pop("r1")  # its host ended
+        await manager.admit()
+        await _settle(manager)
+        await manager.stop()
+        return held
+
+    assert asyncio.run(scenario()) == ["agent.claimable"]
+    assert writer.kinds()[1:3] == ["agent.claimable", "agent.open"] and "r2" in hosts.served
+
+
+def test_a_committed_close_wakes_the_scheduler_before_the_host_ends():
+    writer = FakeWriter([])
+
+    async def scenario() -> tuple[HostHandle, list[int]]:
+        manager, wakes = _manager(writer, FakeClock())
+        handle = HostHandle("segment-1", "run-1", "r1", {"lease_generation": 7})
+        await manager._forward(handle, {"k": "agent.close", "id": 9, "b": {"elapsed_ms": None}})
+        return handle, wakes
+
+    handle, wakes = asyncio.run(scenario())
+    assert handle.closed and wakes == [1]
 
 
 class _AsyncProc:
