@@ -98,6 +98,26 @@ OPERATIONS = (
     "run.transcript",
 )
 
+# Operations of upstream Pi Workflows' older and newer lists that this server does not serve: a
+# request naming one parses, is answered ``rejected`` ``notAvailable`` (nothing stored) and the
+# connection stays open. Any other unknown name is a malformed frame.
+UPSTREAM_UNSERVED = (
+    "host.status",
+    "host.stop",
+    "notification.claim",
+    "notification.deliver",
+    "turn.claim",
+    "turn.resolve",
+    "controller.list",
+    "controller.get",
+    "controller.apply",
+    "controller.reconcile",
+    "controller.delete",
+    "activity.report",
+    "view.session.window",
+)
+assert not set(UPSTREAM_UNSERVED) & set(OPERATIONS)
+
 # Reads are never stored in host_commands.
 READ_ONLY_OPERATIONS = frozenset(
     op for op in OPERATIONS if op.endswith((".status", ".list", ".get")) or op.startswith("view.")
@@ -152,7 +172,7 @@ class Request(Envelope):
     type: Literal["request"] = "request"
     requestId: Id
     clientId: Id
-    operation: Literal[OPERATIONS]  # type: ignore[valid-type]
+    operation: Literal[OPERATIONS + UPSTREAM_UNSERVED]  # type: ignore[valid-type]
     idempotencyKey: Id
     payload: Any
     runId: Id | None = None
@@ -909,4 +929,5 @@ def schema_document() -> dict[str, Any]:
             for op in OPERATION_SHAPES
         },
         "notYetServed": [op for op in OPERATIONS if op not in OPERATION_SHAPES],
+        "upstreamNotServed": list(UPSTREAM_UNSERVED),
     }

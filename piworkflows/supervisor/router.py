@@ -8,8 +8,9 @@
 A stored operation carries a ``client_receipt`` (client id, idempotency key,
 fingerprint), so the writer answers a repeat from ``host_commands``: the
 same request is ``adopted``, another request under the key is ``conflict``.
-Listed operations that this build does not serve yet are ``rejected`` with
-code ``notAvailable`` and store nothing. Each served operation has one route in
+Listed operations that this build does not serve yet, and upstream's operations that
+it never serves (``client_v1.UPSTREAM_UNSERVED``), are ``rejected`` with code
+``notAvailable`` and store nothing. Each served operation has one route in
 ``ROUTES`` (its keys are ``client_v1.OPERATION_SHAPES``'s, ``tests/unit/test_registry.py``).
 
 The router depends on narrow seams (supervisor/seams.py): the writer's requests
@@ -71,7 +72,12 @@ class Router:
     async def handle(self, request: client_v1.Request) -> client_v1.Response:
         route = ROUTES.get(request.operation)
         if route is None:
-            return refuse(request, CommandError("notAvailable", f"{request.operation} is not available in this build"))
+            why = (
+                "is an operation of upstream Pi Workflows that this server does not serve"
+                if request.operation in client_v1.UPSTREAM_UNSERVED
+                else "is not available in this build"
+            )
+            return refuse(request, CommandError("notAvailable", f"{request.operation} {why}"))
         payload_model = client_v1.OPERATION_SHAPES[request.operation][0]
         try:
             payload = payload_model.model_validate(request.payload)

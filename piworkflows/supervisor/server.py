@@ -249,7 +249,10 @@ class Connection:
         return [line + b"\n" for line in text[:-1].split(b"\n")]
 
     async def _dispatch(self, line: bytes) -> bool:
-        """Start handling one line; False if the connection is closed."""
+        """Start handling one line; False if the connection is closed. An empty line between frames
+        is skipped (upstream's clients may send one); every other line is a frame."""
+        if line == b"\n":
+            return True
         try:
             request = client_v1.parse_request(line)
         except client_v1.MalformedFrame as exc:

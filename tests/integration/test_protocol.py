@@ -122,7 +122,6 @@ INVALID_FRAMES: list[tuple[str, bytes, bool]] = [
         False,
     ),
     ("not JSON", b"hello server\n", False),
-    ("empty line", b"\n", False),
     ("JSON array", b"[]\n", False),
     ("JSON string", b'"request"\n', False),
     ("response envelope", client_v1.encode(client_v1.Response(requestId="r", outcome="accepted")), False),
@@ -247,8 +246,13 @@ def test_payload_null_for_a_served_operation_is_rejected(path: str) -> None:
 
 
 def test_every_unserved_operation_is_rejected_not_available_and_not_stored(server: ServerProcess, path: str) -> None:
-    unserved = [op for op in client_v1.OPERATIONS if op not in client_v1.OPERATION_SHAPES]
-    assert unserved == client_v1.schema_document()["notYetServed"]
+    """Listed operations not served yet and upstream's operations this server never serves (its
+    older and newer lists): rejected notAvailable, nothing stored, the connection stays open."""
+    not_yet = [op for op in client_v1.OPERATIONS if op not in client_v1.OPERATION_SHAPES]
+    assert not_yet == client_v1.schema_document()["notYetServed"]
+    assert list(client_v1.UPSTREAM_UNSERVED) == client_v1.schema_document()["upstreamNotServed"]
+    assert {"host.status", "notification.claim", "view.session.window"} <= set(client_v1.UPSTREAM_UNSERVED)
+    unserved = not_yet + list(client_v1.UPSTREAM_UNSERVED)
     client_id = "client-unserved-" + uuid.uuid4().hex
     with Conn(path) as conn:
         for op in unserved:
@@ -267,6 +271,18 @@ def test_every_unserved_operation_is_rejected_not_available_and_not_stored(serve
     finally:
         db.close()
     assert rows == 0
+
+
+def test_empty_lines_between_frames_are_skipped(path: str) -> None:
+    """Upstream's clients may send an empty line: it is skipped, and the frames around it are
+    answered on the same connection (a line with only a CR is still malformed)."""
+    with Conn(path) as conn:
+        conn.send(b"\n" + request_line(request_id="first") + b"\n\n" + request_line(request_id="second") + b"\n")
+        assert sorted(conn.read_message()["requestId"] for _ in range(2)) == ["first", "second"]
+        assert_status_ok(conn)
+    with Conn(path) as bad:
+        bad.send_ignoring_close(b"\r\n")
+        assert bad.read_until_closed() == b""
 
 
 def test_sender_payload_order_is_accepted_over_the_socket(path: str) -> None:
@@ -377,6 +393,7 @@ def test_fuzz_frames(server: ServerProcess, path: str) -> None:
         def one(data: bytes) -> None:
             # a canonical frame naming server.stop must contain these exact bytes
             assume(b'"server.stop"' not in data)
+            assume(data.replace(b"\n", b"") != b"")  # empty lines only: skipped, nothing to answer
             with Conn(path, timeout=10) as conn:
                 conn.send_ignoring_close(data + b"\n")
                 try:

@@ -805,3 +805,10 @@ def test_the_workflow_tools_payloads_have_their_models() -> None:
     assert client_v1.InteractionUpdatePayload.model_validate(
         {**update, "update": {"message": "x" * 2000, "progress": 1}}
     )
+
+
+@pytest.mark.parametrize("operation", client_v1.UPSTREAM_UNSERVED)
+def test_an_upstream_operation_this_server_does_not_serve_parses(operation: str) -> None:
+    """Its request is answered notAvailable (the router), never closed as malformed."""
+    assert client_v1.parse_request(line_of(envelope(operation=operation))).operation == operation
+    assert operation not in client_v1.OPERATION_SHAPES
