@@ -21,11 +21,11 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from piworkflows import canonical
 from piworkflows.agents.capture import ENTRY_BYTES_PER_RECORD
+from piworkflows.isotime import iso
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.agents import ExpectedOutput, SessionEntry
 from piworkflows.protocol.internal.base import MAX_INLINE_BLOB_BYTES, BlobValue
@@ -116,7 +116,7 @@ def entry_of(pi_entry_id: str, parent_id: str | None, role: str, text: str, at_m
     """A captured entry shaped like a Pi message entry (``fields`` join its message); a text too
     large for one record is cut, and the entry says ``truncated``."""
     limit = min(MAX_INLINE_BLOB_BYTES, ENTRY_BYTES_PER_RECORD)
-    stamp = datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stamp = iso(at_ms)
     truncated = False
     while True:
         message = {"role": role, "content": [{"type": "text", "text": text}], **fields, "timestamp": at_ms}

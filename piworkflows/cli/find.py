@@ -24,6 +24,7 @@ import click
 
 from piworkflows import canonical
 from piworkflows.cli.base import accepted, main, request, span
+from piworkflows.isotime import epoch_ms
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import client_v1
 
@@ -127,15 +128,17 @@ class _RunTable:
 
     def echo(self, items: list[dict[str, Any]], now: int) -> None:
         for item in items:
-            started, finished = item["startedAt"], item["finishedAt"]
-            ran = span((finished or now) - started) if started is not None else "-"
+            ours = item["piworkflows"]
+            finished = item["manifest"].get("finishedAt")  # (its startedAt is the creation until it starts)
+            started = epoch_ms(ours["startedAt"]) if ours["startedAt"] is not None else None
+            ran = span((epoch_ms(finished) if finished else now) - started) if started is not None else "-"
             click.echo(
                 self._line(
                     item["runId"],
                     item["workflowName"],
-                    item["title"] or "",
+                    ours["title"] or "",
                     item["display"]["status"],
-                    span(now - item["createdAt"]),
+                    span(now - epoch_ms(item["createdAt"])),
                     ran,
                 )
             )

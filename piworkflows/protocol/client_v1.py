@@ -407,6 +407,18 @@ class RunListPayload(Payload):
     cursor: dict[str, Any] | None = None
 
 
+class ViewRunsPagePayload(RunListPayload):
+    """view.runs.page: a run-list page as run.list gives it, at ``cursor``: upstream's offset into
+    the list (0, the default: the first page) or run.list's keyset cursor. ``revision`` is the list
+    revision the client holds (a ``runs`` event's or a page's): on the first page another one is
+    ``conflict`` (``staleRevision``) with the current page in the receipt's ``page``; later pages
+    follow their cursor."""
+
+    cursor: Annotated[int, Field(ge=0, strict=True)] | dict[str, Any] = 0  # type: ignore[assignment]
+    revision: str = Field(min_length=1, max_length=256)
+    limit: int = Field(default=256, ge=1, le=256)
+
+
 class RunLogsContent(Payload):
     """A part of a value linked to the run (a shell step's stream), named as the step names it."""
 
@@ -889,6 +901,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "run.start": (RunStartPayload, RunStartReceipt),
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)
     "run.list": (RunListPayload, None),  # the receipt is a pi-workflows.run-list-page.v1 page
+    "view.runs.page": (ViewRunsPagePayload, None),  # a run.list page, revision-checked on the first
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document

@@ -252,18 +252,24 @@ class Router:
         return from_reply(request, reply)
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
-        body: dict[str, Any] = {
-            "actor": client_actor(request),
-            "limit": payload.limit,
-            "statuses": payload.status,
-            "workflow_name": payload.workflowName,
-            "since": payload.since,
-        }
-        if payload.projectPath is not None:
-            body["project_path"] = os.path.realpath(payload.projectPath)
-        if payload.cursor is not None:
-            body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
-        return from_reply(request, await self.writer.request("run.list", body))
+        return from_reply(request, await self.writer.request("run.list", _list_body(request, payload)))
+
+    async def view_runs_page(
+        self, request: client_v1.Request, payload: client_v1.ViewRunsPagePayload
+    ) -> client_v1.Response:
+        """A run-list page at an offset or keyset cursor; the first page only at the client's
+        revision (else conflict with the current first page, so the client starts over)."""
+        response = from_reply(request, await self.writer.request("run.list", _list_body(request, payload)))
+        page = response.receipt or {}
+        if response.outcome == "accepted" and payload.cursor == 0 and page["revision"] != payload.revision:
+            stale = CommandError(
+                "staleRevision",
+                f"the run list is at revision {page['revision']}, not {payload.revision}: the current first page "
+                "is in the receipt's page",
+                page=page,
+            )
+            return refuse(request, stale)
+        return response
 
     async def run_logs(self, request: client_v1.Request, payload: client_v1.RunLogsPayload) -> client_v1.Response:
         """A page of the run's steps, or (``content``) a part of a value linked to the run, its bytes
@@ -500,6 +506,7 @@ ROUTES: dict[str, Route] = {
     "workflow.show": Router.workflow_show,
     "run.logs": Router.run_logs,
     "run.transcript": Router.run_transcript,
+    "view.runs.page": Router.view_runs_page,
 }
 
 
@@ -547,6 +554,25 @@ def receipt_key(request: client_v1.Request, run_id: str | None = None) -> dict[s
         "operation": request.operation,
         "run_id": run_id,
     }
+
+
+def _list_body(request: client_v1.Request, payload: client_v1.RunListPayload) -> dict[str, Any]:
+    """The writer's run.list of run.list and view.runs.page: the filters and the cursor (a keyset
+    object, or view.runs.page's offset)."""
+    body: dict[str, Any] = {
+        "actor": client_actor(request),
+        "limit": payload.limit,
+        "statuses": payload.status,
+        "workflow_name": payload.workflowName,
+        "since": payload.since,
+    }
+    if payload.projectPath is not None:
+        body["project_path"] = os.path.realpath(payload.projectPath)
+    if isinstance(payload.cursor, int):
+        body["offset"] = payload.cursor
+    elif payload.cursor is not None:
+        body["before"] = {"created_at": payload.cursor.get("createdAt"), "run_id": payload.cursor.get("runId")}
+    return body
 
 
 def refuse(request: client_v1.Request, refusal: CommandError) -> client_v1.Response:

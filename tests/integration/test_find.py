@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from piworkflows.isotime import epoch_ms
 from tests.engine_util import CHECKPOINT, start, wait_status, write
 from tests.server_util import ServerProcess, query, serving
 
@@ -63,9 +64,10 @@ def test_runs_filters_and_pages_through_600_runs(server: ServerProcess, tmp_path
     def expect(keep) -> list[str]:
         return [run_id for run_id in newest_first if keep(run_id, *planted[run_id])]
 
-    middle = everything[300]["createdAt"]
+    assert [(page["start"], page["total"]) for page in pages] == [(100 * n, 600) for n in range(6)]
+    middle = epoch_ms(everything[300]["createdAt"])
     since = datetime.fromtimestamp(middle / 1000, tz=UTC).isoformat(timespec="milliseconds")
-    created = {item["runId"]: item["createdAt"] for item in everything}
+    created = {item["runId"]: epoch_ms(item["createdAt"]) for item in everything}
     cases = {
         ("--status", "cancelled"): lambda r, p, w, c: c,
         ("--status", "queued", "--status", "cancelled"): lambda r, p, w, c: True,
@@ -89,7 +91,7 @@ def test_runs_filters_and_pages_through_600_runs(server: ServerProcess, tmp_path
         assert found == expect(keep) and found, args
     cancelled = listed(server, "--status", "cancelled")
     assert {item["display"]["status"] for item in cancelled} == {"cancelled"}
-    assert all(item["finishedAt"] is not None for item in cancelled)
+    assert all("finishedAt" in item["manifest"] for item in cancelled)
 
     table = server.cli("runs", "--all")
     assert table.returncode == 0, table.stderr
@@ -102,6 +104,23 @@ def test_runs_filters_and_pages_through_600_runs(server: ServerProcess, tmp_path
     assert "demo for…" in demo_line and "cancelled" in demo_line  # the title cut to the 80 columns
     one_page = server.cli("runs").stdout.splitlines()
     assert [line.split()[0] for line in one_page] == [line.split()[0] for line in lines[:51]]  # the first page
+
+    with server.client() as client:  # view.runs.page: upstream's offset cursor, run.list's keyset cursor
+        first = client.request("view.runs.page", {"cursor": 0, "revision": pages[0]["revision"], "limit": 100})
+        assert first.outcome == "accepted" and first.receipt == pages[0]
+        third = client.request("view.runs.page", {"cursor": 200, "revision": "any: not the first page", "limit": 100})
+        assert third.receipt["start"] == 200 and third.receipt["items"] == pages[2]["items"]
+        after = client.request("view.runs.page", {"cursor": pages[1]["cursor"], "revision": "any", "limit": 100})
+        assert after.receipt == pages[2]
+        stale = client.request("view.runs.page", {"cursor": 0, "revision": "0:0:0"})
+        assert stale.outcome == "conflict" and stale.receipt["code"] == "staleRevision"
+        assert stale.receipt["page"]["revision"] == pages[0]["revision"] and stale.receipt["page"]["start"] == 0
+        assert client.request("run.cancel", {}, run_id=expect(lambda r, p, w, c: not c)[0]).outcome == "accepted"
+        moved = client.request("view.runs.page", {"cursor": 0, "revision": pages[0]["revision"]})
+        assert moved.outcome == "conflict" and moved.receipt["page"]["revision"] != pages[0]["revision"]
+        assert moved.receipt["page"]["total"] == 600  # a visible change moves the revision, not the count
+        bad = client.request("view.runs.page", {"cursor": True, "revision": "r"})
+        assert bad.outcome == "rejected" and bad.receipt["code"] == "validationFailed"
 
 
 @pytest.mark.parametrize("since", ["yesterday", "2x", "-3h", "2026-13-01"])

@@ -78,6 +78,13 @@ class RunList(ReadCommand):
     since: int | None = Field(default=None, ge=0)
     limit: int = Field(default=50, ge=1, le=256)
     before: RunListCursor | None = None
+    offset: int | None = Field(default=None, ge=0)  # instead of ``before``: this many runs into the list
+
+    @model_validator(mode="after")
+    def _one_cursor(self) -> RunList:
+        if self.before is not None and self.offset is not None:
+            raise ValueError("a page follows either a keyset cursor or an offset")
+        return self
 
 
 class RunGet(ReadCommand):

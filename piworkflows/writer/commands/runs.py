@@ -132,6 +132,7 @@ class ListRuns(Handler[RunList]):
             statuses=cmd.statuses,
             workflow_name=cmd.workflow_name,
             since=cmd.since,
+            offset=cmd.offset,
         )
         return Result(receipt=page)
 

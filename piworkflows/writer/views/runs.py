@@ -17,6 +17,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from piworkflows import canonical
+from piworkflows.isotime import iso, iso_or_none
 from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
 from piworkflows.writer import records
@@ -33,6 +35,9 @@ PAGE_ROWS = 256
 STEP_VALUES_BYTES = MAX_FRAME_BYTES * 3 // 8
 RUN_VIEW_SCHEMA = "pi-workflows.run-view.v1"
 RUN_LIST_SCHEMA = "pi-workflows.run-list-page.v1"
+MANIFEST_SCHEMA = "pi-workflows.run-manifest.v1"
+TRACE_SCHEMA = "pi-workflows.trace-event.v1"
+PAGE_BYTES = 256 * 1024  # a run-list page's items, canonical JSON, at most (and 256 items)
 
 # The facts behind the display status, as correlated subqueries on indexed columns.
 _FACTS = """
@@ -78,29 +83,36 @@ def list_runs(
     conn: sqlite3.Connection,
     now: int,
     limit: int,
-    before: tuple[int, str] | None,
+    before: tuple[int, str] | None = None,
     project_path: str | None = None,
     statuses: list[str] | None = None,
     workflow_name: str | None = None,
     since: int | None = None,
+    offset: int | None = None,
 ) -> dict[str, Any]:
-    """One page, newest first, of the runs every given filter admits (a run's durable status,
-    its workflow name, created at or after ``since``, its project), after the keyset cursor.
+    """One ``pi-workflows.run-list-page.v1`` page, newest first, of the runs every given filter
+    admits (a run's durable status, its workflow name, created at or after ``since``, its
+    project), after the keyset cursor ``before`` or ``offset`` runs into the list.
 
-    Each filter walks its own index in (created_at, run_id) order (schema.sql ``runs_by_*``),
-    several statuses one index range each, merged: a page reads at most ``limit + 1`` keys per
-    range, however many runs the table holds.
+    The items walk each filter's own index in (created_at, run_id) order (schema.sql
+    ``runs_by_*``), several statuses one index range each, merged: at most ``offset + limit + 1``
+    keys per range. ``total``, ``start`` and ``revision`` count the filtered runs (their
+    ``viewer_runs`` rows, no payload): ``revision`` is ``count:sum of presentation revisions:latest
+    viewer_runs.updated_at``, so any visible change of a listed run, a new run or a deleted one
+    changes it.
     """
     where = ["1"]
     params: dict[str, Any] = {
         "now": now,
         "cause_bytes": PARK_CAUSE_BYTES,
-        "rows": limit + 1,
         "project": project_path,
         "workflow": workflow_name,
         "since": since,
         "before_at": before[0] if before else None,
         "before_id": before[1] if before else None,
+        "skip": offset or 0,
+        "take": limit + 1,
+        "rows": (offset or 0) + limit + 1,
     }
     if project_path is not None:
         where.append("r.project_id = (SELECT project_id FROM projects WHERE canonical_path = :project)")
@@ -108,12 +120,28 @@ def list_runs(
         where.append("r.workflow_name = :workflow")
     if since is not None:
         where.append("r.created_at >= :since")
+    if statuses:
+        params.update({f"status{n}": status for n, status in enumerate(statuses)})
+        where.append(f"r.status IN ({', '.join(f':status{n}' for n in range(len(statuses)))})")
+    count, revisions, updated = conn.execute(
+        "SELECT count(*), coalesce(sum(v.presentation_revision), 0), coalesce(max(v.updated_at), 0) "
+        f"FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id WHERE {' AND '.join(where)}",
+        params,
+    ).fetchone()
     if before is not None:
+        (start,) = conn.execute(
+            f"SELECT count(*) FROM runs r WHERE {' AND '.join(where)} "
+            "AND (r.created_at, r.run_id) >= (:before_at, :before_id)",  # the cursor is the last run shown
+            params,
+        ).fetchone()
         where.append("(r.created_at, r.run_id) < (:before_at, :before_id)")
+    else:
+        start = offset or 0
     ranges = []
-    for n, status in enumerate(statuses or [None]):
-        condition = where if status is None else [*where, f"r.status = :status{n}"]
-        params[f"status{n}"] = status
+    for n in range(len(statuses)) if statuses else [None]:
+        condition = [c for c in where if not c.startswith("r.status IN")]
+        if n is not None:
+            condition.append(f"r.status = :status{n}")
         ranges.append(
             f"SELECT * FROM (SELECT r.created_at, r.run_id FROM runs r WHERE {' AND '.join(condition)} "
             "ORDER BY r.created_at DESC, r.run_id DESC LIMIT :rows)"
@@ -121,37 +149,90 @@ def list_runs(
     rows = conn.execute(
         f"""WITH page (created_at, run_id) AS (
                 SELECT created_at, run_id FROM ({" UNION ALL ".join(ranges)})
-                ORDER BY created_at DESC, run_id DESC LIMIT :rows)
-            SELECT r.run_id, r.workflow_name, r.title, r.execution_mode, r.created_at, r.updated_at, r.started_at,
-                   r.finished_at, v.presentation_revision, res.revision, l.owner_id IS NOT NULL, l.expires_at, {_FACTS}
+                ORDER BY created_at DESC, run_id DESC LIMIT :take OFFSET :skip)
+            SELECT r.run_id, r.workflow_name, r.title, r.execution_mode, r.origin_session_id, r.created_at,
+                   r.updated_at, r.started_at, r.finished_at, v.presentation_revision, res.revision,
+                   l.owner_id IS NOT NULL, l.expires_at, p.canonical_path, q.queue_status,
+                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {_FACTS}
             FROM page JOIN runs r ON r.run_id = page.run_id JOIN viewer_runs v ON v.run_id = r.run_id
             JOIN resources res ON res.resource_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
+            JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
+            LEFT JOIN run_queue q ON q.run_id = r.run_id
             ORDER BY page.created_at DESC, page.run_id DESC""",
         params,
     ).fetchall()
-    items = []
+    items: list[dict[str, Any]] = []
+    size = 0
     for row in rows[:limit]:
-        (run_id, name, title, mode, created, updated, started, finished, revision, run_revision, claimed, expires) = (
-            row[:12]
-        )
-        items.append(
-            {
-                "runId": run_id,
-                "workflowName": name,
-                "title": title,
-                "executionMode": mode,
-                "createdAt": created,
-                "updatedAt": updated,
-                "startedAt": started,
-                "finishedAt": finished,
-                "revision": revision,
-                "runRevision": run_revision,
-                "claim": {"held": bool(claimed), "expired": bool(claimed) and expires <= now},
-                "display": display(_facts(row[12:])),
-            }
-        )
-    cursor = {"createdAt": items[-1]["createdAt"], "runId": items[-1]["runId"]} if len(rows) > limit else None
-    return {"schema": RUN_LIST_SCHEMA, "items": items, "cursor": cursor}
+        item = _list_item(row, now)
+        size += len(canonical.dumps_bytes(item)) + 1
+        if items and size > PAGE_BYTES:
+            break
+        items.append(item)
+    more = len(items) < len(rows)
+    last = rows[len(items) - 1] if items else None
+    return {
+        "schema": RUN_LIST_SCHEMA,
+        "revision": f"{count}:{revisions}:{updated}",
+        "start": start,
+        "total": count,
+        "items": items,
+        "cursor": {"createdAt": last[5], "runId": last[0]} if more and last is not None else None,
+    }
+
+
+def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
+    """A run-list item: upstream's summary fields, ours under ``piworkflows``."""
+    (run_id, name, title, mode, session, created, updated, started, finished, revision, run_revision) = row[:11]
+    claimed, expires, project, queue_status = row[11:15]
+    source = source_view(*row[15:20])
+    shown = display(_facts(row[20:]))
+    return {
+        "runId": run_id,
+        "workflowName": name,
+        "originSessionId": session,
+        "createdAt": iso(created),
+        "updatedAt": iso(updated),
+        "display": shown,
+        "manifest": manifest(run_id, name, source, created, started, finished, shown["status"]),
+        "live": shown["status"] in ("running", "waiting"),
+        "possiblyInterrupted": queue_status == "parked" and shown["status"] != "paused",
+        "piworkflows": {
+            "title": title,
+            "projectPath": project,
+            "revision": revision,
+            "runRevision": run_revision,
+            "executionMode": mode,
+            "startedAt": iso_or_none(started),
+            "claim": {"held": bool(claimed), "expired": bool(claimed) and expires <= now},
+        },
+    }
+
+
+def manifest(
+    run_id: str,
+    name: str,
+    source: dict[str, Any],
+    created: int,
+    started: int | None,
+    finished: int | None,
+    status: str,
+) -> dict[str, Any]:
+    """upstream's ``pi-workflows.run-manifest.v1``: started at its creation until it starts, no
+    ``finishedAt`` until it ends, its display status; every path is the server's ("host")."""
+    found: dict[str, Any] = {
+        "schema": MANIFEST_SCHEMA,
+        "runId": run_id,
+        "workflowName": name,
+        "workflowSource": source,
+        "startedAt": iso(started if started is not None else created),
+        "status": status,
+        "traceSchema": TRACE_SCHEMA,
+        "paths": {"workflow": "host", "state": "host", "trace": "host"},
+    }
+    if finished is not None:
+        found["finishedAt"] = iso(finished)
+    return found
 
 
 def source_view(

@@ -1,0 +1,19 @@
+"""Times as views show them: ISO 8601 UTC with milliseconds (``2026-01-01T00:00:00.000Z``), from
+and back to the epoch milliseconds the database stores. Durations stay integer milliseconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def iso_or_none(ms: int | None) -> str | None:
+    return None if ms is None else iso(ms)
+
+
+def epoch_ms(text: str) -> int:
+    """The epoch milliseconds of a time ``iso`` wrote (ValueError for anything else)."""
+    return round(datetime.fromisoformat(text).timestamp() * 1000)
