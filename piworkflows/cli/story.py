@@ -21,23 +21,8 @@ WIDTH = 80
 SHOWN_LINES = 5  # of a shell node's stdout and stderr: the last ones
 TEXT_LINES = 4  # of a value, an error or a question
 
-# A display reason (a park reason, or effectAmbiguous) in words; tests keep the keys equal to states.PARK_REASONS.
-REASON_WORDS = {
-    "shutdown": "the server stopped while it ran; it goes on by itself",
-    "paused": "paused by an operator",
-    "runnerNoProgress": "the runner exited before it saved progress",
-    "workflowSourceChanged": "the workflow file changed after the run started",
-    "effectAmbiguous": "an outside effect may or may not have acted",
-    "agentNoProgress": "the agent step's host ended before it made progress (see the run's notification)",
-}
-
-
 # A display activity in words (VIEWS.md's vocabulary); others show as they are.
 ACTIVITY_WORDS = {"origin_turn": "agent turn", "supervised_runner": "runner"}
-
-
-def reason_words(reason: str) -> str:
-    return REASON_WORDS.get(reason, reason)
 
 
 def status_text(display: dict[str, Any]) -> str:
@@ -289,8 +274,9 @@ def _reason(view: dict[str, Any]) -> list[str]:
     display, detail = view["display"], view["piworkflows"]["parkDetail"]
     if not display["reason"]:
         return []
-    label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or display["status"]
-    return block(label, reason_words(display["reason"]), 2) + (block("runner", detail, 4) if detail else [])
+    parked = "parked" if view["run"]["parkReason"] and display["status"] == "queued" else None
+    label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or parked or display["status"]
+    return block(label, display["reason"], 2) + (block("runner", detail, 4) if detail else [])
 
 
 def outcome(view: dict[str, Any]) -> list[str]:

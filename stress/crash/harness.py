@@ -475,7 +475,7 @@ class Harness:
                 shown = item["display"]
                 if shown["status"] in ("paused", "ambiguous"):
                     continue
-                if shown["activity"] == "parked" and shown["reason"] in oracles.DOCUMENTED_PARKS:
+                if item["piworkflows"]["parkReason"] in oracles.DOCUMENTED_PARKS:
                     continue
                 moving += 1
             if page["cursor"] is None:

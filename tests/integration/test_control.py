@@ -185,7 +185,7 @@ def test_pause_of_a_queued_run_is_a_durable_flag_that_survives_a_server_restart(
         assert resumed.receipt == {"runId": resumed_early, "status": "queued", "paused": False}
         assert run_row(server.state_dir, resumed_early) == ("queued", 0, None, "queued")
         shown = view(server, resumed_early)
-        assert shown["display"]["status"] == "queued" and shown["display"]["controls"] == ["pause", "cancel"]
+        assert shown["display"]["status"] == "queued" and shown["display"]["controls"] == ["cancel"]
         assert query(server.state_dir, "SELECT count(*) FROM run_workers") == [(0,)]
 
     server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()  # now with runners
@@ -273,9 +273,9 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     parked = wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] and v, what="parked")
     assert parked["display"] == {
         "status": "queued",
-        "activity": "parked",
-        "controls": ["pause", "cancel"],
-        "reason": "runnerNoProgress",
+        "activity": None,
+        "controls": ["resume", "cancel"],
+        "reason": "The worker exited before it saved workflow progress.",
     }
     assert run_row(server.state_dir, run_id) == ("running", 0, "runnerNoProgress", "parked")
     # Not restarted automatically.
@@ -604,7 +604,7 @@ def test_the_cli_starts_and_waits(tmp_path, server, project):
     write(project, "crashy", CRASHY % str(tmp_path / "never-fixed"))
     parked = cli(server, home, "run", "start", "crashy", "--project", str(project), "--wait")
     assert parked.returncode == 1 and " queued\n" in parked.stdout
-    assert "  parked: the runner exited before it saved progress" in parked.stdout
+    assert "  parked: The worker exited before it saved workflow progress." in parked.stdout
     usage = cli(server, home, "run", "start", "tenstep", "--project", str(project), "--input", "not json")
     assert usage.returncode == 2 and "not JSON" in usage.stderr
     no_project = cli(server, home, "run", "start", "tenstep", "--project", str(tmp_path / "nowhere"))
@@ -621,7 +621,7 @@ def test_the_cli_pauses_resumes_and_restarts(tmp_path, server, project):
     paused = cli(server, home, "run", "pause", run_id)
     assert paused.returncode == 0 and paused.stdout.strip() == f"{run_id} paused", paused.stderr
     shown = cli(server, home, "run", "status", run_id)
-    assert "paused (paused)" in shown.stdout and "controls: resume, cancel" in shown.stdout
+    assert "  paused: The workflow is durably paused." in shown.stdout and "controls: resume, cancel" in shown.stdout
     twice = cli(server, home, "run", "pause", run_id)
     assert twice.returncode == 1 and "invalidTransition" in twice.stderr
     early = cli(server, home, "run", "restart", run_id)

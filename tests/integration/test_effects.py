@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from piworkflows import canonical
+from piworkflows.writer.views.display import AMBIGUOUS
 from tests.engine_util import (
     effect_attempts,
     effect_content,
@@ -276,7 +277,7 @@ def test_a_manual_timeout_makes_the_effect_ambiguous_and_parks_the_run(server, p
     run_id = start(server, project, "napm")
     parked = wait_status(server, run_id, "ambiguous", "completed", "failed", "timed_out")
     assert parked["display"]["status"] == "ambiguous"
-    assert parked["display"]["reason"] == "effectAmbiguous" and parked["display"]["controls"] == ["review"]
+    assert parked["display"]["reason"] == AMBIGUOUS and parked["display"]["controls"] == ["review"]
     wait_until(lambda: view(server, run_id)["run"]["parkReason"] == "effectAmbiguous", what="run parked")
     assert run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
     effect = effect_row(server, run_id)
@@ -373,7 +374,7 @@ def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, projec
         lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
         what="run parked effectAmbiguous",
     )
-    assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == "effectAmbiguous"
+    assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == AMBIGUOUS
     assert parked["display"]["controls"] == ["review"]
 
     flag.write_text("go")

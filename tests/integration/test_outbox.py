@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
+from piworkflows.writer.views.display import AMBIGUOUS
 from stress.ledger import LedgerServer
 from tests.engine_util import (
     effect_attempts,
@@ -221,7 +222,7 @@ def test_a_manual_request_without_an_answer_parks_the_run_until_confirmed(ledger
     http_workflow(project, "slow", effect='manual_effect("test.http")', timeout_ms=500)
     run_id = start(server, project, "slow", {"url": ledger.url + "/slow"})
     parked = parked_ambiguous(server, run_id)
-    assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == "effectAmbiguous"
+    assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == AMBIGUOUS
     assert parked["display"]["controls"] == ["review"]
     assert run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
     effect = effect_row(server, run_id)

@@ -20,6 +20,7 @@ from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.settings import Settings
 from piworkflows.writer.process import spawn
+from piworkflows.writer.views.display import AMBIGUOUS, PARKED
 from tests.engine_util import BLOCKING, start, view, write
 from tests.server_util import SCHEDULER_TICK, ServerProcess, check_state, gone, query, serving, wait_until
 from tests.support import run_create, take_epoch, token_hash
@@ -163,7 +164,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         assert ledgers["idem"].read_text() == "done\n"
         # The manual one may have acted: ambiguous, parked for an operator, never repeated.
         parked = settled(server, runs["manual"], "ambiguous")
-        assert parked["display"]["reason"] == "effectAmbiguous" and parked["display"]["controls"] == ["review"]
+        assert parked["display"]["reason"] == AMBIGUOUS and parked["display"]["controls"] == ["review"]
         assert query(
             state_dir,
             "SELECT e.effect_status, a.attempt_number, a.attempt_status FROM effects e "
@@ -191,12 +192,12 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
     write(project, "quitter", EXITS_IN_RUNNER)
     with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         run_id = start(server, project, "quitter")
-        parked = settled(server, run_id, "queued")  # parked: not restarted automatically
-        wait_until(
-            lambda: (v := view(server, run_id))["display"]["reason"] == "runnerNoProgress" and v,
+        settled(server, run_id, "queued")  # parked: not restarted automatically
+        parked = wait_until(
+            lambda: (v := view(server, run_id))["display"]["reason"] == PARKED["runnerNoProgress"] and v,
             what="parked runnerNoProgress",
         )
-        assert parked["display"]["controls"] == ["pause", "cancel"]
+        assert parked["display"]["controls"] == ["resume", "cancel"]
         workers = "SELECT outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch"
         assert query(server.state_dir, workers, run_id) == [("crashed",)]
         assert query(server.state_dir, "SELECT count(*) FROM node_attempts WHERE run_id = ?", run_id) == [(0,)]
@@ -208,7 +209,7 @@ def test_a_runner_that_exits_before_progress_parks_the_run(tmp_path: Path, proje
         wait_until(
             lambda: (
                 query(server.state_dir, workers, run_id) == twice
-                and view(server, run_id)["display"]["reason"] == "runnerNoProgress"
+                and view(server, run_id)["display"]["reason"] == PARKED["runnerNoProgress"]
             ),
             what="parked again",
         )

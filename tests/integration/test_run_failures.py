@@ -142,7 +142,7 @@ def test_a_checkpoint_whose_summary_raises_fails_the_node_and_follows_its_outcom
 def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(server, project):
     write(project, "dying", DIES_IN_RUNNER)
     result = server.cli("run", "start", "dying", "--project", str(project), "--wait")
-    assert result.returncode == 1 and "parked: the runner exited before it saved progress" in result.stdout, (
+    assert result.returncode == 1 and "parked: The worker exited before it saved workflow progress." in result.stdout, (
         result.stdout + result.stderr
     )
     run_id = result.stdout.splitlines()[0]

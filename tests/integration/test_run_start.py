@@ -150,7 +150,7 @@ def test_the_cli_lists_runs_and_shows_one(server: ServerProcess, project: Path):
     listed = cli("runs")
     assert listed.returncode == 0 and run_id in listed.stdout and "demo for cli" in listed.stdout
     shown = cli("run", "status", run_id)
-    assert shown.returncode == 0 and "queued" in shown.stdout and "pause, cancel" in shown.stdout
+    assert shown.returncode == 0 and "queued" in shown.stdout and "controls: cancel" in shown.stdout
     view = json.loads(cli("run", "status", run_id, "--json").stdout)
     assert view["schema"] == "pi-workflows.run-view.v1" and view["runId"] == run_id
     assert view["revision"] == 1 and view["runRevision"] == 1

@@ -75,7 +75,7 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
     shown = server.cli("run", "status", run_id)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
-    assert f"{run_id}  story  waiting (waiting for checkpoint)" in out
+    assert f"{run_id}  story  waiting" in out
     assert "source: .pi/workflows/story.workflow.py, sha256 " in out and f"project: {project}" in out
     lines = [line.strip() for line in out.splitlines()]
     say = lines.index(next(line for line in lines if line.startswith("0  say")))
@@ -141,7 +141,7 @@ def test_an_ambiguous_effect_shows_its_id_and_the_commands_that_settle_it(server
 
     shown = server.cli("run", "status", run_id)
     assert shown.returncode == 0, shown.stderr
-    assert "needs review: an outside effect may or may not have acted" in shown.stdout
+    assert "ambiguous: An external effect needs explicit recovery." in shown.stdout
     assert f"ambiguous effect {effect_id} (test.nap)" in shown.stdout
     assert f"pi-workflows --state-dir {server.state_dir} effect confirm {effect_id}" in shown.stdout
     assert f"pi-workflows --state-dir {server.state_dir} effect retry {effect_id}" in shown.stdout

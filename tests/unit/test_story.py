@@ -7,13 +7,8 @@ import pytest
 
 from piworkflows.cli import story
 from piworkflows.cli.watch import Follower, settled
-from piworkflows.states import PARK_REASONS
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def test_every_park_reason_has_words():
-    assert set(story.REASON_WORDS) == PARK_REASONS
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,8 @@ def facts(**overrides) -> RunFacts:
 @pytest.mark.parametrize(
     "overrides, status, controls",
     [
-        ({}, "queued", ["pause", "cancel"]),
-        ({"park_reason": "shutdown"}, "queued", ["pause", "cancel"]),  # a parked queue is not a pause
+        ({}, "queued", ["cancel"]),
+        ({"park_reason": "shutdown"}, "queued", ["resume", "cancel"]),  # a parked queue is not a pause
         ({"live_runner": True}, "running", ["pause", "cancel"]),
         ({"open_turn": True}, "running", ["pause", "cancel"]),
         ({"waiting_for": "checkpoint", "live_runner": True}, "waiting", ["pause", "cancel", "answer"]),
@@ -53,8 +53,43 @@ def test_display_precedence(overrides, status, controls):
     assert shown["status"] == status and shown["controls"] == controls
 
 
-def test_a_parked_run_names_its_reason():
-    assert display(facts(park_reason="runnerNoProgress"))["reason"] == "runnerNoProgress"
+@pytest.mark.parametrize(
+    "overrides, activity, reason",
+    [
+        ({}, None, None),
+        ({"live_runner": True}, "supervised_runner", None),
+        ({"open_turn": True}, "origin_turn", None),
+        ({"paused": True}, None, "The workflow is durably paused."),
+        ({"ambiguous_effects": 2}, None, "An external effect needs explicit recovery."),
+        ({"waiting_for": "checkpoint"}, None, "The workflow needs a checkpoint answer."),
+        ({"waiting_for": "human_decision"}, None, "The workflow needs a protected human decision."),
+        ({"park_reason": "runnerNoProgress"}, None, "The worker exited before it saved workflow progress."),
+        ({"park_reason": "shutdown"}, None, "The server stopped; the workflow resumes when it starts."),
+        ({"park_reason": "workflowSourceChanged"}, None, "The workflow source changed since the run started."),
+        ({"status": "completed"}, None, None),
+        ({"status": "failed", "error": b"boom: the step raised"}, None, "boom: the step raised"),
+        ({"status": "failed", "error": b"x" * (16 * 1024)}, None, "x" * (16 * 1024)),
+        (
+            {"status": "failed", "error": b"x" * (16 * 1024 + 1)},
+            None,
+            "Complete workflow failure details are available.",
+        ),
+        ({"status": "failed", "open_turn": True}, "origin_turn", None),
+    ],
+)
+def test_display_activity_and_reason_in_upstreams_vocabulary(overrides, activity, reason):
+    shown = display(facts(**overrides))
+    assert (shown["activity"], shown["reason"]) == (activity, reason)
+
+
+def test_every_park_reason_is_shown_by_a_rule():
+    """A sentence of its own, or another rule: the pause flag, an ambiguous effect (rule 2), the
+    cause an agent host left."""
+    from piworkflows.states import PARK_REASONS
+    from piworkflows.writer.views.display import PARKED
+
+    assert set(PARKED) | {"paused", "effectAmbiguous", "agentNoProgress"} == PARK_REASONS
+    assert display(facts(status="failed", open_turn=True))["controls"] == ["cancel"]
 
 
 AGENT_CONTROLS = ["pause", "cancel", "update", "submit"]
@@ -181,6 +216,7 @@ def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
         "revision",
         "runRevision",
         "executionMode",
+        "parkReason",
         "startedAt",
         "claim",
     }

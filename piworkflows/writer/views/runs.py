@@ -22,7 +22,7 @@ from piworkflows.isotime import iso, iso_or_none
 from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
 from piworkflows.writer import records
-from piworkflows.writer.views.display import RunFacts, display
+from piworkflows.writer.views.display import REASON_BYTES, RunFacts, display
 from piworkflows.writer.views.pending import pending_view
 from piworkflows.writer.views.values import INLINE_VALUE_BYTES
 from piworkflows.writer.views.values import omitted as _omitted
@@ -57,14 +57,16 @@ _FACTS = """
                 AND t.turn_state = 'open')),
     CASE WHEN r.park_reason = 'agentNoProgress' THEN
         (SELECT substr(b.bytes, 1, :cause_bytes) FROM workflow_updates u JOIN blobs b ON b.digest = u.body_digest
-         WHERE u.run_id = r.run_id AND u.update_kind = 'notification' ORDER BY u.update_seq DESC LIMIT 1) END
+         WHERE u.run_id = r.run_id AND u.update_kind = 'notification' ORDER BY u.update_seq DESC LIMIT 1) END,
+    CASE WHEN r.error_digest IS NOT NULL THEN
+        (SELECT substr(b.bytes, 1, :reason_bytes + 1) FROM blobs b WHERE b.digest = r.error_digest) END
 """
 # The cause of an agentNoProgress park as a display reason shows at most this much of its notification.
 PARK_CAUSE_BYTES = 4096
 
 
 def _facts(row: tuple[Any, ...]) -> RunFacts:
-    status, paused, park_reason, ambiguous, waiting_for, live_runner, open_turn, expected, pending, cause = row
+    status, paused, park_reason, ambiguous, waiting_for, live_runner, open_turn, expected, pending, cause, error = row
     return RunFacts(
         status,
         bool(paused),
@@ -76,6 +78,7 @@ def _facts(row: tuple[Any, ...]) -> RunFacts:
         expected_output=expected,
         pending_step=bool(pending),
         park_cause=bytes(cause).decode("utf-8", "replace") if cause is not None else None,
+        error=bytes(error) if error is not None else None,
     )
 
 
@@ -105,6 +108,7 @@ def list_runs(
     params: dict[str, Any] = {
         "now": now,
         "cause_bytes": PARK_CAUSE_BYTES,
+        "reason_bytes": REASON_BYTES,
         "project": project_path,
         "workflow": workflow_name,
         "since": since,
@@ -186,7 +190,8 @@ def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
     (run_id, name, title, mode, session, created, updated, started, finished, revision, run_revision) = row[:11]
     claimed, expires, project, queue_status = row[11:15]
     source = source_view(*row[15:20])
-    shown = display(_facts(row[20:]))
+    facts = _facts(row[20:])
+    shown = display(facts)
     return {
         "runId": run_id,
         "workflowName": name,
@@ -203,6 +208,7 @@ def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
             "revision": revision,
             "runRevision": run_revision,
             "executionMode": mode,
+            "parkReason": facts.park_reason,
             "startedAt": iso_or_none(started),
             "claim": {"held": bool(claimed), "expired": bool(claimed) and expires <= now},
         },
@@ -255,7 +261,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
             FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
             JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
             WHERE r.run_id = :run_id""",
-        {"run_id": run_id, "now": now, "cause_bytes": PARK_CAUSE_BYTES},
+        {"run_id": run_id, "now": now, "cause_bytes": PARK_CAUSE_BYTES, "reason_bytes": REASON_BYTES},
     ).fetchone()
     if row is None:
         return None
