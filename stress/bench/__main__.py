@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import agents, effects, logs, retention, runs, server, startup, writer
+from stress.bench import agents, effects, lists, logs, retention, runs, server, startup, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "startup": startup,
     "logs": logs,
     "agents": agents,
+    "lists": lists,
 }
 
 

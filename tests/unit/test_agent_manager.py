@@ -262,6 +262,13 @@ class Hosts:
         return [proc for proc, _ in self.spawned]
 
 
+async def _admit_one(manager: AgentManager) -> asyncio.subprocess.Process:
+    """One admission served to its end; the host made ready meanwhile."""
+    await manager.admit()
+    await _settle(manager)
+    return await _ready(manager)
+
+
 async def _ready(manager: AgentManager) -> asyncio.subprocess.Process:
     assert manager._readying is not None
     await manager._readying
@@ -278,9 +285,7 @@ def test_a_ready_host_serves_the_next_segment_and_is_replaced_and_killed_at_shut
 
     async def scenario() -> Recorder:
         manager, _ = _manager(writer, FakeClock(), max_agents=2)
-        await manager.admit()
-        await _settle(manager)
-        ready = await _ready(manager)
+        ready = await _admit_one(manager)
         assert hosts.served["r1"] is hosts.procs()[0] and ready is hosts.procs()[1]
         writer.pending.append("r2")
         await manager.admit()
@@ -300,9 +305,7 @@ def test_a_dead_ready_host_is_never_launched(monkeypatch):
 
     async def scenario() -> None:
         manager, _ = _manager(writer, FakeClock())
-        await manager.admit()
-        await _settle(manager)
-        ready = await _ready(manager)
+        ready = await _admit_one(manager)
         ready.kill()
         await ready.wait()
         writer.pending.append("r2")
@@ -324,9 +327,7 @@ def test_after_a_host_failed_the_ready_host_armed_with_crash_points_is_replaced(
 
     async def scenario() -> None:
         manager, _ = _manager(writer, FakeClock())
-        await manager.admit()
-        await _settle(manager)
-        armed = await _ready(manager)
+        armed = await _admit_one(manager)
         writer.pending.append("r2")
         await manager.admit()
         await _settle(manager)

@@ -371,6 +371,22 @@ def test_run_list_items_carry_when_the_run_started(executor):
     assert item["piworkflows"]["startedAt"] is None and "finishedAt" not in item["manifest"]
 
 
+def _vm_steps(conn, read):
+    """SQLite VM steps (one per 10 instructions, deterministic) that ``read()`` takes; and its value."""
+    counted = [0]
+
+    def count() -> int:
+        counted[0] += 1
+        return 0
+
+    conn.set_progress_handler(count, 10)
+    try:
+        value = read()
+    finally:
+        conn.set_progress_handler(None, 0)
+    return counted[0], value
+
+
 @pytest.mark.parametrize(
     "filters",
     [
@@ -389,18 +405,7 @@ def test_a_run_list_page_reads_bounded_items_and_counts_the_filtered_runs_cheapl
     from piworkflows.writer.views.runs import list_runs
 
     def steps() -> int:
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0
-
-        executor.conn.set_progress_handler(count, 10)
-        try:
-            list_runs(executor.conn, clock.now_ms(), limit=10, before=None, **filters)
-        finally:
-            executor.conn.set_progress_handler(None, 0)
-        return counted[0]
+        return _vm_steps(executor.conn, lambda: list_runs(executor.conn, clock.now_ms(), limit=10, **filters))[0]
 
     _plant(executor, clock, 200)
     few = steps()
@@ -424,18 +429,8 @@ def test_a_run_list_page_costs_the_same_with_1_kib_and_1_mib_outputs(executor, c
                 (digest, "application/json", len(data), data, clock.now_ms()),
             )
             executor.conn.execute("UPDATE runs SET output_digest = ? WHERE run_id = ?", (digest, run_id))
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0
-
-        executor.conn.set_progress_handler(count, 10)
-        try:
-            page = list_runs(executor.conn, clock.now_ms(), limit=256)
-        finally:
-            executor.conn.set_progress_handler(None, 0)
-        return counted[0], page["items"]
+        steps, page = _vm_steps(executor.conn, lambda: list_runs(executor.conn, clock.now_ms(), limit=256))
+        return steps, page["items"]
 
     small_steps, small_items = with_outputs(1024)
     large_steps, large_items = with_outputs(1 << 20)
