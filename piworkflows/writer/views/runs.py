@@ -1,7 +1,9 @@
 """Run lists and run views: bounded reads derived from rows, never repaired.
 
-A run list reads metadata, status, lease facts and the presentation
-revision, never payload bodies. A run view (``pi-workflows.run-view.v1``)
+A run-list page (``pi-workflows.run-list-page.v1``) reads metadata, status,
+lease facts and presentation revisions, never an input, output or step value
+(its display reads bounded prefixes of small blobs: an agent request's
+contract kind, a park cause, a terminal error). A run view (``pi-workflows.run-view.v1``)
 adds the graph, the input (JSON reader, bounded), steps and compact trace
 events (at most 256 rows each, with a cursor), and the display object.
 Each step carries its own values (output, error text, a checkpoint's
@@ -37,7 +39,7 @@ RUN_VIEW_SCHEMA = "pi-workflows.run-view.v1"
 RUN_LIST_SCHEMA = "pi-workflows.run-list-page.v1"
 MANIFEST_SCHEMA = "pi-workflows.run-manifest.v1"
 TRACE_SCHEMA = "pi-workflows.trace-event.v1"
-PAGE_BYTES = 256 * 1024  # a run-list page's items, canonical JSON, at most (and 256 items)
+PAGE_BYTES = 256 * 1024  # a run-list page's items as compact JSON, at most (and 256 items)
 
 # The facts behind the display status, as correlated subqueries on indexed columns.
 _FACTS = """
