@@ -369,6 +369,35 @@ class ServerStopReceipt(BaseModel):
     recorded: bool = True
 
 
+class UpstreamSourceRoot(BaseModel):
+    """The root of upstream's source set: ``{kind: "file", path, hash}`` (hash: the SHA-256 of the
+    file, hex, optionally ``sha256:``-prefixed; path: absolute or relative to the project) or
+    ``{kind: "builtin", id, revision}``. Other members are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    kind: Literal["file", "builtin"]
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    hash: str | None = Field(default=None, pattern=r"^(sha256:)?[0-9a-f]{64}$")
+    id: str | None = Field(default=None, min_length=1, max_length=256)
+    revision: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> UpstreamSourceRoot:
+        if self.kind == "file" and (self.path is None or self.hash is None):
+            raise ValueError("a file root names its path and hash")
+        if self.kind == "builtin" and (self.id is None or self.revision is None):
+            raise ValueError("a builtin root names its id and revision")
+        return self
+
+
+class UpstreamSourceSet(BaseModel):
+    """upstream's ``workflowSource`` object form; this server resolves no mounted sources."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    root: UpstreamSourceRoot
+    mounted: list[Any] = Field(default_factory=list, max_length=0)
+
+
 class RunStartPayload(Payload):
     """run.start. Our CLI sends projectPath, workflowName, input, launchOptions and
     executionMode; the server resolves and compiles the source itself. The
@@ -381,7 +410,7 @@ class RunStartPayload(Payload):
     executionMode: Literal["headless", "interactive"] = "headless"
     originSessionId: str | None = Field(default=None, min_length=1, max_length=256)
     workflowSourceRef: Any = None
-    workflowSource: str | None = None
+    workflowSource: str | UpstreamSourceSet | None = None  # the source text, or upstream's source set
     definitionDigest: str | None = None
     definitionSnapshot: Any = None
 

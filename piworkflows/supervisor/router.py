@@ -38,7 +38,7 @@ from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
 from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
 from piworkflows.protocol.internal.resolver import Resolution
-from piworkflows.protocol.internal.runs import RunCreate
+from piworkflows.protocol.internal.runs import RunCreate, RunSource
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_JSON
@@ -522,12 +522,28 @@ def _source_mismatch(payload: client_v1.RunStartPayload, resolution: Resolution)
             sent = b""
         if sent != resolution.snapshot:
             return "definitionSnapshot differs from the definition the server resolved"
-    source = resolution.source
-    if payload.workflowSource is not None and (
-        source.source_sha256 is None or hashlib.sha256(payload.workflowSource.encode()).digest() != source.source_sha256
+    source, sent_source = resolution.source, payload.workflowSource
+    if isinstance(sent_source, str) and (
+        source.source_sha256 is None or hashlib.sha256(sent_source.encode()).digest() != source.source_sha256
     ):
         return "workflowSource differs from the source the server resolved"
+    if isinstance(sent_source, client_v1.UpstreamSourceSet) and not _same_root(sent_source.root, source, payload):
+        return "workflowSource.root differs from the source the server resolved"
     return None
+
+
+def _same_root(root: client_v1.UpstreamSourceRoot, source: RunSource, payload: client_v1.RunStartPayload) -> bool:
+    """An upstream source-set root names the resolved source: the same built-in id and revision, or
+    the same file (its path, relative to the project or absolute) with the same SHA-256."""
+    if root.kind != source.source_kind:
+        return False
+    if root.kind == "builtin":  # upstream names a built-in "demo", we "builtin:demo"
+        assert root.id is not None and source.builtin_id is not None
+        same_id = root.id.removeprefix("builtin:") == source.builtin_id.removeprefix("builtin:")
+        return same_id and root.revision == source.builtin_revision
+    assert root.path is not None and root.hash is not None and source.source_sha256 is not None
+    path = os.path.realpath(os.path.join(payload.projectPath, root.path))
+    return path == source.source_path and root.hash.removeprefix("sha256:") == source.source_sha256.hex()
 
 
 def _no_resolver() -> CommandError:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -180,3 +181,33 @@ def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Pat
         else:
             server.kill()
     wait_until(lambda: gone(child.pid, resolvers[0]["createTime"]), what="resolver gone")
+
+
+def test_upstreams_workflow_source_set_is_checked_against_the_resolved_source(server: ServerProcess, project: Path):
+    """run.start takes upstream's object form ``{root, mounted}`` as well as the source text: a root
+    naming the resolved file (path relative or absolute, hash with or without ``sha256:``) or
+    built-in (id and revision) starts the run; another is a conflict; mounted sources are refused."""
+    path = write_workflow(project, "hello", 'workflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n')
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    base = {"projectPath": str(project), "workflowName": "hello"}
+
+    def with_root(root: dict, mounted: list | None = None) -> Any:
+        return start(server, {**base, "workflowSource": {"root": root, "mounted": mounted or []}})
+
+    relative = {"kind": "file", "path": ".pi/workflows/hello.workflow.py", "hash": "sha256:" + digest}
+    assert with_root(relative).outcome == "accepted"
+    assert with_root({"kind": "file", "path": str(path), "hash": digest}).outcome == "accepted"
+    other = with_root({**relative, "hash": "0" * 64})
+    assert other.outcome == "conflict" and other.receipt["code"] == "workflowSourceChanged"
+    assert "workflowSource.root" in other.error
+    builtin = start(server, {"projectPath": str(project), "workflowName": "builtin:demo"})
+    with server.client() as client:
+        source = client.request("run.status", {}, run_id=builtin.receipt["runId"]).receipt["source"]
+    demo = {"projectPath": str(project), "workflowName": "builtin:demo"}
+    root = {"kind": "builtin", "id": "demo", "revision": source["revision"]}  # upstream's id: no builtin: prefix
+    assert start(server, {**demo, "workflowSource": {"root": root, "mounted": []}}).outcome == "accepted"
+    stale = start(server, {**demo, "workflowSource": {"root": {**root, "revision": "old"}, "mounted": []}})
+    assert stale.outcome == "conflict" and stale.receipt["code"] == "workflowSourceChanged"
+    mounted = with_root(relative, mounted=[{"kind": "file", "path": "x", "hash": digest}])
+    assert mounted.outcome == "rejected" and mounted.receipt["code"] == "validationFailed"
+    assert query(server, "SELECT count(*) FROM runs") == [(4,)]
