@@ -13,6 +13,8 @@ It never opens SQLite. ``ensure_running`` starts a server on demand.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import socket
@@ -103,6 +105,29 @@ class WorkflowClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def stream(self) -> None:
+        """This connection from now on carries a watch: reads wait as long as it lasts."""
+        assert self._sock is not None
+        self._sock.settimeout(None)
+
+    def send(self, request: client_v1.Request) -> None:
+        """One request line, its answer not awaited (a watch reads its messages itself)."""
+        assert self._sock is not None
+        self._sock.sendall(client_v1.encode(request))
+
+    def shutdown(self) -> None:
+        """End the connection now, also for a thread blocked reading it."""
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.close()
+
+    def read_message(self) -> dict[str, Any]:
+        """The next message of the connection (ConnectionError at its end)."""
+        return self._read_message()
+
     def _read_message(self) -> dict[str, Any]:
         line = self._file.readline(client_v1.MAX_MESSAGE_BYTES + 1)
         if not line.endswith(b"\n"):
@@ -156,6 +181,29 @@ class WorkflowClient:
             message = self._read_message()
             if message.get("type") == "response" and message.get("requestId") == request.requestId:
                 return client_v1.Response.model_validate(message)
+
+    def read_content(self, run_id: str, reference: dict[str, Any]) -> bytes:
+        """The whole content a run view's reference (``{"$artifact": {path, bytes, sha256, ...}}``)
+        names, read chunk by chunk with ``view.content`` and verified against its length and sha256."""
+        artifact = reference["$artifact"]
+        data = bytearray()
+        while True:
+            response = self.request("view.content", {"path": artifact["path"], "offset": len(data)}, run_id=run_id)
+            if response.outcome != "accepted" or not isinstance(response.receipt, dict):
+                raise ClientError(f"view.content {artifact['path']}: {response.outcome} ({response.error})")
+            chunk = client_v1.ContentChunkReceipt.model_validate(response.receipt)
+            if chunk.path != artifact["path"] or chunk.offset != len(data) or chunk.sha256 != artifact["sha256"]:
+                raise ClientError(f"view.content {artifact['path']}: the server answered another chunk")
+            data += base64.b64decode(chunk.data, validate=True)
+            if len(data) != chunk.nextOffset or len(data) > chunk.bytes:
+                raise ClientError(f"view.content {artifact['path']}: a chunk's length does not match its offsets")
+            if chunk.complete:
+                break
+            if chunk.nextOffset == chunk.offset:
+                raise ClientError(f"view.content {artifact['path']}: an incomplete chunk without bytes")
+        if len(data) != artifact["bytes"] or hashlib.sha256(data).hexdigest() != artifact["sha256"]:
+            raise ClientError(f"view.content {artifact['path']}: the content does not match its sha256")
+        return bytes(data)
 
     # --- lifecycle ----------------------------------------------------------
 

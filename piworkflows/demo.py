@@ -31,7 +31,7 @@ from piworkflows.testing.scripted_model import ScriptedModel
 def wait_for(client: WorkflowClient, run_id: str, statuses: set[str], timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        view = client.request("run.status", {}, run_id=run_id).receipt
+        view = client.request("view.run.get", {}, run_id=run_id).receipt
         if view["display"]["status"] in statuses:
             return view
         if time.monotonic() > deadline:
@@ -82,6 +82,21 @@ SCRIPT = [
 ]
 
 
+def print_done(view: dict, outputs: bool) -> None:
+    """The run's end and one line per step of its view (a value over 256 bytes is a content
+    reference: its size is shown)."""
+    final = canonical.dumps(view["state"].get("finalOutput"))
+    print(f"{view['runId']} {view['display']['status']}: output {final}")
+    for index, step in enumerate(view["state"]["steps"], start=view["stepStart"]):
+        output = step.get("output")
+        if isinstance(output, dict) and "$artifact" in output:
+            shown = f"({output['$artifact']['bytes']} bytes)"
+        else:
+            shown = canonical.dumps(output)[:100] if output is not None else ""
+        line = f"  step {index}: {step['nodeId']} [{step['nodeType']}] {step['status']}"
+        print(f"{line} {shown}" if outputs and shown else line)
+
+
 def agent_demo(client: WorkflowClient, project: str) -> str:
     """builtin:agent-demo on the scripted model: its final display status."""
     started = client.request("run.start", {"projectPath": project, "workflowName": "builtin:agent-demo", "input": {}})
@@ -89,10 +104,7 @@ def agent_demo(client: WorkflowClient, project: str) -> str:
     print(f"run.start builtin:agent-demo -> {started.outcome}: {run_id}")
     print("  agent steps run on the real Pi against a SCRIPTED model (provider 'scripted', no network, no API key)")
     done = wait_for(client, run_id, {"completed", "failed", "cancelled", "timed_out"}, timeout=120)
-    print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
-    for step in done["steps"]["items"]:
-        output = canonical.dumps(step["output"]) if step.get("output") is not None else ""
-        print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']} {output[:100]}")
+    print_done(done, outputs=True)
     return str(done["display"]["status"])
 
 
@@ -130,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"checkpoint.answer -> {answered.outcome}")
                 done = wait_for(client, run_id, {"completed", "failed", "cancelled", "timed_out"})
-                print(f"{run_id} {done['display']['status']}: output {canonical.dumps(done['output'])}")
-                for step in done["steps"]["items"]:
-                    print(f"  step {step['stepIndex']}: {step['nodePath']} [{step['nodeKind']}] {step['status']}")
+                print_done(done, outputs=False)
                 agent_status = agent_demo(client, tmp)
         finally:
             stop_server(paths)  # waits until the server process is gone, before the directory goes

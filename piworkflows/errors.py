@@ -37,7 +37,7 @@ CODES: dict[str, Outcome] = {
     "resourceNotFound": "notFound",
     "effectNotFound": "notFound",
     "blobNotFound": "notFound",
-    "contentNotFound": "notFound",  # no run_view_content link of this run, digest and media type
+    "contentNotFound": "notFound",  # content the run does not own under this digest and media type
     "runNotFound": "notFound",
     "nothingDue": "notFound",
     "workflowNotFound": "notFound",
@@ -53,6 +53,7 @@ CODES: dict[str, Outcome] = {
     "validationFailed": "rejected",
     "validatorFailed": "rejected",  # the validator of a submission timed out or broke: submit again
     "notAvailable": "rejected",
+    "tooManyWatches": "rejected",  # a connection's live-view watches are bounded
     "actorNotAllowed": "rejected",
     "blobMismatch": "rejected",
     "uploadTooLarge": "rejected",  # a value larger than the writer ever holds in memory for an upload

@@ -133,10 +133,6 @@ class Settings(BaseModel):
     # The server log (host/server.log): size per file and rotated files kept.
     log_max_bytes: int = Field(default=5 * 1024 * 1024, ge=4096)
     log_backups: int = Field(default=3, ge=0)
-    # The CLI's `run watch` and `run start --wait` poll run.status: the first delay after a change,
-    # doubling while nothing changes up to the max (live subscriptions will replace the polling).
-    watch_poll_min_ms: int = Field(default=20, ge=1)
-    watch_poll_max_ms: int = Field(default=500, ge=1)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -130,14 +130,14 @@ def start_waiting(server: ServerProcess, project: Path) -> str:
 
 def blocked_in_wait(server: ServerProcess, run_id: str) -> bool:
     """The BLOCKING workflow's ``wait`` node is the run's running step."""
-    steps = view(server, run_id)["steps"]["items"]
-    return bool(steps) and steps[-1]["nodePath"] == "wait" and steps[-1]["status"] == "running"
+    steps = view(server, run_id)["state"]["steps"]
+    return bool(steps) and steps[-1]["nodeId"] == "wait" and steps[-1]["status"] == "running"
 
 
 def parked_ambiguous(server: ServerProcess, run_id: str) -> dict[str, Any]:
     """Poll the run view until the run is parked for an ambiguous effect."""
     parked: dict[str, Any] = wait_until(
-        lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
+        lambda: (v := view(server, run_id))["piworkflows"]["parkReason"] == "effectAmbiguous" and v,
         what="run parked effectAmbiguous",
     )
     return parked

@@ -6,8 +6,10 @@ commands to ``main`` here and answers through ``accepted``/``fail``.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -56,9 +58,11 @@ def main(ctx: click.Context, state_dir: str | None) -> None:
 
 
 def command_line(*args: str) -> str:
-    """A command line for the user to run next, with --state-dir when one was given."""
-    context = click.get_current_context()
-    state_dir = ["--state-dir", str(context.obj.state_dir)] if context.find_root().params["state_dir"] else []
+    """A command line for the user to run next, with --state-dir when one was given (outside a
+    command, as in the viewer's screens: without)."""
+    context = click.get_current_context(silent=True)
+    given = context is not None and context.find_root().params.get("state_dir")
+    state_dir = ["--state-dir", str(context.obj.state_dir)] if context is not None and given else []
     return shlex.join(["pi-workflows", *state_dir, *args])
 
 
@@ -86,19 +90,23 @@ def request(
 ) -> client_v1.Response:
     """Check what the CLI can (a usage error, nothing sent), then send one request."""
     check(operation, payload, run_id)
+    # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
+    with connection(paths, OPERATOR_CLIENT_ID if idempotency_key is not None else None) as client:
+        return client.request(
+            operation, payload, run_id=run_id, expected_revision=expected_revision, idempotency_key=idempotency_key
+        )
+
+
+@contextlib.contextmanager
+def connection(paths: StatePaths, client_id: str | None = None) -> Iterator[WorkflowClient]:
+    """A client of the running server, without retries; no server (or a lost one) is the CLI's failure."""
     try:
-        # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
-        client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None
         with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
-            return client.request(
-                operation, payload, run_id=run_id, expected_revision=expected_revision, idempotency_key=idempotency_key
-            )
+            yield client
     except ServerRefused as exc:
         fail(str(exc))
-        raise  # unreachable: fail exits
     except (ServerNotRunning, OSError, ConnectionError):
         fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
-        raise  # unreachable: fail exits
 
 
 def accepted(response: client_v1.Response) -> Any:

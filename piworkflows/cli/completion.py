@@ -94,8 +94,8 @@ def _node_names(ctx: click.Context) -> list[str]:
     view = _ask(ctx, "run.status", {}, run_id=run_id) if run_id else None
     if not view:
         return []
-    waiting = [step["nodePath"] for step in view["steps"]["items"] if step["status"] == "waiting"]
-    return waiting or sorted(path for path, node in view["graph"]["nodes"].items() if node["kind"] == "checkpoint")
+    waiting = [step["nodeId"] for step in view["state"]["steps"] if step["status"] == "waiting"]
+    return waiting or sorted(path for path, node in view["workflow"]["nodes"].items() if node["kind"] == "checkpoint")
 
 
 COMPLETERS = {

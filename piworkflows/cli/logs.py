@@ -5,17 +5,17 @@
     run.logs {after: cursor, nodePath?} ── pages of steps, in order
     each stream a shell step names ── run.logs {content: digest, mediaType, offset}, 256 KiB at
         a time ── the SHA-256 of the whole checked against the digest ── printed
-    --follow: run.status (is the run settled, as run start --wait says), then the steps that
-        finished since; again after 20 ms, growing to 500 ms while nothing new came
+    --follow: a live watch of the run's view (views/watch.py): on each snapshot (is the run
+        settled, as run start --wait says) the steps that finished since
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import click
@@ -24,9 +24,9 @@ from piworkflows import canonical
 from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, fail
 from piworkflows.cli.runs import run_group
 from piworkflows.cli.watch import settled
-from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
+from piworkflows.client import ClientError, ServerNotRunning, ServerRefused, WorkflowClient
 from piworkflows.paths import StatePaths
-from piworkflows.settings import Settings
+from piworkflows.views.watch import RunWatch, WatchEnded
 
 STREAMS = ("stdout", "stderr")
 Ask = Callable[[str, dict[str, Any]], Any]
@@ -55,13 +55,12 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
         raise click.UsageError("--json prints both streams; leave out --stdout/--stderr")
     check("run.logs", {"nodePath": node} if node else {}, run_id)
     out = sys.stdout.buffer
-    with WorkflowClient(paths.state_dir, retry_for=0) as client:
+    with WorkflowClient(paths.state_dir, retry_for=0) as client, _watch(paths, run_id, follow) as watch:
         ask = asker(client, paths, run_id)
         emit: Emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
-        settings = Settings.from_env()
-        after, delay = None, settings.watch_poll_min_ms / 1000
+        after = None
         while True:
-            view = ask("run.status", {}) if follow else None
+            view = _next(watch) if watch is not None else None  # the first at once, then one per change
             done = view is None or settled(view)
             after, printed = _print_steps(ask, node, after, emit, finished_only=not done)
             if view is None:
@@ -73,8 +72,34 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
                 if only is None and not as_json:
                     _line(out, f"== {run_id} {status}" + (f" ({reason})" if reason else ""))
                 sys.exit(0 if status == "completed" else EXIT_RUNTIME)
-            delay = settings.watch_poll_min_ms / 1000 if printed else min(delay * 2, settings.watch_poll_max_ms / 1000)
-            time.sleep(delay)
+
+
+@contextlib.contextmanager
+def _watch(paths: StatePaths, run_id: str, follow: bool) -> Iterator[RunWatch | None]:
+    """With --follow, a live watch of the run's view (its own connection)."""
+    if not follow:
+        yield None
+        return
+    try:
+        watch = RunWatch(paths.state_dir, run_id, retry_for=30.0)
+    except (ServerNotRunning, ServerRefused, OSError, ConnectionError):
+        fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
+    try:
+        yield watch
+    finally:
+        watch.close()
+
+
+def _next(watch: RunWatch) -> dict[str, Any]:
+    """The run's newest view, waiting for a change when none is new; the watch's end ends the command."""
+    try:
+        view = watch.next()
+    except WatchEnded as exc:
+        fail(f"{exc.outcome} ({exc.code}): {exc}")
+    except (ClientError, OSError) as exc:
+        fail(f"the server stopped answering ({exc})")
+    assert view is not None  # no timeout: a view or an exception
+    return view
 
 
 def asker(client: WorkflowClient, paths: StatePaths, run_id: str) -> Ask:

@@ -9,11 +9,12 @@ import sys
 import click
 
 from piworkflows import canonical
-from piworkflows.cli import story, watch
+from piworkflows.cli import run_view, story, watch
 from piworkflows.cli.base import (
     EXIT_RUNTIME,
     accepted,
     check,
+    connection,
     fail,
     main,
     request,
@@ -94,11 +95,11 @@ def _follow_and_exit(paths: StatePaths, run_id: str, as_json: bool, events: bool
     only if it completed."""
     emit = (watch.print_json if as_json else watch.print_human) if events else None
     try:
-        view = watch.follow(paths, run_id, emit, live=not as_json)
+        sent, view = watch.follow(paths, run_id, emit, live=not as_json)
     except KeyboardInterrupt:
         watch.interrupted(run_id)
     if as_json:
-        click.echo(canonical.dumps(view))
+        click.echo(canonical.dumps(sent))
     else:
         for line in story.outcome(view):
             click.echo(line)
@@ -132,10 +133,12 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
 
     Example: pi-workflows run status run-0123abcd --json
     """
-    view = accepted(request(paths, "run.status", {}, run_id=run_id))
     if as_json:
-        click.echo(canonical.dumps(view))
+        click.echo(canonical.dumps(accepted(request(paths, "run.status", {}, run_id=run_id))))
         return
+    check("view.run.get", {}, run_id)
+    with connection(paths) as client:
+        view = run_view.get(client, run_id)
     for line in story.story(view):
         click.echo(line)
 

@@ -227,7 +227,7 @@ def run_delete(paths: StatePaths, run_id: str, yes: bool, as_json: bool) -> None
             raise click.UsageError("stdin is not a terminal: pass --yes to delete without a question")
         run = accepted(request(paths, "run.status", {}, run_id=run_id))
         question = (
-            f"Delete run {run_id} ({run['run']['workflowName']}, {run['display']['status']}) and every "
+            f"Delete run {run_id} ({run['state']['workflowName']}, {run['display']['status']}) and every "
             "run of its tree for good?"
         )
         if not click.confirm(question, default=False):

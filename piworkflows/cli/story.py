@@ -9,11 +9,13 @@ state directory or project path makes its own line wider.
 
 from __future__ import annotations
 
+import datetime
 import textwrap
 import time
 from typing import Any
 
 from piworkflows import canonical
+from piworkflows.cli import run_view
 from piworkflows.cli.base import command_line
 from piworkflows.states import ACTIVE_ATTEMPT_STATUSES
 
@@ -31,14 +33,19 @@ def status_text(display: dict[str, Any]) -> str:
     return f"{display['status']} ({ACTIVITY_WORDS.get(activity, activity)})" if activity else display["status"]
 
 
-def moment(ms: int | None) -> str:
-    """A local date and time, or "-"."""
-    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+def epoch_ms(at: str | int) -> int:
+    """A time as epoch milliseconds: a view's (ISO-8601) or a log page's (already epoch ms)."""
+    return at if isinstance(at, int) else int(datetime.datetime.fromisoformat(at).timestamp() * 1000)
 
 
-def clock(ms: int | None) -> str:
-    """A local time of day, or "-"."""
-    return "-" if ms is None else time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+def moment(at: str | int | None) -> str:
+    """A time (ISO-8601 or epoch ms) as a local date and time, or "-"."""
+    return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms(at) / 1000))
+
+
+def clock(at: str | int | None) -> str:
+    """A time (ISO-8601 or epoch ms) as a local time of day, or "-"."""
+    return "-" if at is None else time.strftime("%H:%M:%S", time.localtime(epoch_ms(at) / 1000))
 
 
 def duration(ms: int | None) -> str:
@@ -55,11 +62,15 @@ def duration(ms: int | None) -> str:
 
 
 def omitted(value: Any) -> int | None:
-    """The size of a value the view left out (``{"omitted": {byteLength, digest}}``), else None."""
-    if isinstance(value, dict) and set(value) == {"omitted"} and isinstance(value["omitted"], dict):
+    """The size of a value the view left out (a content reference ``{"$artifact": {bytes, ...}}``
+    too big to show, or ``{"omitted": {byteLength, digest}}``), else None."""
+    if run_view.is_reference(value):
+        length = value["$artifact"].get("bytes")
+    elif isinstance(value, dict) and set(value) == {"omitted"} and isinstance(value["omitted"], dict):
         length = value["omitted"].get("byteLength")
-        return length if isinstance(length, int) else None
-    return None
+    else:
+        return None
+    return length if isinstance(length, int) else None
 
 
 def json_text(value: Any) -> str:
@@ -115,7 +126,7 @@ def question(run_id: str, step: dict[str, Any], indent: int) -> list[str]:
     elif request is not None:
         lines += block("question", json_text(request), indent)
     if step["status"] == "waiting":
-        lines += command("answer it", answer_command(run_id, step["nodePath"]), indent)
+        lines += command("answer it", answer_command(run_id, step["nodeId"]), indent)
     return lines
 
 
@@ -135,7 +146,7 @@ def review(effect: dict[str, Any], indent: int) -> list[str]:
 def step_label(step: dict[str, Any]) -> str:
     """``node (kind)``, with the visit and attempt when they are not the first."""
     extra = "".join(f", {name} {step[name]}" for name in ("visit", "attempt") if step[name] != 1)
-    return f"{step['nodePath']} ({step['nodeKind']}{extra})"
+    return f"{step['nodeId']} ({step['nodeType']}{extra})"
 
 
 def _shell(output: dict[str, Any], indent: int) -> list[str]:
@@ -162,7 +173,7 @@ def _shell(output: dict[str, Any], indent: int) -> list[str]:
 
 def _is_shell_output(step: dict[str, Any]) -> bool:
     output = step.get("output")
-    return step["nodeKind"] == "shell" and isinstance(output, dict) and {"stdout", "stderr", "exitCode"} <= set(output)
+    return step["nodeType"] == "shell" and isinstance(output, dict) and {"stdout", "stderr", "exitCode"} <= set(output)
 
 
 def agent_wait(run_id: str, pending: dict[str, Any], indent: int) -> list[str]:
@@ -202,9 +213,9 @@ def step_details(
     """What happened inside a step: its output, error, question, a waiting agent step's request
     (``pending``, the view's, when it is this step's) and ambiguous effects."""
     lines: list[str] = []
-    if pending is not None and pending["request"]["attemptId"] == step["attemptId"]:
+    if pending is not None and pending["kind"] != "checkpoint" and pending["request"]["attemptId"] == step["attemptId"]:
         lines += agent_wait(run_id, pending, indent)
-    if step["nodeKind"] == "checkpoint":
+    if step["nodeType"] == "checkpoint":
         lines += question(run_id, step, indent)
         if step["status"] not in ACTIVE_ATTEMPT_STATUSES and step.get("output") is not None:
             lines += block("answer", json_text(step["output"]), indent)
@@ -229,43 +240,44 @@ def _steps_table(
 ) -> list[str]:
     """One line per step (index, node, kind, visit/attempt, status, started, duration), its details under it.
     An ambiguous effect shows under the last step of its node visit."""
-    node_width = max([4, *(len(s["nodePath"]) for s in steps)])
-    kind_width = max([4, *(len(s["nodeKind"]) for s in steps)])
+    node_width = max([4, *(len(s["nodeId"]) for s in steps)])
+    kind_width = max([4, *(len(s["nodeType"]) for s in steps)])
     lines = [f"  {'#':>3}  {'node':<{node_width}}  {'kind':<{kind_width}}  try  {'status':<11}  started   duration"]
-    last_of_visit = {(s["nodePath"], s["visit"]): s["stepIndex"] for s in steps}
+    last_of_visit = {(s["nodeId"], s["visit"]): s["index"] for s in steps}
     for step in steps:
         tries = f"{step['visit']}/{step['attempt']}"
         lines.append(
-            f"  {step['stepIndex']:>3}  {step['nodePath']:<{node_width}}  {step['nodeKind']:<{kind_width}}  "
+            f"  {step['index']:>3}  {step['nodeId']:<{node_width}}  {step['nodeType']:<{kind_width}}  "
             f"{tries:<3}  {step['status']:<11}  {clock(step['startedAt']):<8}  "
             f"{duration(step['durationMs']):>8}".rstrip()
         )
-        mine = [e for e in effects if last_of_visit.get((e["nodePath"], e["visit"])) == step["stepIndex"]]
+        mine = [e for e in effects if last_of_visit.get((e["nodePath"], e["visit"])) == step["index"]]
         lines += step_details(run_id, step, mine, indent=8, pending=pending)
     return lines
 
 
 def _source(view: dict[str, Any]) -> str:
-    source, project = view["source"], view["run"]["projectPath"]
+    source, project = view["state"]["workflowSource"], view["piworkflows"]["projectPath"]
     if source["kind"] == "builtin":
         return f"{source['id']}, revision {source['revision']}"
     path = source["path"] or "-"
     if path.startswith(project.rstrip("/") + "/"):
         path = path[len(project.rstrip("/")) + 1 :]
-    return f"{path}, sha256 {source['sha256'][:12]}"
+    return f"{path}, sha256 {source['hash'].removeprefix('sha256:')[:12]}"
 
 
-def _times(run: dict[str, Any]) -> list[str]:
-    created = run["createdAt"]
-    day = time.strftime("%Y-%m-%d", time.localtime(created / 1000))
+def _times(view: dict[str, Any]) -> list[str]:
+    queue = view["queue"]
+    created = moment(queue["createdAt"])
+    day = created.partition(" ")[0]
 
-    def when(ms: int | None) -> str:  # a time of the creation day without its date
-        text = moment(ms)
+    def when(at: str | None) -> str:  # a time of the creation day without its date
+        text = moment(at)
         return text[len(day) + 1 :] if text.startswith(day + " ") else text
 
     return [
-        f"  created {moment(created)}, started {when(run['startedAt'])}",
-        f"  finished {when(run['finishedAt'])}, duration {duration(run['durationMs'])}",
+        f"  created {created}, started {when(queue['startedAt'])}",
+        f"  finished {when(queue['finishedAt'])}, duration {duration(view['piworkflows']['durationMs'])}",
     ]
 
 
@@ -274,20 +286,27 @@ def _reason(view: dict[str, Any]) -> list[str]:
     display, detail = view["display"], view["piworkflows"]["parkDetail"]
     if not display["reason"]:
         return []
-    parked = "parked" if view["run"]["parkReason"] and display["status"] == "queued" else None
+    parked = "parked" if view["piworkflows"]["parkReason"] and display["status"] == "queued" else None
     label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or parked or display["status"]
     return block(label, display["reason"], 2) + (block("runner", detail, 4) if detail else [])
 
 
+def _result(view: dict[str, Any]) -> list[str]:
+    """The run's final output or error."""
+    state, lines = view["state"], []
+    if "finalOutput" in state:
+        lines += block("output", json_text(state["finalOutput"]), 2)
+    if state.get("error") is not None:
+        error = state["error"] if isinstance(state["error"], str) else json_text(state["error"])
+        lines += block(_error_label(view["piworkflows"]["errorCode"]), error, 2)
+    return lines
+
+
 def outcome(view: dict[str, Any]) -> list[str]:
     """How the run stands: status and reason in words, the run's output or error, effects to review."""
-    run, display, run_id = view["run"], view["display"], view["runId"]
-    lines = [f"{run_id} {display['status']}", *_reason(view)]
-    if view["output"] is not None:
-        lines += block("output", json_text(view["output"]), 2)
-    if view["error"] is not None:
-        lines += block(_error_label(run["errorCode"]), view["error"], 2)
-    for effect in view["piworkflows"]["ambiguousEffects"]:
+    display, run_id = view["display"], view["runId"]
+    lines = [f"{run_id} {display['status']}", *_reason(view), *_result(view)]
+    for effect in view["piworkflows"]["effects"]:
         lines += review(effect, 2)
     return lines
 
@@ -295,28 +314,18 @@ def outcome(view: dict[str, Any]) -> list[str]:
 def story(view: dict[str, Any]) -> list[str]:
     """``run status``: header, times, every step with what happened inside it (a waiting agent step's
     request), the controls allowed now."""
-    run, display, run_id = view["run"], view["display"], view["runId"]
-    lines = [f"{run_id}  {run['workflowName']}  {status_text(display)}"]
+    ours, display, run_id = view["piworkflows"], view["display"], view["runId"]
+    lines = [f"{run_id}  {view['state']['workflowName']}  {status_text(display)}"]
     lines += _reason(view)
-    if run["title"]:
-        lines += block("title", run["title"], 2)
-    lines += [f"  source: {_source(view)}", f"  project: {run['projectPath']}", *_times(run)]
-    if view["output"] is not None:
-        lines += block("output", json_text(view["output"]), 2)
-    if view["error"] is not None:
-        lines += block(_error_label(run["errorCode"]), view["error"], 2)
-    steps = list(view["steps"]["items"])
-    current = view["piworkflows"]["currentStep"]
-    effects = view["piworkflows"]["ambiguousEffects"]
-    more = view["steps"]["cursor"] is not None
-    lines.append(
-        f"  steps: {len(steps)}{' (the first ones; more not shown)' if more else ''}" if steps else "  steps: none yet"
-    )
-    if current is not None and all(s["stepIndex"] != current["stepIndex"] for s in steps):
-        steps.append(current)  # past the steps' page: the active step still shows
+    if ours["title"]:
+        lines += block("title", ours["title"], 2)
+    lines += [f"  source: {_source(view)}", f"  project: {ours['projectPath']}", *_times(view), *_result(view)]
+    steps, effects, total = run_view.steps(view), ours["effects"], view["stepTotal"]
+    earlier = f" (the last {len(steps)}; run logs shows all)" if len(steps) < total else ""
+    lines.append(f"  steps: {total}{earlier}" if steps else "  steps: none yet")
     if steps:
-        lines += _steps_table(run_id, steps, effects, view["piworkflows"]["pending"])
-    shown = {(s["nodePath"], s["visit"]) for s in steps}
+        lines += _steps_table(run_id, steps, effects, ours["pending"])
+    shown = {(s["nodeId"], s["visit"]) for s in steps}
     for effect in effects:
         if (effect["nodePath"], effect["visit"]) not in shown:
             lines += review(effect, 2)

@@ -1,16 +1,17 @@
-"""Following a run from the CLI (``run watch``, ``run start --wait``): poll run.status, print what changed.
+"""Following a run from the CLI (``run watch``, ``run start --wait``): watch the run's view, print
+what changed.
 
 ::
 
-    CLI ── run.status ──> server        every watch_poll_min_ms after a change, doubling to
-        <── run view ───                watch_poll_max_ms while nothing changes
+    CLI ── view.run.watch ──> server    (views/watch.py: its own connection)
+        <── run_snapshot ───            now and after each change; the newest when several waited
     Follower: this view against the last one -> stepStarted / stepFinished / waiting / finished
     stop once the run is settled: finished, paused, ambiguous, waiting for a person (an agent step
     goes on by itself), or parked (not for a shutdown)
 
 Human output is one plain line per event; on a terminal a status line (the current node and the
 elapsed time) is redrawn with \\r and cleared before each event line. With --json each event is one
-JSON object per line. Polling stands in until live subscriptions (view.run.watch) exist.
+JSON object per line.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ from typing import Any, NoReturn
 import click
 
 from piworkflows import canonical
-from piworkflows.cli import story
-from piworkflows.cli.base import EXIT_INTERRUPTED, accepted, command_line, fail
+from piworkflows.cli import run_view, story
+from piworkflows.cli.base import EXIT_INTERRUPTED, command_line, fail
 from piworkflows.client import ClientError, ServerNotRunning, WorkflowClient
 from piworkflows.paths import StatePaths
-from piworkflows.settings import Settings
 from piworkflows.states import ACTIVE_ATTEMPT_STATUSES, AGENT_NODE_KINDS, TERMINAL_RUN_STATUSES
+from piworkflows.views.watch import RunWatch, WatchEnded
 
 # Display statuses after which a run moves on only when someone acts (a waiting or queued run:
 # see settled).
 SETTLED = TERMINAL_RUN_STATUSES | {"paused", "ambiguous"}
+TICK_S = 0.5  # the status line's elapsed times are redrawn this often while nothing changes
 
 
 def settled(view: dict[str, Any]) -> bool:
@@ -42,15 +44,16 @@ def settled(view: dict[str, Any]) -> bool:
     status = view["display"]["status"]
     if status == "waiting":
         current = view["piworkflows"]["currentStep"]
-        return current is None or current["nodeKind"] not in AGENT_NODE_KINDS
+        return current is None or current["nodeType"] not in AGENT_NODE_KINDS
     if status == "queued":
-        return view["run"]["parkReason"] not in (None, "shutdown")
+        return view["piworkflows"]["parkReason"] not in (None, "shutdown")
     return status in SETTLED
 
 
 def _step_fields(step: dict[str, Any]) -> dict[str, Any]:
-    names = ("stepIndex", "nodePath", "nodeKind", "visit", "attempt", "startedAt")
-    return {name: step[name] for name in names}
+    """A step in an event, named as ``run logs`` names steps."""
+    named = {"stepIndex": step["index"], "nodePath": step["nodeId"], "nodeKind": step["nodeType"]}
+    return named | {name: step[name] for name in ("visit", "attempt", "startedAt")}
 
 
 class Follower:
@@ -66,19 +69,17 @@ class Follower:
 
     def events(self, view: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
         run_id, status = view["runId"], view["display"]["status"]
-        steps = list(view["steps"]["items"])
-        current = view["piworkflows"]["currentStep"]
-        if current is not None and all(s["stepIndex"] != current["stepIndex"] for s in steps):
-            steps.append(current)  # past the steps' page
+        steps = run_view.steps(view)
+        current = next((step for step in steps if step["status"] in ("running", "waiting")), None)
         events: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         for step in steps:
-            before = self.seen.get(step["stepIndex"])
+            before = self.seen.get(step["index"])
             if before is None:
                 events.append(({"event": "stepStarted", "runId": run_id, **_step_fields(step)}, step))
             if step["status"] not in ACTIVE_ATTEMPT_STATUSES and (before is None or before in ACTIVE_ATTEMPT_STATUSES):
                 ended = {name: step[name] for name in ("status", "outcome", "finishedAt", "durationMs", "errorCode")}
                 events.append(({"event": "stepFinished", "runId": run_id, **_step_fields(step), **ended}, step))
-            self.seen[step["stepIndex"]] = step["status"]
+            self.seen[step["index"]] = step["status"]
         if status == "waiting" and current is not None and current["attemptId"] != self.waited:
             self.waited = current["attemptId"]
             events.append(
@@ -88,7 +89,7 @@ class Follower:
                         "runId": run_id,
                         **_step_fields(current),
                         "status": "waiting",
-                        "request": current["request"],
+                        "request": current.get("request"),
                     },
                     current,
                 )
@@ -96,7 +97,15 @@ class Follower:
         if status in TERMINAL_RUN_STATUSES and not self.ended:
             self.ended = True
             events.append(
-                ({"event": "finished", "runId": run_id, "status": status, "errorCode": view["run"]["errorCode"]}, None)
+                (
+                    {
+                        "event": "finished",
+                        "runId": run_id,
+                        "status": status,
+                        "errorCode": view["piworkflows"]["errorCode"],
+                    },
+                    None,
+                )
             )
         return events
 
@@ -114,10 +123,10 @@ def event_lines(event: dict[str, Any], step: dict[str, Any] | None) -> list[str]
         if isinstance(error, str) and error:
             line += f": {error.splitlines()[0]}"
         return [story.cut(line, story.WIDTH)]
-    if step["nodeKind"] in AGENT_NODE_KINDS:  # the server's agent works on it: the run goes on
+    if step["nodeType"] in AGENT_NODE_KINDS:  # the server's agent works on it: the run goes on
         return [story.cut(f"{story.clock(step['startedAt'])}  {label} waits for its agent's result", story.WIDTH)]
     return [
-        story.cut(f"{event['runId']} waits at {step['nodePath']}", story.WIDTH),
+        story.cut(f"{event['runId']} waits at {step['nodeId']}", story.WIDTH),
         *story.question(event["runId"], step, indent=2),
     ]
 
@@ -137,10 +146,10 @@ class _LiveLine:
         if not self.enabled:
             return
         now = int(time.time() * 1000)
-        run, current, display = view["run"], view["piworkflows"]["currentStep"], view["display"]
-        elapsed = story.duration(max(0, now - (run["startedAt"] or run["createdAt"])))
+        current, display = view["piworkflows"]["currentStep"], view["display"]
+        elapsed = story.duration(max(0, now - story.epoch_ms(view["state"]["startedAt"])))
         if current is not None:
-            step_time = story.duration(max(0, now - current["startedAt"]))
+            step_time = story.duration(max(0, now - story.epoch_ms(current["startedAt"])))
             text = f"{story.step_label(current)} {current['status']} for {step_time}; run time {elapsed}"
         else:
             text = f"{story.status_text(display)}; run time {elapsed}"
@@ -150,29 +159,33 @@ class _LiveLine:
 
 def follow(
     paths: StatePaths, run_id: str, emit: Callable[[dict[str, Any], dict[str, Any] | None], None] | None, live: bool
-) -> dict[str, Any]:
-    """Poll the run until it is settled; hand each event to ``emit`` (None: print nothing); return the
-    last view. ``live``: keep the status line on a terminal."""
-    settings = Settings.from_env()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Watch the run until it is settled; hand each event to ``emit`` (None: print nothing); return
+    the last view as the server sent it and as shown (cli/run_view.py). ``live``: keep the status
+    line on a terminal (redrawn every TICK_S)."""
     follower, line = Follower(), _LiveLine(live and sys.stdout.isatty())
-    delay = settings.watch_poll_min_ms
+    view: dict[str, Any] | None = None
     try:
-        with WorkflowClient(paths.state_dir) as client:
-            client.connect()  # no server: said at once (a later loss is retried like any request)
+        with WorkflowClient(paths.state_dir) as client, RunWatch(paths.state_dir, run_id) as watch:
+            contents = run_view.Contents(client, run_id)
             while True:
-                view: dict[str, Any] = accepted(client.request("run.status", {}, run_id=run_id))
+                sent = watch.next(timeout=TICK_S)
+                if sent is None:  # nothing changed: the elapsed times go on
+                    if view is not None:
+                        line.draw(view)
+                    continue
+                view = run_view.shown(contents, sent)
                 events = follower.events(view)
                 if events:
                     line.clear()
-                    delay = settings.watch_poll_min_ms
                 for event, step in events:
                     if emit is not None:
                         emit(event, step)
                 if settled(view):
-                    return view
+                    return sent, view
                 line.draw(view)
-                time.sleep(delay / 1000)
-                delay = min(delay * 2, settings.watch_poll_max_ms)
+    except WatchEnded as exc:
+        fail(f"{exc.outcome} ({exc.code}): {exc}")
     except ServerNotRunning as exc:
         fail(f"{exc}; start it with '{command_line('server', 'start')}'")
     except (ClientError, OSError) as exc:  # lost for longer than the client retries

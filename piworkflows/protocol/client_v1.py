@@ -448,6 +448,59 @@ class ViewRunsPagePayload(RunListPayload):
     limit: int = Field(default=256, ge=1, le=256)
 
 
+class ViewRunWatchPayload(Payload):
+    """view.run.watch, the run in the envelope's runId: snapshots of its view (``run_snapshot``
+    events) now and after each change. ``subscriptionId`` names the watch (default: the requestId;
+    a reused one replaces its watch); ``revision``: the client holds this one (no snapshot until the
+    run changes). ``patches`` and ``pages`` are upstream's and not served yet."""
+
+    subscriptionId: Id | None = None
+    revision: int | None = Field(default=None, ge=0)
+    patches: bool = False
+    pages: Any = None
+
+
+class ViewUnwatchPayload(Payload):
+    """view.run.unwatch: ends the connection's watch of any kind with this id."""
+
+    subscriptionId: Id
+
+
+class ViewContentPayload(Payload):
+    """view.content, the run in the envelope's runId: a chunk of the content a run view's reference
+    names (its ``$artifact.path``) from ``offset``."""
+
+    path: str = Field(min_length=1, max_length=128)
+    offset: int = Field(default=0, ge=0)
+
+
+class ContentChunkReceipt(BaseModel):
+    """pi-workflows.content-chunk.v1: ``data`` is base64 of the bytes [offset, nextOffset) of the
+    content, whose whole ``sha256`` the reader verifies once ``complete``."""
+
+    model_config = ConfigDict(frozen=True)
+    schema_: Literal["pi-workflows.content-chunk.v1"] = Field(alias="schema")
+    runId: str
+    path: str
+    mediaType: Literal["application/json", "text/plain"]
+    bytes: int
+    sha256: str
+    offset: int
+    nextOffset: int
+    complete: bool
+    data: str
+
+
+class ViewRunsWatchPayload(RunListPayload):
+    """view.runs.watch: the run list's first page (``runs`` events) now and after changes, with
+    run.list's filters and limit (no cursor: later pages come from view.runs.page);
+    ``subscriptionId`` as view.run.watch's."""
+
+    subscriptionId: Id | None = None
+    limit: int = Field(default=256, ge=1, le=256)
+    cursor: None = None
+
+
 class RunLogsContent(Payload):
     """A part of a value linked to the run (a shell step's stream), named as the step names it."""
 
@@ -931,6 +984,11 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "run.status": (EmptyPayload, None),  # the receipt is the pi-workflows.run-view.v1 object (runId in the envelope)
     "run.list": (RunListPayload, None),  # the receipt is a pi-workflows.run-list-page.v1 page
     "view.runs.page": (ViewRunsPagePayload, None),  # a run.list page, revision-checked on the first
+    "view.run.get": (EmptyPayload, None),  # run.status under upstream's name
+    "view.run.watch": (ViewRunWatchPayload, None),  # {subscribed, subscriptionId, revision}; run_snapshot events
+    "view.runs.watch": (ViewRunsWatchPayload, None),  # {subscribed, subscriptionId}; runs events
+    "view.run.unwatch": (ViewUnwatchPayload, None),  # {subscribed: false, subscriptionId}
+    "view.content": (ViewContentPayload, ContentChunkReceipt),  # a chunk of a run view's content reference
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),
     "protocol.schema": (EmptyPayload, None),  # the receipt is this document

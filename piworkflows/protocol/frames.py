@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -30,7 +30,11 @@ def encode(kind: str, corr_id: int, body: Any) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
-def send(sock: socket.socket, kind: str, corr_id: int, body: Any) -> None:
+class Sender(Protocol):
+    def sendall(self, data: bytes, /) -> Any: ...
+
+
+def send(sock: Sender, kind: str, corr_id: int, body: Any) -> None:
     sock.sendall(encode(kind, corr_id, body))
 
 

@@ -50,6 +50,7 @@ from piworkflows.supervisor.router import Router
 from piworkflows.supervisor.scheduler import Scheduler
 from piworkflows.supervisor.seams import Load, ask_while_unavailable
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
+from piworkflows.supervisor.views import Views
 from piworkflows.supervisor.writer_child import WriterChild
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -78,13 +79,14 @@ class Supervisor:
         self.clock: Clock = clock or SystemClock()
         self.lock = HostLock(paths)
         self.registry = Registry()
-        self.writer = WriterChild(paths, settings, self._record_writer, writer_env)
+        self.writer = WriterChild(paths, settings, self._record_writer, writer_env, on_viewer=self._viewer_advanced)
+        self.views = Views(self.writer, settings)
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.outbox, self.scheduler = self._pool_and_scheduler()
         self.agents = self._agent_manager()
-        self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock)
-        self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check)
+        self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock, self.views)
+        self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check, self.views.forget)
         self.state = "running"
         self.epoch = 0
         self._token = secrets.token_bytes(32)  # memory only
@@ -98,6 +100,10 @@ class Supervisor:
     @property
     def token_hash(self) -> bytes:
         return hashlib.sha256(self._token).digest()
+
+    def _viewer_advanced(self, runs: list[str] | None) -> None:
+        """The writer's commits changed these run views (None: it restarted); on the event loop."""
+        self.views.advanced(runs)
 
     def request_stop(self, reason: str) -> None:
         """Only enqueues (safe from signal callbacks); the main task does the work."""

@@ -36,7 +36,7 @@ from piworkflows.clock import Clock
 from piworkflows.errors import CommandError, Outcome, describe_invalid_fields
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript, ViewContent
 from piworkflows.protocol.internal.resolver import Resolution
 from piworkflows.protocol.internal.runs import RunCreate, RunSource
 from piworkflows.protocol.internal.writer import Reply
@@ -46,6 +46,7 @@ from piworkflows.supervisor import interactions
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
 from piworkflows.supervisor.seams import RunControl, ServerHost, WorkflowResolvers, WriterStatus, ask_while_unavailable
+from piworkflows.supervisor.views import Views
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -61,8 +62,10 @@ class Router:
         runs: RunControl,
         settings: Settings,
         clock: Clock,
+        views: Views | None = None,
     ) -> None:
         self.writer = writer
+        self.views = views or Views(writer, settings)  # the live views' watches (supervisor/views.py)
         self.resolvers = resolvers
         self.host = host  # the facts the server answers from (state, epoch, load)
         self.runs = runs  # what a committed command sets going
@@ -246,10 +249,39 @@ class Router:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt.model_dump())
 
     async def run_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """run.status and view.run.get: the run view."""
         if request.runId is None:
-            return refuse(request, CommandError("validationFailed", "run.status names the run in runId"))
+            return refuse(request, CommandError("validationFailed", f"{request.operation} names the run in runId"))
         reply = await self.writer.request("run.get", {"actor": client_actor(request), "run_id": request.runId})
         return from_reply(request, reply)
+
+    async def view_run_watch(
+        self, request: client_v1.Request, payload: client_v1.ViewRunWatchPayload
+    ) -> client_v1.Response:
+        """The run's snapshots on this connection: now and after each change (supervisor/views.py)."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "view.run.watch names the run in runId"))
+        return await _watching(request, self.views.watch_run(request, payload))
+
+    async def view_runs_watch(
+        self, request: client_v1.Request, payload: client_v1.ViewRunsWatchPayload
+    ) -> client_v1.Response:
+        """The run list's first page on this connection: now and after changes."""
+        return await _watching(request, self.views.watch_runs(request, payload, _list_body(request, payload)))
+
+    async def view_run_unwatch(
+        self, request: client_v1.Request, payload: client_v1.ViewUnwatchPayload
+    ) -> client_v1.Response:
+        return await _watching(request, self.views.unwatch(request, payload.subscriptionId))
+
+    async def view_content(
+        self, request: client_v1.Request, payload: client_v1.ViewContentPayload
+    ) -> client_v1.Response:
+        """A chunk of a run view's content reference, its bytes in base64."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "view.content names the run in runId"))
+        body = {"actor": client_actor(request), "run_id": request.runId, "path": payload.path, "offset": payload.offset}
+        return from_reply(request, _base64_data(await self.writer.request(ViewContent.kind, body)))
 
     async def run_list(self, request: client_v1.Request, payload: client_v1.RunListPayload) -> client_v1.Response:
         return from_reply(request, await self.writer.request("run.list", _list_body(request, payload)))
@@ -286,11 +318,7 @@ class Router:
             media_type=content.mediaType,
             offset=content.offset,
         )
-        reply = await self.writer.request(RunContentRead.kind, body)
-        if reply.outcome == "accepted" and reply.receipt is not None:
-            data = base64.b64encode(reply.receipt["data"]).decode("ascii")
-            reply = reply.model_copy(update={"receipt": {**reply.receipt, "data": data}})
-        return from_reply(request, reply)
+        return from_reply(request, _base64_data(await self.writer.request(RunContentRead.kind, body)))
 
     async def run_transcript(
         self, request: client_v1.Request, payload: client_v1.RunTranscriptPayload
@@ -507,6 +535,11 @@ ROUTES: dict[str, Route] = {
     "run.logs": Router.run_logs,
     "run.transcript": Router.run_transcript,
     "view.runs.page": Router.view_runs_page,
+    "view.run.get": Router.run_status,
+    "view.run.watch": Router.view_run_watch,
+    "view.runs.watch": Router.view_runs_watch,
+    "view.run.unwatch": Router.view_run_unwatch,
+    "view.content": Router.view_content,
 }
 
 
@@ -573,8 +606,8 @@ def receipt_key(request: client_v1.Request, run_id: str | None = None) -> dict[s
 
 
 def _list_body(request: client_v1.Request, payload: client_v1.RunListPayload) -> dict[str, Any]:
-    """The writer's run.list of run.list and view.runs.page: the filters and the cursor (a keyset
-    object, or view.runs.page's offset)."""
+    """The writer's run.list of run.list, view.runs.page and view.runs.watch: the filters and the
+    cursor (a keyset object, or view.runs.page's offset)."""
     body: dict[str, Any] = {
         "actor": client_actor(request),
         "limit": payload.limit,
@@ -605,3 +638,19 @@ def from_reply(request: client_v1.Request, reply: Reply) -> client_v1.Response:
         receipt=reply.receipt,
         error=reply.error,
     )
+
+
+async def _watching(request: client_v1.Request, answer: Awaitable[Reply]) -> client_v1.Response:
+    """A watch operation's answer; what the live views refuse (supervisor/views.py) as refused."""
+    try:
+        return from_reply(request, await answer)
+    except CommandError as exc:
+        return refuse(request, exc)
+
+
+def _base64_data(reply: Reply) -> Reply:
+    """A content read's reply with its ``data`` bytes as base64 text (JSON carries no bytes)."""
+    if reply.outcome != "accepted" or reply.receipt is None:
+        return reply
+    data = base64.b64encode(reply.receipt["data"]).decode("ascii")
+    return reply.model_copy(update={"receipt": {**reply.receipt, "data": data}})

@@ -10,6 +10,8 @@
                       │ and no byte for idle_timeout_ms: close
                       └─> task: router.handle(request) ─> response (canonical line)
     unsent output above the bound: the slow client is dropped, others go on
+    live-view watches (supervisor/views.py): events past EVENT_BUFFER_BYTES unsent wait; a closed
+    connection's watches end (``on_close``)
 
 Each connection handles up to ``client_max_in_flight`` requests at once;
 responses may come back in another order than the requests (``requestId``).
@@ -36,6 +38,7 @@ from piworkflows.paths import FILE_MODE, SOCKET_PATH_LIMIT
 from piworkflows.protocol import client_v1
 from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import RateLimit, log_failure
+from piworkflows.supervisor.views import EVENT_BUFFER_BYTES, subscriber
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -90,8 +93,16 @@ def connection_bound(settings: Settings, fd_limit: int | None) -> int:
 
 
 class ClientServer:
-    def __init__(self, path: Path, settings: Settings, handler: Handler, peer_check: PeerCheck = same_user) -> None:
+    def __init__(
+        self,
+        path: Path,
+        settings: Settings,
+        handler: Handler,
+        peer_check: PeerCheck = same_user,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
         self.path = path
+        self.on_close = on_close  # a connection ended (its watches end with it)
         self.settings = settings
         self.handler = handler
         self.peer_check = peer_check
@@ -172,10 +183,22 @@ class Connection:
         self.frame_started: float | None = None  # when the server began to wait for the rest of it
         self.last_activity = self.loop.time()  # the last byte received or request answered
         self._timer: asyncio.TimerHandle | None = None
+        self.watches: set[str] = set()  # its live-view subscription ids (supervisor/views.py keeps them)
 
     def pending(self) -> bool:
-        """Whether the client waits for something: a request in flight (watches, when they exist)."""
-        return bool(self.in_flight)
+        """Whether the client waits for something: a request in flight or a watch."""
+        return bool(self.in_flight or self.watches)
+
+    def send_event(self, line: bytes) -> bool:
+        """An event line, unless EVENT_BUFFER_BYTES are unsent already (False: not sent)."""
+        if self.closed or self.writer.transport.get_write_buffer_size() > EVENT_BUFFER_BYTES:
+            return False
+        self.writer.write(line)
+        return True
+
+    async def drained(self) -> None:
+        """Until the client has read its unsent output down (the transport's low-water mark)."""
+        await self.writer.drain()
 
     def send(self, envelope: client_v1.Envelope) -> None:
         if self.closed:
@@ -215,6 +238,8 @@ class Connection:
                         return
         finally:
             self.server.connections.discard(self)
+            if self.server.on_close is not None:
+                self.server.on_close(self)
             self.server.partial_bytes -= len(self.partial)
             self.partial = bytearray()
             if self._timer is not None:
@@ -274,6 +299,7 @@ class Connection:
         return True
 
     async def _handle(self, request: client_v1.Request) -> None:
+        subscriber.set(self)  # this task's context: a watch request subscribes this connection
         try:
             self.send(await self.server.handler(request))
         except Exception as exc:

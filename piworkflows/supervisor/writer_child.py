@@ -43,8 +43,10 @@ class WriterChild:
         settings: Settings,
         on_spawn: Callable[[Identity | None], None],
         extra_env: dict[str, str] | None = None,
+        on_viewer: Callable[[list[str] | None], None] | None = None,
     ) -> None:
         self.paths = paths
+        self.on_viewer = on_viewer  # run views the commits changed (None: all may have: a new writer)
         self.settings = settings
         self.on_spawn = on_spawn  # records the child's identity in host.json (None: gone)
         self.extra_env = extra_env
@@ -76,6 +78,7 @@ class WriterChild:
                 event_loop_link=True,
                 on_started=record,
                 on_health=on_health,
+                on_viewer=self.on_viewer,
             ),
         )
         assert isinstance(proc.link, AsyncLink)
@@ -155,6 +158,8 @@ class WriterChild:
                 self.restarts += 1
                 delay = self.settings.writer_restart_min_ms
                 log.info("the writer is back (restart %d)", self.restarts)
+                if self.on_viewer is not None:
+                    self.on_viewer(None)  # what the lost writer committed last may not have been told
                 break
 
     async def stop(self) -> None:

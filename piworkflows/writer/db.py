@@ -139,13 +139,15 @@ class GroupExecutor:
         for item in batch[: self.settings.group_max_commands]:
             handler = REGISTRY.get(item.kind)
             if handler is None:
-                replies.append((item.corr_id, _refusal(CommandError("unknownCommand", f"no command {item.kind!r}"))))
+                replies.append(
+                    (item.corr_id, refusal_reply(CommandError("unknownCommand", f"no command {item.kind!r}")))
+                )
                 continue
             try:
                 cmd = COMMAND_MODELS[item.kind].model_validate(item.body)
             except ValidationError as exc:
                 refusal = CommandError("validationFailed", "command has " + describe_invalid_fields(exc.errors()))
-                replies.append((item.corr_id, _refusal(refusal)))
+                replies.append((item.corr_id, refusal_reply(refusal)))
                 continue
             if isinstance(cmd, BlobPutPart):  # joins its upload here: the part that completes it is hashed
                 cmd._received = self.uploads.receive(cmd.part, self.clock.monotonic_ms())  # outside the transaction
@@ -214,7 +216,7 @@ class GroupExecutor:
             try:
                 stored = records.find_answer(conn, key)
             except CommandError as exc:  # the key names another request
-                return _refusal(exc)
+                return refusal_reply(exc)
             if stored is not None:
                 outcome = "adopted" if stored.outcome == "accepted" else stored.outcome
                 return Reply(outcome=outcome, revision=stored.revision, receipt=stored.receipt, error=stored.error)
@@ -237,7 +239,7 @@ class GroupExecutor:
             conn.execute("ROLLBACK TO command")
             conn.execute("RELEASE command")
             log.error("%s failed inside the writer: %s", handler.kind, type(exc).__name__)
-            return _refusal(CommandError("internalError", "the server failed on this command"))
+            return refusal_reply(CommandError("internalError", "the server failed on this command"))
         if answer.outcome != "accepted":
             conn.execute("ROLLBACK TO command")
         if key is not None and (answer.outcome == "accepted" or handler.stores_refusals):
@@ -246,8 +248,8 @@ class GroupExecutor:
         return Reply(outcome=answer.outcome, revision=answer.revision, receipt=answer.receipt, error=answer.error)
 
 
-def _refusal(exc: CommandError) -> Reply:
+def refusal_reply(exc: CommandError) -> Reply:
     return Reply(outcome=exc.outcome, receipt=exc.receipt(), error=exc.message)
 
 
-__all__ = ["GroupExecutor", "GroupFailed", "Submitted", "connect", "open_database"]
+__all__ = ["GroupExecutor", "GroupFailed", "Submitted", "connect", "open_database", "refusal_reply"]

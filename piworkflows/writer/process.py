@@ -8,6 +8,7 @@
       Link.request ── command frames ─────────> drain all waiting frames
                                                 GroupExecutor.run: one transaction
               <── "reply" frames ──────────────  only after COMMIT
+              <── "viewer.advanced" ───────────  the runs whose views the commits changed
 
 The writer exits when its pipe reaches EOF or when the process that spawned
 it is gone (its psutil identity no longer matches), so it never outlives
@@ -26,6 +27,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,15 +47,17 @@ from piworkflows.protocol.internal.writer import (
     LogRecord,
     Ready,
     Reply,
+    ViewerAdvanced,
     WriterHealth,
 )
 from piworkflows.protocol.link import AsyncLink, Link
 from piworkflows.settings import Settings
-from piworkflows.writer import backup, health, invariants, records, schema
+from piworkflows.writer import backup, health, invariants, records, schema, viewer_notify
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.commands import state as state_commands
 from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, connect, open_database
 from piworkflows.writer.health import condition_of
+from piworkflows.writer.reads import VIEW_READS, Reader
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -67,10 +71,29 @@ MAINTENANCE_KINDS = frozenset({StateBackup.kind, StatePrune.kind, StateCompact.k
 VACUUM_MIN_FREE = 0.2  # retention vacuums only when this share of the pages is free (and enough bytes)
 
 
+class SharedSocket:
+    """The writer's end of the link, shared by its threads (the loop, the reader, logging): each
+    ``sendall`` (one frame, or the replies of a group) goes out whole."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def sendall(self, data: bytes) -> None:
+        with self.lock:
+            self.sock.sendall(data)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        return self.sock.recv(size, flags)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+
 class PipeLogHandler(logging.Handler):
     """Sends log records to the supervisor, which writes the one bounded server log."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: SharedSocket) -> None:
         super().__init__()
         self.sock = sock
 
@@ -85,7 +108,7 @@ class PipeLogHandler(logging.Handler):
 class WriterLoop:
     def __init__(
         self,
-        sock: socket.socket,
+        sock: SharedSocket,
         paths: StatePaths,
         settings: Settings,
         clock: Clock,
@@ -97,6 +120,8 @@ class WriterLoop:
         self.clock = clock
         self.parent = parent
         self.executor = GroupExecutor(open_database(paths, settings, clock), settings, clock)
+        viewer_notify.install(self.executor.conn)
+        self.reader = Reader(paths, settings, clock, self._send_reply)  # clients' view reads (writer/reads.py)
         self.queue: collections.deque[Submitted] = collections.deque()
         self.decoder = frames.FrameDecoder()
         self.backups: collections.deque[Submitted] = collections.deque()  # state.backup, one at a time
@@ -109,6 +134,8 @@ class WriterLoop:
     def serve(self) -> int:
         self._apply_local_effects()
         while True:
+            if self.reader.damage is not None and self.health.code != "databaseCorrupt":
+                self._tell_health("databaseCorrupt", self.reader.damage)  # a view read met a damaged file
             if not self.queue:
                 readable, _, _ = select.select([self.sock], [], [], self.settings.parent_check_ms / 1000)
                 if not readable:
@@ -143,7 +170,11 @@ class WriterLoop:
                 return False
             for frame in self.decoder.feed(data):
                 body = frame["b"] if isinstance(frame.get("b"), dict) else {}
-                self.queue.append(Submitted(frame["id"], frame["k"], body))
+                item = Submitted(frame["id"], frame["k"], body)
+                if item.kind in VIEW_READS:
+                    self.reader.submit(item)
+                else:
+                    self.queue.append(item)
             if len(data) < _RECV_BYTES:
                 return True  # a short read: nothing more was waiting
 
@@ -169,6 +200,29 @@ class WriterLoop:
             finally:
                 self.backing_up = False
                 state_commands.MAINTENANCE = None
+        self._tell_viewer()
+
+    def close(self) -> None:
+        """The reader's connection first, then the writer's: the last one to close checkpoints the
+        WAL and removes it (a read-only connection cannot)."""
+        self.reader.stop()
+        try:
+            self.executor.conn.close()
+        except sqlite3.Error as exc:  # a full disk: the WAL keeps every commit for the next open
+            log.warning("the state database did not close cleanly: %s", condition_of(exc) or type(exc).__name__)
+
+    def _send_reply(self, corr_id: int, reply: Reply) -> None:
+        self.sock.sendall(_encode_reply(corr_id, reply))
+
+    def _tell_viewer(self) -> None:
+        """The runs whose views the commits since the last call changed (writer/viewer_notify.py)."""
+        try:
+            runs = viewer_notify.take(self.executor.conn)
+        except sqlite3.Error as exc:  # the connection is being replaced: its watchers catch up later
+            log.error("changed run views not read: %s", type(exc).__name__)
+            return
+        if runs:
+            frames.send(self.sock, ViewerAdvanced.kind, 0, ViewerAdvanced(runs=runs).model_dump())
 
     def _run_batch(self, batch: list[Submitted]) -> None:
         refused: list[tuple[int, Reply]] = []
@@ -346,6 +400,7 @@ class WriterLoop:
         try:
             conn = connect(self.paths, self.settings)
             schema.check_open(self.paths, conn)
+            viewer_notify.install(conn)
             self.executor = GroupExecutor(conn, self.settings, self.clock)
         except Exception as exc:
             log.error("the writer cannot reopen the state database: %s", condition_of(exc) or type(exc).__name__)
@@ -390,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     # A terminal's Ctrl-C reaches the whole process group; the supervisor
     # decides when the writer stops (it closes the pipe, the writer finishes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
+    sock = SharedSocket(socket.socket(fileno=args.fd))
     root = logging.getLogger("piworkflows")
     root.setLevel(logging.INFO)
     root.addHandler(PipeLogHandler(sock))
@@ -412,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
         ddl_sha256=schema.ddl_sha256(),
     )
     frames.send(sock, ready.kind, 0, ready.model_dump())
-    return loop.serve()
+    try:
+        return loop.serve()
+    finally:
+        loop.close()
 
 
 class WriterStartError(RuntimeError):
@@ -453,12 +511,14 @@ def spawn(
     event_loop_link: bool = False,
     on_started: Callable[[int], None] | None = None,
     on_health: Callable[[WriterHealth], None] | None = None,
+    on_viewer: Callable[[list[str]], None] | None = None,
 ) -> WriterProcess:
     """Start a writer and wait until it verified the schema (or refused it).
 
     ``on_started(pid)`` runs as soon as the process exists, before the
     handshake (the supervisor records the child's identity there).
-    ``on_health`` gets what the writer can do whenever that changes. The link
+    ``on_health`` gets what the writer can do whenever that changes, ``on_viewer`` the runs whose
+    views its commits changed (ignored without it). The link
     is a thread-read ``Link``, or with ``event_loop_link`` an ``AsyncLink``
     that the caller starts on its event loop.
     """
@@ -505,6 +565,9 @@ def spawn(
         if frame["k"] == WriterHealth.kind:
             if on_health is not None:
                 on_health(WriterHealth.model_validate(frame["b"]))
+        elif frame["k"] == ViewerAdvanced.kind:
+            if on_viewer is not None:
+                on_viewer(ViewerAdvanced.model_validate(frame["b"]).runs)
         else:
             _relay_log(frame)
 

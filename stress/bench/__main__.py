@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import agents, effects, lists, logs, retention, runs, server, startup, writer
+from stress.bench import agents, effects, lists, logs, retention, runs, server, startup, views, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -19,6 +19,7 @@ BENCHMARKS = {
     "logs": logs,
     "agents": agents,
     "lists": lists,
+    "views": views,
 }
 
 

@@ -170,9 +170,9 @@ def _finish(client: WorkflowClient, payload: dict[str, Any]) -> str:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         view = client.request("run.status", run_id=run_id).receipt
-        if view["run"]["finishedAt"] is not None:
-            if view["run"]["status"] != "completed":
-                raise SystemExit(f"{run_id} ended {view['run']['status']}: {view.get('error')}")
+        if view["queue"]["finishedAt"] is not None:
+            if view["piworkflows"]["status"] != "completed":
+                raise SystemExit(f"{run_id} ended {view['piworkflows']['status']}: {view['state'].get('error')}")
             return run_id
         time.sleep(0.05)
     raise SystemExit(f"{run_id} did not end within 600 s")

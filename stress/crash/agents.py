@@ -169,9 +169,9 @@ def resume_unended(final: workload.Client, statuses: dict[str, str]) -> int:
         view = final.status(run_id)
         if view is None:
             continue  # not seen now: still counted as it was
-        run = view["run"]
-        statuses[run_id] = run["status"]
-        if run["status"] not in agent_oracles.TERMINAL and (run["paused"] or run["parkReason"]):
+        status = view["piworkflows"]["status"]
+        statuses[run_id] = status
+        if status not in agent_oracles.TERMINAL and (view["state"]["paused"] or view["piworkflows"]["parkReason"]):
             final.send("run.resume", run_id=run_id, key=f"quiet-resume-{run_id}-{final.sent}")
     return sum(status not in agent_oracles.TERMINAL for status in statuses.values())
 

@@ -212,7 +212,7 @@ class Client:
         run_id = self.rng.choice(self.runs[-50:])
         if roll < 0.7:
             view = self.status(run_id) if run_id not in self.agent_runs else None
-            if view is not None and view["run"]["status"] == "waiting":
+            if view is not None and view["piworkflows"]["status"] == "waiting":
                 self.send("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
         elif roll < 0.8:
             self.send("run.pause", run_id=run_id)
@@ -222,7 +222,7 @@ class Client:
             self.send("run.cancel", run_id=run_id)
         else:
             view = self.status(run_id) if run_id not in self.agent_runs else None
-            if view is not None and view["run"]["finishedAt"] is not None:
+            if view is not None and view["queue"]["finishedAt"] is not None:
                 self.send("run.restart", {}, run_id=run_id, revision=view["runRevision"])
 
     def _agent_ended(self) -> bool:
@@ -232,8 +232,8 @@ class Client:
         view = self.status(self.agent_run)
         if view is None:
             return False
-        run = view["run"]
-        return run["status"] in TERMINAL or run["paused"] or run["parkReason"] is not None
+        ours = view["piworkflows"]
+        return ours["status"] in TERMINAL or view["state"]["paused"] or ours["parkReason"] is not None
 
     def close(self) -> None:
         self.client.close()

@@ -128,7 +128,7 @@ def test_two_command_steps_complete_the_run_with_their_outputs(server, project, 
     run_id = start(server, project, "two-commands")
     done = finished(server, run_id)
     assert done["display"]["status"] == "completed", done
-    assert done["output"] == {"plan": {"steps": 3}, "fix": "changed 3 files"}  # each read its prompt
+    assert done["state"].get("finalOutput") == {"plan": {"steps": 3}, "fix": "changed 3 files"}  # each read its prompt
     (plan_step,) = (path.read_text() for path in agent_log.glob("plan-*.txt"))
     assert "Plan the change." in plan_step and "Expected output (JSON Schema)" in plan_step
     assert "on standard output" in plan_step and "workflow` tool" not in plan_step
@@ -181,8 +181,8 @@ def test_a_command_without_an_accepted_output_fails_its_attempt_at_once(server, 
     write(project, "once", workflow("once", script, mode))
     run_id = start(server, project, "once")
     done = finished(server, run_id)
-    assert done["display"]["status"] == "failed" and done["run"]["errorCode"] == code, done
-    assert error in done["error"]
+    assert done["display"]["status"] == "failed" and done["piworkflows"]["errorCode"] == code, done
+    assert error in done["state"].get("error")
     attempt = query(server, "SELECT attempt_status, error_code FROM node_attempts WHERE run_id = ?", run_id)
     assert attempt == [("failed", code)]  # one attempt: a command is not reminded
     steps = query(server, "SELECT source_kind, message_state FROM workflow_messages WHERE run_id = ?", run_id)
@@ -204,7 +204,7 @@ def test_a_command_past_its_budget_times_out_and_is_killed(server, project, scri
     write(project, "slow", workflow("slow", script, "sleep", timeout_ms=1500))
     run_id = start(server, project, "slow")
     done = finished(server, run_id)
-    assert done["display"]["status"] == "timed_out" and done["run"]["errorCode"] == "agentTimeout", done
+    assert done["display"]["status"] == "timed_out" and done["piworkflows"]["errorCode"] == "agentTimeout", done
     (saved,) = agent_log.glob("sleep-*.txt")
     pid = int(saved.stem.split("-")[1])
     wait_until(lambda: not _alive(pid), what="the command killed")
@@ -234,7 +234,7 @@ def test_a_host_killed_mid_run_ends_its_command_and_the_next_host_runs_it_again(
     (first,) = agent_log.glob("once-slow-*.txt")
     os.kill(int(host_pid), signal.SIGKILL)
     done = finished(server, run_id)
-    assert done["display"]["status"] == "completed" and done["output"] == {"steps": 2}, done
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"steps": 2}, done
     command_pid = int(first.stem.split("-")[2])
     wait_until(lambda: not _alive(command_pid), what="the first command killed with its host")
     second = next(path for path in agent_log.glob("once-slow-*.txt") if path != first)

@@ -98,7 +98,7 @@ def test_the_view_while_the_agent_works_then_the_transcript_of_the_completed_run
     watched = agent_server.cli("run", "watch", run_id)  # follows through the agent step to the end
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert "fix (agent) waits for its agent's result" in watched.stdout and f"{run_id} completed" in watched.stdout
-    assert view(agent_server, run_id)["output"] == {"fix": {"summary": "fixed it"}}
+    assert view(agent_server, run_id)["state"].get("finalOutput") == {"fix": {"summary": "fixed it"}}
 
     shown = agent_server.cli("run", "transcript", run_id)
     assert shown.returncode == 0, shown.stderr
@@ -136,7 +136,9 @@ def test_an_operator_submits_the_output_of_a_waiting_step(agent_server, project)
     good = agent_server.cli("submit", run_id, "fix", '{"summary": "fixed by hand"}')
     assert good.returncode == 0 and f"accepted; {run_id} continues after fix" in good.stdout, good.stderr
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
-    assert done["display"]["status"] == "completed" and done["output"] == {"fix": {"summary": "fixed by hand"}}
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {
+        "fix": {"summary": "fixed by hand"}
+    }
     submitted = query(
         agent_server,
         "SELECT actor_class FROM events WHERE resource_id = ? AND event_type = 'interaction.submitted'",
@@ -160,7 +162,7 @@ def test_a_run_whose_agent_cannot_start_is_queued_with_the_cause_and_wait_stops(
         started = server.cli("run", "start", "one-step", "--project", str(project), "--wait", "--json")
         assert started.returncode == 1, started.stderr
         final = json.loads(started.stdout.splitlines()[-1])
-        assert final["run"]["parkReason"] == "agentNoProgress"
+        assert final["piworkflows"]["parkReason"] == "agentNoProgress"
         assert final["display"]["status"] == "queued" and final["display"]["controls"] == ["resume", "cancel"]
         assert final["display"]["reason"].startswith("The agent could not start: "), final["display"]
         cause = query(

@@ -79,7 +79,7 @@ def test_two_agent_steps_share_the_run_session_and_the_run_completes(agent_serve
     run_id = start(agent_server, project, "two-steps")
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
     assert done["display"]["status"] == "completed", done
-    assert done["output"] == {"plan": {"steps": 3}, "fix": {"summary": "changed three files"}}
+    assert done["state"].get("finalOutput") == {"plan": {"steps": 3}, "fix": {"summary": "changed three files"}}
     asked = agent_server.model.requests  # type: ignore[attr-defined]
     assert len(asked) == 2
     first, second = ([m for m in r["messages"] if m["role"] != "system"] for r in asked)
@@ -162,7 +162,7 @@ def test_an_assistant_message_step_takes_the_reply_as_its_output(agent_server, p
     run_id = start(agent_server, project, "reply")
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
     assert done["display"]["status"] == "completed", done
-    assert done["output"] == "6 times 7 is 42."
+    assert done["state"].get("finalOutput") == "6 times 7 is 42."
     (receipt,) = query(
         agent_server,
         "SELECT b.bytes FROM node_attempts a JOIN blobs b ON b.digest = a.receipt_digest WHERE a.run_id = ?",
@@ -194,7 +194,7 @@ def test_a_wrong_submission_is_refused_with_the_error_and_the_corrected_one_acce
     run_id = start(agent_server, project, "count")
     done = wait_status(agent_server, run_id, "completed", "failed", "timed_out", "cancelled")
     assert done["display"]["status"] == "completed", done
-    assert done["output"] == {"steps": 3}
+    assert done["state"].get("finalOutput") == {"steps": 3}
     retry = agent_server.model.requests[1]["messages"]
     told = [m for m in retry if m["role"] == "tool"]
     assert told and "steps" in _text(told[-1]) and "integer" in _text(told[-1])  # the model saw the error
@@ -313,7 +313,7 @@ def test_the_server_killed_while_a_submission_validates_judges_it_at_its_next_st
     with serving(server.state_dir, env) as again:
         done = wait_status(again, run_id, "completed", "failed", "timed_out", "cancelled")
         assert done["display"]["status"] == "completed", done
-        assert done["output"] == {"steps": 3}
+        assert done["state"].get("finalOutput") == {"steps": 3}
     assert len(scripted.requests) == 1  # judged again at the start: the model was not asked again
 
 
@@ -341,16 +341,19 @@ def test_a_crash_at_each_agent_fault_point_loses_nothing(tmp_path, pi_command, s
     with serving(tmp_path / "s", env) as server:
         run_id = start(server, project, "count")
         done = wait_until(
-            lambda: _ended(v := view(server, run_id)) or (v if v["run"]["parkReason"] == "agentNoProgress" else None),
+            lambda: (
+                _ended(v := view(server, run_id))
+                or (v if v["piworkflows"]["parkReason"] == "agentNoProgress" else None)
+            ),
             timeout=60,
             what="the run ended or parked",
         )
-        if done["run"]["parkReason"] == "agentNoProgress":  # the host died before it made progress
+        if done["piworkflows"]["parkReason"] == "agentNoProgress":  # the host died before it made progress
             with server.client() as client:
                 assert client.request("run.resume", {}, run_id=run_id).outcome == "accepted"
             done = wait_status(server, run_id, "completed", "failed", "timed_out", "cancelled")
         assert done["display"]["status"] == "completed", done
-        assert done["output"] == {"steps": 3}
+        assert done["state"].get("finalOutput") == {"steps": 3}
         assert len(query(server, "SELECT 1 FROM node_attempts WHERE run_id = ?", run_id)) == 1
         accepted = query(
             server,

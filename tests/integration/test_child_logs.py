@@ -63,7 +63,7 @@ def test_an_outbox_worker_that_crashes_leaves_how_it_ended_and_its_stderr_lines(
     http_workflow(project, "idem")
     run_id = start(server, project, "idem", {"url": ledger.url + "/idem", "order": MARKER})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]  # the restarted worker sent it
     # how it ended (its traceback unwinds into an abort at interpreter shutdown: the stdin reader thread)
     ended = log_line(server, "outbox worker 0 (pid ", ") ended: the worker ")
@@ -92,7 +92,7 @@ def test_a_runners_own_log_record_reaches_server_log(server, project):
     with server.client() as client:
         answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
     assert answered.outcome == "accepted", answered
-    wait_until(lambda: view(server, run_id)["run"]["parkReason"] == "workflowSourceChanged", what="parked")
+    wait_until(lambda: view(server, run_id)["piworkflows"]["parkReason"] == "workflowSourceChanged", what="parked")
     line = log_line(server, f": {run_id}: its workflow source changed since the run started")
     assert "piworkflows.runner" in line and " WARNING runner " in line
     pid = line.split(" WARNING runner ")[1].split(":")[0]
@@ -121,7 +121,7 @@ def test_a_runner_that_dies_after_progress_leaves_how_it_ended_and_its_stderr_li
     write(project, "crashonce", CRASH_ONCE)
     run_id = start(server, project, "crashonce", {"flag": str(tmp_path / "crashed")})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]  # requeued: the next runner finished it
+    assert done["display"]["status"] == "completed", done["state"].get("error")  # requeued: the next runner finished it
     log_line(
         server, f"the runner of {run_id} ended before it was done: the runner exited with code 3 (the run: requeued)"
     )

@@ -79,7 +79,7 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     assert paused.receipt == {"runId": run_id, "status": "running", "paused": True}
     shown = view(server, run_id)
     assert shown["display"]["status"] == "paused" and shown["display"]["controls"] == ["resume", "cancel"]
-    assert shown["run"]["paused"] is True and shown["run"]["parkReason"] == "paused"
+    assert shown["state"]["paused"] is True and shown["piworkflows"]["parkReason"] == "paused"
     # All of it committed with the receipt: parked, claim released, runner record ended, attempt interrupted.
     assert run_row(server.state_dir, run_id) == ("running", 1, "paused", "parked")
     assert query(server.state_dir, "SELECT owner_id FROM leases WHERE resource_id = ?", run_id) == [(None,)]
@@ -107,9 +107,9 @@ def test_pause_mid_node_parks_the_run_and_resume_reruns_only_the_interrupted_nod
     assert resumed.outcome == "accepted", resumed
     assert resumed.receipt == {"runId": run_id, "status": "queued", "paused": False}
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"done": True}
-    steps = [(s["nodePath"], s["visit"], s["attempt"], s["status"]) for s in done["steps"]["items"]]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"done": True}
+    steps = [(s["nodeId"], s["visit"], s["attempt"], s["status"]) for s in done["state"]["steps"]]
     assert steps == [
         ("first", 1, 1, "completed"),
         ("wait", 1, 1, "interrupted"),
@@ -164,8 +164,8 @@ def test_pause_while_waiting_at_a_checkpoint_holds_an_answered_run_until_resumed
     resumed = control(server, "run.resume", run_id)
     assert resumed.outcome == "accepted" and resumed.receipt == {"runId": run_id, "status": "queued", "paused": False}
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["output"] == {"answered": True}
-    assert [s["nodePath"] for s in done["steps"]["items"]] == ["prepare", "ask", "yes"]
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"answered": True}
+    assert [s["nodeId"] for s in done["state"]["steps"]] == ["prepare", "ask", "yes"]
     check_state(server.state_dir)
 
 
@@ -191,7 +191,10 @@ def test_pause_of_a_queued_run_is_a_durable_flag_that_survives_a_server_restart(
     server = ServerProcess(tmp_path / "s", env=SCHEDULER_TICK).start()  # now with runners
     try:
         done = wait_status(server, resumed_early, "completed", "failed")
-        assert done["display"]["status"] == "completed" and done["output"] == {"kind": "final", "message": "sum=36"}
+        assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {
+            "kind": "final",
+            "message": "sum=36",
+        }
         stays(
             lambda: runner_count(server.state_dir, kept) == 0 and view(server, kept)["display"]["status"] == "paused",
             what="the paused run held across the restart",
@@ -229,8 +232,8 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
         check_state(server.state_dir)
         assert control(server, "run.resume", run_id).outcome == "accepted"
         done = wait_status(server, run_id, "completed", "failed")
-        assert done["display"]["status"] == "completed", done["error"]
-        finished = [s["nodePath"] for s in done["steps"]["items"] if s["status"] == "completed"]
+        assert done["display"]["status"] == "completed", done["state"].get("error")
+        finished = [s["nodeId"] for s in done["state"]["steps"] if s["status"] == "completed"]
         assert finished == ["first", "wait", "last"]  # interrupted attempts aside, each node finished once
     check_state(server.state_dir)
 
@@ -250,7 +253,7 @@ def test_pause_during_admission_and_back_to_back_pause_resume(tmp_path, server, 
     wait_until(lambda: all(gone(pid) for pid, _ in workers[:-1]), what="the stopped runners gone")
     blocked.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
-    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == (
+    assert [(s["nodeId"], s["status"]) for s in done["state"]["steps"]] == (
         [("first", "completed")] + [("wait", "interrupted")] * 4 + [("wait", "completed"), ("last", "completed")]
     )
     check_state(server.state_dir)
@@ -270,7 +273,7 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     flag = tmp_path / "fixed"
     write(project, "crashy", CRASHY % str(flag))
     run_id = start(server, project, "crashy")
-    parked = wait_until(lambda: (v := view(server, run_id))["run"]["parkReason"] and v, what="parked")
+    parked = wait_until(lambda: (v := view(server, run_id))["piworkflows"]["parkReason"] and v, what="parked")
     assert parked["display"] == {
         "status": "queued",
         "activity": None,
@@ -291,7 +294,7 @@ def test_resume_of_a_run_parked_for_no_progress(tmp_path, server, project):
     flag.write_text("fixed")
     assert control(server, "run.resume", run_id).receipt == {"runId": run_id, "status": "queued", "paused": False}
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"ok": True}
     assert query(
         server.state_dir,
         "SELECT launch_command, outcome FROM run_workers WHERE run_id = ? ORDER BY runner_epoch",
@@ -334,7 +337,7 @@ def test_a_paused_interactive_run_keeps_its_session_and_a_restart_needs_it_free(
     assert restart.outcome == "accepted" and restart.receipt["restartNumber"] == 1, restart
     child = wait_status(server, restart.receipt["runId"], "completed", "failed")
     assert child["display"]["status"] == "completed"
-    assert (child["run"]["executionMode"], child["run"]["originSessionId"]) == ("interactive", "session-1")
+    assert (child["piworkflows"]["executionMode"], child["queue"]["originSessionId"]) == ("interactive", "session-1")
     check_state(server.state_dir)
 
 
@@ -362,7 +365,7 @@ def test_a_replayed_pause_after_a_resume_leaves_the_new_runner_alone(tmp_path, s
     )
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
-    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [
+    assert [(s["nodeId"], s["status"]) for s in done["state"]["steps"]] == [
         ("first", "completed"),
         ("wait", "interrupted"),
         ("wait", "completed"),
@@ -441,21 +444,22 @@ def test_cancel_racing_completion_has_exactly_one_winner(server, project):
         outcomes.append(cancel.outcome)
         if cancel.outcome == "accepted":
             assert cancel.receipt == {"runId": run_id, "status": "cancelled"}
-            assert after_cancel["display"]["status"] == "cancelled" and after_cancel["output"] is None
+            assert after_cancel["display"]["status"] == "cancelled" and after_cancel["state"].get("finalOutput") is None
             wait_until(lambda run_id=run_id: not live_workers(server.state_dir, run_id), what="runner ended")
             wait_until(lambda: active_runners(server) == 0, what="no active runner")
             settled = view(server, run_id)
-            assert settled["display"]["status"] == "cancelled" and settled["output"] is None
+            assert settled["display"]["status"] == "cancelled" and settled["state"].get("finalOutput") is None
             # A runner never writes after the cancel: no step finished or started later.
-            assert settled["steps"] == after_cancel["steps"]
-            assert all(s["status"] in ("completed", "cancelled") for s in settled["steps"]["items"])
+            assert settled["state"]["steps"] == after_cancel["state"]["steps"]
+            assert settled["stepTotal"] == after_cancel["stepTotal"]
+            assert all(s["status"] in ("completed", "cancelled") for s in settled["state"]["steps"])
             assert run_row(server.state_dir, run_id) == ("cancelled", 0, None, "cancelled")
         else:
             assert cancel.outcome == "conflict", cancel
             assert cancel.receipt["code"] == "winnerDecided" and cancel.receipt["status"] == "completed"
             assert after_cancel["display"]["status"] == "completed"
-            assert after_cancel["output"] == {"kind": "final", "message": "sum=36"}
-            assert all(s["status"] == "completed" for s in after_cancel["steps"]["items"])
+            assert after_cancel["state"].get("finalOutput") == {"kind": "final", "message": "sum=36"}
+            assert all(s["status"] == "completed" for s in after_cancel["state"]["steps"])
             assert run_row(server.state_dir, run_id)[:3] == ("completed", 0, None)
         check_state(server.state_dir)
     assert outcomes[0] == "accepted" and outcomes[-1] == "conflict"  # before any step; after the end
@@ -466,7 +470,7 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
     flag = tmp_path / "fixed"
     root = start(server, project, "flaky", {"flag": str(flag)})
     failed = wait_status(server, root, "completed", "failed")
-    assert failed["display"]["status"] == "failed" and "the flag is missing" in failed["error"]
+    assert failed["display"]["status"] == "failed" and "the flag is missing" in failed["state"].get("error")
     flag.write_text("fixed")
 
     with server.client() as client:
@@ -492,9 +496,16 @@ def test_restart_makes_one_child_run_per_revision_with_lineage(tmp_path, server,
     assert query(server.state_dir, "SELECT run_id FROM runs WHERE parent_run_id = ?", root) == [(child,)]
 
     done = wait_status(server, child, "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["output"] == {"ok": True}
-    assert done["input"] == {"flag": str(flag)} and done["definitionDigest"] == failed["definitionDigest"]
-    assert (done["run"]["lineage"], done["run"]["parentRunId"], done["run"]["restartNumber"]) == ("restart", root, 1)
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"ok": True}
+    assert (
+        done["state"]["input"] == {"flag": str(flag)}
+        and done["state"]["definitionDigest"] == failed["state"]["definitionDigest"]
+    )
+    assert (done["piworkflows"]["lineage"], done["queue"]["parentRunId"], done["piworkflows"]["restartNumber"]) == (
+        "restart",
+        root,
+        1,
+    )
     assert query(
         server.state_dir, "SELECT lineage, parent_run_id, root_run_id, restart_number FROM runs WHERE run_id = ?", child
     ) == [("restart", root, root, 1)]
@@ -530,13 +541,13 @@ def test_restart_of_an_unfinished_run_is_refused(tmp_path, server, project):
     assert query(server.state_dir, "SELECT count(*) FROM runs") == [(1,)]
     cancelled = control(server, "run.cancel", run_id)
     assert cancelled.outcome == "accepted"
-    assert view(server, run_id)["run"]["paused"] is False  # a finished run is not paused
+    assert view(server, run_id)["state"]["paused"] is False  # a finished run is not paused
     # Cancelled, it restarts (the refusal's advice: "cancel it first").
     restarted = control(server, "run.restart", run_id, revision=view(server, run_id)["runRevision"])
     assert restarted.outcome == "accepted" and restarted.receipt["restartNumber"] == 1
     flag.write_text("go")
     done = wait_status(server, restarted.receipt["runId"], "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["output"] == {"done": True}
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"done": True}
     check_state(server.state_dir)
 
 
@@ -564,8 +575,8 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
             flag.write_text("go")
         for run_id in run_ids[:2]:
             done = wait_status(server, run_id, "completed", "failed")
-            assert done["display"]["status"] == "completed", done["error"]
-            assert [s["status"] for s in done["steps"]["items"]] == [
+            assert done["display"]["status"] == "completed", done["state"].get("error")
+            assert [s["status"] for s in done["state"]["steps"]] == [
                 "completed",
                 "interrupted",
                 "completed",
@@ -577,7 +588,7 @@ def test_server_stop_with_runs_in_flight_and_a_paused_one(tmp_path, project):
         )
         assert control(server, "run.resume", held).receipt == {"runId": held, "status": "queued", "paused": False}
         done = wait_status(server, held, "completed", "failed")
-        assert done["display"]["status"] == "completed", done["error"]
+        assert done["display"]["status"] == "completed", done["state"].get("error")
 
 
 # --- the CLI ------------------------------------------------------------------

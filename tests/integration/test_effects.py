@@ -185,14 +185,14 @@ def test_shell_output_reaches_the_next_node_and_the_effect_is_applied_once(serve
     write(project, "echo", ECHO)
     run_id = start(server, project, "echo", {"word": "hi"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    output = done["output"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    output = done["state"].get("finalOutput")
     assert output["heard"] == "out-hi"
     say = output["say"]
     assert set(say) == {"stdout", "stderr", "exitCode", "signal", "durationMs"}
     assert (say["stdout"], say["stderr"], say["exitCode"], say["signal"]) == ("out-hi\n", "err\n", 0, None)
     assert isinstance(say["durationMs"], int) and say["durationMs"] >= 0
-    assert [(s["nodePath"], s["nodeKind"], s["status"]) for s in done["steps"]["items"]] == [
+    assert [(s["nodeId"], s["nodeType"], s["status"]) for s in done["state"]["steps"]] == [
         ("say", "shell", "completed"),
         ("after", "compute", "completed"),
     ]
@@ -210,9 +210,10 @@ def test_a_non_zero_exit_fails_the_run_and_rejects_the_effect(server, project):
     run_id = start(server, project, "strict")
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert done["run"]["errorCode"] == "nonZeroExit"
-    assert done["error"] == "node 'fail': the command failed (exit code 3): broken"  # the run's error names it
-    assert [(s["nodePath"], s["status"], s["errorCode"]) for s in done["steps"]["items"]] == [
+    assert done["piworkflows"]["errorCode"] == "nonZeroExit"
+    # the run's error names it
+    assert done["state"]["error"] == "node 'fail': the command failed (exit code 3): broken"
+    assert [(s["nodeId"], s["status"], s["errorCode"]) for s in done["state"]["steps"]] == [
         ("fail", "failed", "nonZeroExit")
     ]
     effect = effect_row(server, run_id)
@@ -234,9 +235,10 @@ def test_allow_non_zero_exit_completes_with_the_exit_code_in_the_output(server, 
     write(project, "lenient", EXIT3.format(name="lenient", allow=True))
     run_id = start(server, project, "lenient")
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"]["exitCode"] == 3 and done["output"]["signal"] is None
-    assert (done["output"]["stdout"], done["output"]["stderr"]) == ("partial\n", "broken\n")
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    output = done["state"]["finalOutput"]
+    assert output["exitCode"] == 3 and output["signal"] is None
+    assert (output["stdout"], output["stderr"]) == ("partial\n", "broken\n")
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("applied", 1, None)
 
@@ -245,8 +247,8 @@ def test_parse_turns_the_shell_output_into_the_node_output(server, project):
     write(project, "parsed", PARSED)
     run_id = start(server, project, "parsed")
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"lines": ["a", "b", "c"], "code": 0}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"lines": ["a", "b", "c"], "code": 0}
     assert effect_row(server, run_id)["status"] == "applied"
 
 
@@ -258,7 +260,7 @@ def test_an_idempotent_timeout_kills_the_command_and_times_the_run_out(server, p
     run_id = start(server, project, "nap")
     done = wait_status(server, run_id, "completed", "failed", "timed_out")
     assert done["display"]["status"] == "timed_out"
-    assert [(s["nodePath"], s["status"], s["outcome"]) for s in done["steps"]["items"]] == [
+    assert [(s["nodeId"], s["status"], s["outcome"]) for s in done["state"]["steps"]] == [
         ("nap", "timed_out", "timed_out")
     ]
     effect = effect_row(server, run_id)
@@ -278,7 +280,7 @@ def test_a_manual_timeout_makes_the_effect_ambiguous_and_parks_the_run(server, p
     parked = wait_status(server, run_id, "ambiguous", "completed", "failed", "timed_out")
     assert parked["display"]["status"] == "ambiguous"
     assert parked["display"]["reason"] == AMBIGUOUS and parked["display"]["controls"] == ["review"]
-    wait_until(lambda: view(server, run_id)["run"]["parkReason"] == "effectAmbiguous", what="run parked")
+    wait_until(lambda: view(server, run_id)["piworkflows"]["parkReason"] == "effectAmbiguous", what="run parked")
     assert run_phases(server, run_id) == ("running", "effectAmbiguous", "parked")
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"]) == ("ambiguous", "manual", 1)
@@ -296,8 +298,8 @@ def test_an_action_body_result_is_the_node_output(server, project):
     write(project, "book", ACTIONS)
     run_id = start(server, project, "book", {"what": "a table"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"booked": "a table"}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"booked": "a table"}
     effect = effect_row(server, run_id)
     assert (effect["type"], effect["status"], effect["attempts"]) == ("test.book", "applied", 1)
     assert effect_attempts(server, run_id) == [(1, "applied")]
@@ -308,8 +310,9 @@ def test_an_exception_in_an_action_body_fails_the_run_and_rejects_the_effect(ser
     run_id = start(server, project, "book", {"what": "a table", "fail": True})
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert done["error"] == "node 'book': RuntimeError: the outside system said no"  # the run's error names it
-    assert done["run"]["errorCode"] == "actionFailed"
+    # the run's error names it
+    assert done["state"]["error"] == "node 'book': RuntimeError: the outside system said no"
+    assert done["piworkflows"]["errorCode"] == "actionFailed"
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"], effect["errorCode"]) == ("rejected", 1, "actionFailed")
     assert effect_attempts(server, run_id) == [(1, "rejected")]
@@ -350,8 +353,8 @@ def test_kill_9_of_the_worker_retries_an_idempotent_command_under_the_same_key(s
 
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"ran": True}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"ran": True}
     assert ledger.read_text() == "done\n"  # exactly one line: only the completed attempt wrote
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"]) == ("applied", 2)
@@ -371,7 +374,7 @@ def test_kill_9_of_the_worker_parks_a_manual_command_as_ambiguous(server, projec
     os.kill(performer_of(first), signal.SIGKILL)
     wait_until(lambda: group_gone(first), what="the command's group killed")
     parked = wait_until(
-        lambda: (v := view(server, run_id))["run"]["parkReason"] == "effectAmbiguous" and v,
+        lambda: (v := view(server, run_id))["piworkflows"]["parkReason"] == "effectAmbiguous" and v,
         what="run parked effectAmbiguous",
     )
     assert parked["display"]["status"] == "ambiguous" and parked["display"]["reason"] == AMBIGUOUS
@@ -412,8 +415,8 @@ def test_kill_9_of_a_runner_awaiting_its_command_adopts_the_settled_result(serve
 
     flag.write_text("go")
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"ran": True}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"ran": True}
     assert ledger.read_text() == "done\n"
     assert effect_attempts(server, run_id) == [(1, "applied")]  # adopted: no new attempt
     assert node_attempts(server, run_id, "cmd") == [(1, "interrupted"), (2, "completed")]
@@ -438,7 +441,7 @@ def test_cancel_while_a_command_runs_makes_its_effect_ambiguous_and_kills_its_gr
 
     done = view(server, run_id)
     assert done["display"]["status"] == "cancelled"
-    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("cmd", "cancelled")]
+    assert [(s["nodeId"], s["status"]) for s in done["state"]["steps"]] == [("cmd", "cancelled")]
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["attempts"]) == ("ambiguous", 1)  # cancel while applying: may have acted
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
@@ -496,12 +499,13 @@ def test_a_changed_request_under_the_same_key_is_a_conflict_that_stops_the_run(s
 
     def stopped() -> dict | None:
         v = view(server, run_id)
-        return v if v["run"]["parkReason"] is not None or v["display"]["status"] in FINISHED else None
+        return v if v["piworkflows"]["parkReason"] is not None or v["display"]["status"] in FINISHED else None
 
     settled = wait_until(stopped, what="the run stopped")
     # The conflict ends the node visit: no runner relaunched again and again, the conflict named.
     assert len(node_attempts(server, run_id, "cmd")) <= 2, node_attempts(server, run_id, "cmd")[-3:]
-    assert "effectKeyConflict" in (settled["run"]["errorCode"], settled["run"]["parkReason"]), settled["run"]
+    ours = settled["piworkflows"]
+    assert "effectKeyConflict" in (ours["errorCode"], ours["parkReason"]), ours
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]  # the changed request never ran
     assert effect_row(server, run_id)["status"] == "cancelled"  # the run ended: it never will
     assert not ledger.exists()

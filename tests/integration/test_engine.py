@@ -27,10 +27,10 @@ def test_a_ten_node_workflow_completes_with_its_output(server, project):
     write(project, "tenstep", TENSTEP)
     run_id = start(server, project, "tenstep")
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"kind": "final", "message": "sum=36"}
-    assert [s["nodePath"] for s in done["steps"]["items"]] == [f"n{i}" for i in range(9)] + ["done"]
-    assert all(s["status"] == "completed" for s in done["steps"]["items"])
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"kind": "final", "message": "sum=36"}
+    assert [s["nodeId"] for s in done["state"]["steps"]] == [f"n{i}" for i in range(9)] + ["done"]
+    assert all(s["status"] == "completed" for s in done["state"]["steps"])
     check_state(server.state_dir)
 
 
@@ -49,9 +49,9 @@ def test_failures_and_routing_errors_fail_the_run(server, project):
         '"b": compute(lambda ctx: 1)}, [switch("a", on="$.r", cases={"y": "b"})])\n',
     )
     boom = wait_status(server, start(server, project, "boom"), "completed", "failed")
-    assert boom["display"]["status"] == "failed" and "ZeroDivisionError" in boom["error"]
+    assert boom["display"]["status"] == "failed" and "ZeroDivisionError" in boom["state"].get("error")
     lost = wait_status(server, start(server, project, "lost"), "completed", "failed")
-    assert lost["display"]["status"] == "failed" and lost["run"]["errorCode"] == "routingError"
+    assert lost["display"]["status"] == "failed" and lost["piworkflows"]["errorCode"] == "routingError"
     check_state(server.state_dir)
 
 
@@ -65,7 +65,8 @@ def test_max_steps_fails_a_looping_run(server, project):
         "max_steps=5)\n",
     )
     done = wait_status(server, start(server, project, "loop"), "completed", "failed")
-    assert done["run"]["errorCode"] == "maxStepsExceeded" and len(done["steps"]["items"]) == 5
+    assert done["piworkflows"]["errorCode"] == "maxStepsExceeded"
+    assert done["stepTotal"] == len(done["state"]["steps"]) == 5
 
 
 def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path, project):
@@ -76,8 +77,8 @@ def test_server_stop_parks_a_running_run_and_the_next_start_finishes_it(tmp_path
     with serving(tmp_path / "s", env=SCHEDULER_TICK) as server:
         flag.write_text("go")
         done = wait_status(server, run_id, "completed", "failed")
-        assert done["display"]["status"] == "completed", done["error"]
-        nodes = [(s["nodePath"], s["status"]) for s in done["steps"]["items"]]
+        assert done["display"]["status"] == "completed", done["state"].get("error")
+        nodes = [(s["nodeId"], s["status"]) for s in done["state"]["steps"]]
         assert nodes == [("first", "completed"), ("wait", "interrupted"), ("wait", "completed"), ("last", "completed")]
 
 
@@ -92,8 +93,8 @@ def test_kill_9_of_the_supervisor_mid_run_resumes_without_repeating_finished_nod
         wait_until(lambda: gone(runner["pid"]), what="old runner gone")
         flag.write_text("go")
         done = wait_status(server, run_id, "completed", "failed")
-        assert done["display"]["status"] == "completed", done["error"]
-        firsts = [s for s in done["steps"]["items"] if s["nodePath"] == "first"]
+        assert done["display"]["status"] == "completed", done["state"].get("error")
+        firsts = [s for s in done["state"]["steps"] if s["nodeId"] == "first"]
         assert len(firsts) == 1  # a finished node is never executed again
 
 
@@ -109,9 +110,10 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
         write(project, "tenstep", TENSTEP + "\n# edited after the run started\n")
         flag.write_text("go")
         parked = wait_until(
-            lambda: (v := view(server, second))["run"]["parkReason"] == "workflowSourceChanged" and v, what="parked"
+            lambda: (v := view(server, second))["piworkflows"]["parkReason"] == "workflowSourceChanged" and v,
+            what="parked",
         )
-        assert parked["display"]["status"] == "queued" and parked["steps"]["items"] == []
+        assert parked["display"]["status"] == "queued" and parked["state"]["steps"] == []
         assert wait_status(server, first, "completed")["display"]["status"] == "completed"
     finally:
         server.stop()
@@ -136,8 +138,8 @@ def test_a_checkpoint_waits_without_runner_or_claim_and_one_answer_wins(server, 
     assert second.outcome == "conflict" and second.receipt["code"] == "winnerDecided"
     assert repeat.outcome == "conflict"
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["output"] == {"answered": True}
-    asks = [s for s in done["steps"]["items"] if s["nodePath"] == "ask"]
+    assert done["state"].get("finalOutput") == {"answered": True}
+    asks = [s for s in done["state"]["steps"] if s["nodeId"] == "ask"]
     assert len(asks) == 1 and asks[0]["status"] == "completed"  # answered checkpoints count once
     check_state(server.state_dir)
 
@@ -146,7 +148,7 @@ def test_the_cli_answers_a_checkpoint(server, project):
     run_id = start_waiting(server, project)
     result = server.cli("answer", run_id, "ask", '{"go": false}')
     assert result.returncode == 0, result.stderr
-    assert wait_status(server, run_id, "completed")["output"] == {"answered": False}
+    assert wait_status(server, run_id, "completed")["state"]["finalOutput"] == {"answered": False}
     again = server.cli("answer", run_id, "ask", '{"go": true}')
     assert again.returncode == 1 and "winnerDecided" in again.stderr
 
@@ -188,7 +190,7 @@ def test_cancel_wins_over_a_running_node_and_stops_its_runner(tmp_path, project)
         wait_until(lambda: gone(runner["pid"]), what="runner group stopped")
         done = view(server, run_id)
         assert done["display"]["status"] == "cancelled"
-        assert [s["status"] for s in done["steps"]["items"]] == ["completed", "cancelled"]
+        assert [s["status"] for s in done["state"]["steps"]] == ["completed", "cancelled"]
 
 
 # The blocking node ignores SIGTERM first, as workflow code may.

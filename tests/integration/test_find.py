@@ -243,7 +243,7 @@ def test_workflow_show_prints_the_graph_and_json_the_definition_snapshot(user_se
     (receipt,) = json_lines(user_server.cli("workflow", "show", "builtin:demo", "--project", str(project), "--json"))
     with user_server.client() as client:
         started = client.request("run.start", {"projectPath": str(project), "workflowName": "builtin:demo"})
-        graph = client.request("run.status", {}, run_id=started.receipt["runId"]).receipt["graph"]
+        graph = client.request("run.status", {}, run_id=started.receipt["runId"]).receipt["workflow"]
     assert receipt["definitionDigest"] == started.receipt["definitionDigest"]  # the definition run start stores
     snapshot = receipt["snapshot"]
     assert snapshot["schema"] == "pi-workflows.definition-snapshot.v1"

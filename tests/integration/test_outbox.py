@@ -122,7 +122,7 @@ def test_a_flaky_server_is_retried_under_the_same_key_until_it_answers(ledger, s
     http_workflow(project, "flaky")
     run_id = start(server, project, "flaky", {"url": ledger.url + "/flaky"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
 
     effect = effect_row(server, run_id)
     key = effect["key"]
@@ -132,7 +132,7 @@ def test_a_flaky_server_is_retried_under_the_same_key_until_it_answers(ledger, s
         3,
         None,
     )
-    call = done["output"]["call"]
+    call = done["state"]["finalOutput"]["call"]
     assert (call["status"], call["body"]) == (200, {"ok": True, "key": key, "n": 3})
     assert call["headers"]["content-type"] == "application/json"
     # Three requests reached the outside world, all under the effect's key, with the same body.
@@ -165,9 +165,9 @@ def test_a_4xx_answer_rejects_the_effect_and_fails_the_run(ledger, server, proje
     run_id = start(server, project, "missing", {"url": ledger.url + "/missing"})
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert done["run"]["errorCode"] == "httpClientError"
-    assert "404" in done["error"]
-    assert [(s["nodePath"], s["status"], s["errorCode"]) for s in done["steps"]["items"]] == [
+    assert done["piworkflows"]["errorCode"] == "httpClientError"
+    assert "404" in done["state"].get("error")
+    assert [(s["nodeId"], s["status"], s["errorCode"]) for s in done["state"]["steps"]] == [
         ("call", "failed", "httpClientError")
     ]
     effect = effect_row(server, run_id)
@@ -205,7 +205,7 @@ def test_a_manual_effect_answered_5xx_is_rejected_without_a_retry(ledger, server
     run_id = start(server, project, "once", {"url": ledger.url + "/once"})
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert "500" in done["error"]
+    assert "500" in done["state"].get("error")
     effect = effect_row(server, run_id)
     assert (effect["status"], effect["policy"], effect["attempts"], effect["errorCode"]) == (
         "rejected",
@@ -253,8 +253,8 @@ def test_a_manual_request_without_an_answer_parks_the_run_until_confirmed(ledger
     assert confirmed.outcome == "accepted", confirmed
     assert confirmed.receipt == {"effectId": effect["effectId"], "effectStatus": "applied"}
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"call": evidence}  # the confirmed output is the node's output
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"call": evidence}  # the confirmed output is the node's output
 
     again = request(server, "effect.confirm", payload, idempotency_key="confirm-1")
     assert again.outcome == "adopted" and again.receipt == confirmed.receipt, again
@@ -280,9 +280,9 @@ def test_an_operator_retry_of_an_ambiguous_request_sends_it_again_under_the_same
     assert again.outcome == "adopted" and again.receipt == retried.receipt
 
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"]["call"]["status"] == 200
-    assert done["output"]["call"]["body"] == {"ok": True, "key": effect["key"], "n": 2}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"]["finalOutput"]["call"]["status"] == 200
+    assert done["state"]["finalOutput"]["call"]["body"] == {"ok": True, "key": effect["key"], "n": 2}
     assert ledger.keys() == [effect["key"]] * 2
     assert [(a["n"], a["status"]) for a in attempt_rows(server, run_id)] == [(1, "ambiguous"), (2, "applied")]
     assert effect_row(server, run_id)["status"] == "applied"
@@ -304,9 +304,9 @@ def test_kill_9_of_the_worker_retries_an_idempotent_request_under_the_same_key(l
 
     os.kill(worker, signal.SIGKILL)
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     effect = effect_row(server, run_id)
-    assert done["output"]["call"]["body"] == {"ok": True, "key": effect["key"], "n": 2}
+    assert done["state"]["finalOutput"]["call"]["body"] == {"ok": True, "key": effect["key"], "n": 2}
     attempts = attempt_rows(server, run_id)
     assert [(a["n"], a["status"], a["errorCode"]) for a in attempts] == [
         (1, "ambiguous", "uncertainAttempt"),
@@ -353,7 +353,7 @@ def test_a_secret_header_reaches_the_server_and_never_the_state(ledger, server, 
     http_workflow(project, "token", headers={"X-Token": {"secret": "TOKEN"}, "X-Plain": "visible"})
     run_id = start(server, project, "token", {"url": ledger.url + "/token"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     [sent] = ledger.requests
     assert sent["headers"]["x-token"] == secret and sent["headers"]["x-plain"] == "visible"
     assert sent["idempotencyKey"] == effect_row(server, run_id)["key"]
@@ -385,8 +385,8 @@ def test_a_secret_a_remote_echoes_back_is_stored_nowhere(ledger, server, project
     ok = start(server, project, "echoed", {"url": ledger.url + "/ok"})
     no = start(server, project, "echoed", {"url": ledger.url + "/no"})
     done = wait_status(server, ok, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    answer = done["output"]["call"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    answer = done["state"]["finalOutput"]["call"]
     assert answer["headers"]["x-echo-authorization"] == "[secret:TOKEN]"
     assert answer["body"]["headers"]["authorization"] == "[secret:TOKEN]"
     failed = wait_status(server, no, "completed", "failed")
@@ -431,7 +431,7 @@ def test_a_literal_authorization_header_from_a_lambda_fails_the_node_before_anyt
     run_id = start(server, project, "lambdaauth", {"url": ledger.url + "/auth"})
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "failed"
-    assert "Authorization" in done["error"]
+    assert "Authorization" in done["state"].get("error")
     assert query(server, "SELECT count(*) FROM effects WHERE run_id = ? AND effect_class = 'external'", run_id) == [
         (0,)
     ]
@@ -473,8 +473,8 @@ def test_cancel_while_a_request_hangs_makes_its_effect_ambiguous(ledger, server,
     run_id = cancel_hanging_request(server, ledger, project)
     other = start(server, project, "slow", {"url": ledger.url + "/fast"})  # the pool goes on serving
     done = finishes_soon(server, other, 20)
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"]["call"]["status"] == 200
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"]["finalOutput"]["call"]["status"] == 200
     assert len(requests_to(ledger, "/slow")) == 1 and len(requests_to(ledger, "/fast")) == 1
     stays(lambda: effect_row(server, run_id)["status"] == "ambiguous", 0.3, "the cancelled run's effect ambiguous")
 
@@ -484,7 +484,7 @@ def test_cancel_while_a_request_hangs_frees_the_only_worker(ledger, server, proj
     cancel_hanging_request(server, ledger, project)
     other = start(server, project, "slow", {"url": ledger.url + "/fast"})
     done = finishes_soon(server, other, 8)  # well before the hanging request's 30 s timeout
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     assert len(requests_to(ledger, "/fast")) == 1
 
 
@@ -528,8 +528,8 @@ def test_the_cli_lists_and_confirms_an_ambiguous_request(ledger, server, project
     assert confirmed.returncode == 0, confirmed.stderr
     assert "confirmed applied" in confirmed.stdout and "already" not in confirmed.stdout
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"call": {"ok": True}}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"call": {"ok": True}}
     assert server.cli("effects", "--json").stdout == ""  # nothing left to review
 
     usage = server.cli("effect", "confirm")

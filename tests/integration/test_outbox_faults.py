@@ -25,7 +25,7 @@ def test_an_idempotent_effect_whose_worker_died_before_sending_gets_exactly_one_
     http_workflow(project, "idem")
     run_id = start(server, project, "idem", {"url": ledger.url + "/idem"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]
     assert ledger.keys() == [effect_row(server, run_id)["key"]]  # sent once: by attempt 2
 
@@ -35,7 +35,7 @@ def test_an_idempotent_effect_whose_worker_died_after_sending_is_sent_again_unde
     http_workflow(project, "idem")
     run_id = start(server, project, "idem", {"url": ledger.url + "/idem"})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]
     key = effect_row(server, run_id)["key"]
     assert ledger.keys() == [key, key]  # the outside system dedups by the key
@@ -57,7 +57,7 @@ def test_a_manual_effect_whose_worker_died_before_sending_is_ambiguous_and_an_op
     again = request(server, "effect.retry", {"effectId": effect["effectId"]}, idempotency_key="retry-1")
     assert retried.outcome == "accepted" and again.outcome == "adopted", (retried, again)
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     assert effect_attempts(server, run_id) == [(1, "ambiguous"), (2, "applied")]
     assert ledger.keys() == [effect["key"]]
 
@@ -79,7 +79,7 @@ def test_a_manual_effect_whose_worker_died_after_sending_is_ambiguous_and_an_ope
     )
     assert confirmed.outcome == "accepted", confirmed
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
-    assert done["output"] == {"call": {"status": 200}}
+    assert done["display"]["status"] == "completed", done["state"].get("error")
+    assert done["state"].get("finalOutput") == {"call": {"status": 200}}
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]  # confirmed: no second attempt
     stays(lambda: len(ledger.keys()) == 1, 0.3, "one request only")

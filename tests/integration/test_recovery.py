@@ -153,7 +153,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         flag.write_text("go")
         for key in ("blocking-1", "blocking-2", "idem"):
             done = settled(server, runs[key], "completed", "failed", "ambiguous")
-            assert done["display"]["status"] == "completed", (key, done["error"])
+            assert done["display"]["status"] == "completed", (key, done["state"].get("error"))
         # The idempotent command ran again under the same key: attempt 2, one line in the ledger.
         assert query(
             state_dir,
@@ -181,7 +181,7 @@ def test_kill_9_of_the_supervisor_with_four_runs_in_flight(tmp_path: Path, proje
         with server.client() as client:
             answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"ok": 1}}, run_id=asking)
         assert answered.outcome == "accepted", answered
-        assert settled(server, asking, "completed")["output"] == {"answer": {"ok": 1}}
+        assert settled(server, asking, "completed")["state"]["finalOutput"] == {"answer": {"ok": 1}}
         no_output_twice(state_dir)
     finally:
         assert server.stop() == 0

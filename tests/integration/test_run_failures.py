@@ -76,14 +76,14 @@ def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, pr
     answered = server.cli("answer", run_id, "ask", '{"go": "maybe"}')
     assert answered.returncode == 0, answered.stderr
     failed = wait_status(server, run_id, "failed", "completed")
-    assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "routingError"
-    assert failed["error"] == "node 'ask': no case for $.go = maybe (cases: false, true)"
+    assert failed["display"]["status"] == "failed" and failed["piworkflows"]["errorCode"] == "routingError"
+    assert failed["state"].get("error") == "node 'ask': no case for $.go = maybe (cases: false, true)"
     assert failed["piworkflows"]["parkDetail"] is None
     status = server.cli("run", "status", run_id)
     assert status.returncode == 0 and "failed" in status.stdout and "routingError" in status.stdout
     assert "node 'ask': no case for $.go = maybe" in status.stdout
     # The answered checkpoint stays answered; nothing else ran.
-    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [
+    assert [(s["nodeId"], s["status"]) for s in failed["state"]["steps"]] == [
         ("prepare", "completed"),
         ("ask", "completed"),
     ]
@@ -96,7 +96,7 @@ def test_an_answer_to_the_last_node_completes_the_run_with_it(server, project):
     wait_status(server, run_id, "waiting")
     assert server.cli("answer", run_id, "ask", '{"note": "none"}').returncode == 0
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["output"] == {"note": "none"}
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"note": "none"}
     check_state(server.state_dir)
 
 
@@ -110,9 +110,9 @@ def test_a_module_that_fails_to_load_in_the_runner_fails_the_run_naming_the_file
     assert "error (loadFailed): the workflow module failed to load:" in result.stdout
     assert str(path) in result.stdout and ": RuntimeError: no runner may load me" in result.stdout
     failed = view(server, run_id)
-    assert failed["run"]["errorCode"] == "loadFailed" and failed["run"]["parkReason"] is None
-    assert f"{path}, line " in failed["error"]  # the file and the line, as run start reports a load error
-    assert failed["steps"]["items"] == []
+    assert failed["piworkflows"]["errorCode"] == "loadFailed" and failed["piworkflows"]["parkReason"] is None
+    assert f"{path}, line " in failed["state"].get("error")  # the file and the line, as run start reports a load error
+    assert failed["state"]["steps"] == []
     check_state(server.state_dir)
 
 
@@ -121,9 +121,11 @@ def test_an_include_input_that_raises_fails_the_run_naming_the_node(server, proj
     result = server.cli("run", "start", "parent", "--project", str(project), "--wait")
     assert result.returncode == 1, result.stdout + result.stderr
     failed = view(server, result.stdout.splitlines()[0])
-    assert failed["display"]["status"] == "failed" and failed["run"]["errorCode"] == "inputFailed"
-    assert failed["error"] == "node 'sub/c1': the input function of include 'sub' failed: KeyError: 'missing'"
-    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [
+    assert failed["display"]["status"] == "failed" and failed["piworkflows"]["errorCode"] == "inputFailed"
+    assert (
+        failed["state"].get("error") == "node 'sub/c1': the input function of include 'sub' failed: KeyError: 'missing'"
+    )
+    assert [(s["nodeId"], s["status"]) for s in failed["state"]["steps"]] == [
         ("prep", "completed"),
         ("sub/c1", "failed"),
     ]
@@ -135,8 +137,8 @@ def test_a_checkpoint_whose_summary_raises_fails_the_node_and_follows_its_outcom
     result = server.cli("run", "start", "asks", "--project", str(project), "--wait")
     assert result.returncode == 0 and " completed" in result.stdout, result.stdout + result.stderr
     done = view(server, result.stdout.splitlines()[0])
-    assert done["output"] == {"asked": False}
-    assert [(s["nodePath"], s["status"]) for s in done["steps"]["items"]] == [("ask", "failed"), ("sorry", "completed")]
+    assert done["state"].get("finalOutput") == {"asked": False}
+    assert [(s["nodeId"], s["status"]) for s in done["state"]["steps"]] == [("ask", "failed"), ("sorry", "completed")]
 
 
 def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(server, project):
@@ -147,7 +149,7 @@ def test_a_runner_that_dies_before_progress_leaves_its_stderr_and_a_park_detail(
     )
     run_id = result.stdout.splitlines()[0]
     parked = wait_until(lambda: (v := view(server, run_id))["piworkflows"]["parkDetail"] and v, what="park detail")
-    assert parked["run"]["parkReason"] == "runnerNoProgress"
+    assert parked["piworkflows"]["parkReason"] == "runnerNoProgress"
     assert parked["piworkflows"]["parkDetail"] == "boom: ValueError('x')"
     status = server.cli("run", "status", run_id)
     assert "runner: boom: ValueError('x')" in status.stdout, status.stdout  # the detail, under the park reason
@@ -193,8 +195,8 @@ def test_a_failing_shell_check_fails_its_run_naming_the_node_and_exit_code(serve
     code, out, failed = _shell_check(server, project, {"command": "false"})
     assert code == 1 and " failed" in out, out
     assert "error (nonZeroExit): node 'check': the command failed (exit code 1)" in out
-    assert failed["run"]["errorCode"] == "nonZeroExit"
-    assert [(s["nodePath"], s["status"]) for s in failed["steps"]["items"]] == [("check", "failed")]
+    assert failed["piworkflows"]["errorCode"] == "nonZeroExit"
+    assert [(s["nodeId"], s["status"]) for s in failed["state"]["steps"]] == [("check", "failed")]
     check = {"command": "sh", "args": ["-c", "echo yes; echo no >&2; exit 3"]}
     code, out, failed = _shell_check(server, project, check)
     assert code == 1 and "error (nonZeroExit): node 'check': the command failed (exit code 3): no" in out, out
@@ -211,9 +213,9 @@ def test_a_failing_shell_check_fails_its_run_naming_the_node_and_exit_code(serve
     }
     code, out, failed = _shell_check(server, project, {"command": "/nonexistent/pi-workflows-no-such-binary"})
     assert code == 1 and "node 'check': the command failed (exit code 127)" in out, out
-    assert "pi-workflows-no-such-binary" in failed["error"]  # the shell's own complaint, from stderr
+    assert "pi-workflows-no-such-binary" in failed["state"].get("error")  # the shell's own complaint, from stderr
     code, out, passed = _shell_check(server, project, {"command": "sh", "args": ["-c", "echo fine"]})
     assert code == 0 and " completed" in out, out
-    assert passed["output"] == {"kind": "final", "message": "passed"}
-    assert [s["nodePath"] for s in passed["steps"]["items"]] == ["check", "report", "done"]
+    assert passed["state"].get("finalOutput") == {"kind": "final", "message": "passed"}
+    assert [s["nodeId"] for s in passed["state"]["steps"]] == ["check", "report", "done"]
     check_state(server.state_dir)

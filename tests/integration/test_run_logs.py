@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from piworkflows.isotime import epoch_ms
 from tests.engine_util import start, view, wait_status, write
 from tests.server_util import ServerProcess, query, wait_until
 
@@ -76,7 +77,7 @@ def run_talk(server: ServerProcess, project: Path, script: str) -> tuple[str, di
     write(project, "talk", TALK)
     run_id = start(server, project, "talk", {"script": script})
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed", done["error"]
+    assert done["display"]["status"] == "completed", done["state"].get("error")
     return run_id, done
 
 
@@ -96,7 +97,7 @@ def test_run_logs_prints_a_5_mb_stdout_completely_and_identically(server, projec
     expected = expected_output(BIG_SCRIPT)
     assert len(expected.stdout) > 5_000_000
     run_id, done = run_talk(server, project, BIG_SCRIPT)
-    assert len(done["output"]["stdout"]) == 100  # the node's output value stays bounded
+    assert len(done["state"]["finalOutput"]["stdout"]) == 100  # the node's output value stays bounded
 
     raw = server.cli("run", "logs", run_id, "--stdout", text=False)
     assert raw.returncode == 0, raw.stderr
@@ -113,7 +114,7 @@ def test_run_logs_prints_a_5_mb_stdout_completely_and_identically(server, projec
     assert shown.stdout[stdout_starts : stdout_starts + len(expected.stdout)] == expected.stdout
     after = shown.stdout[stdout_starts + len(expected.stdout) :].decode()
     assert after.startswith(f"-- stderr: {len(expected.stderr)} bytes --\n{expected.stderr.decode()}-- output --\n")
-    assert json.loads(after.split("-- output --\n")[1])["stdout"] == done["output"]["stdout"]
+    assert json.loads(after.split("-- output --\n")[1])["stdout"] == done["state"]["finalOutput"]["stdout"]
 
     (line,) = server.cli("run", "logs", run_id, "--json").stdout.splitlines()
     step = json.loads(line)
@@ -180,7 +181,7 @@ def test_follow_prints_each_step_as_it_finishes_and_exits_when_the_run_completes
         (flags / "one").touch()
         wait_until(lambda: follower.printed("== step 0: one (compute) visit 1 attempt 1: completed"), what="step one")
         assert not follower.printed("== step 1") and follower.proc.poll() is None  # two waits for its flag
-        assert view(server, run_id)["steps"]["items"][1]["status"] == "running"
+        assert view(server, run_id)["state"]["steps"][1]["status"] == "running"
 
         (flags / "two").touch()
         wait_until(lambda: follower.printed("== step 1: two (shell) visit 1 attempt 1: completed"), what="step two")
@@ -202,7 +203,7 @@ def test_prune_of_a_run_takes_its_stream_blobs_and_leaves_another_runs(server, p
     first, _ = run_talk(server, project, "print('the first run speaks')")
     first_streams = stream_digests(server, first)
     assert len(first_streams) == 1
-    finished = view(server, first)["run"]["finishedAt"]
+    finished = epoch_ms(view(server, first)["queue"]["finishedAt"])
     wait_until(lambda: time.time() * 1000 > finished + 1, what="a later millisecond")
     cutoff = datetime.datetime.fromtimestamp((finished + 1) / 1000, datetime.UTC).isoformat()
     second, _ = run_talk(server, project, "import sys; print('the second run speaks'); print('oops', file=sys.stderr)")

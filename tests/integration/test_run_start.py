@@ -202,7 +202,7 @@ def test_upstreams_workflow_source_set_is_checked_against_the_resolved_source(se
     assert "workflowSource.root" in other.error
     builtin = start(server, {"projectPath": str(project), "workflowName": "builtin:demo"})
     with server.client() as client:
-        source = client.request("run.status", {}, run_id=builtin.receipt["runId"]).receipt["source"]
+        source = client.request("run.status", {}, run_id=builtin.receipt["runId"]).receipt["state"]["workflowSource"]
     demo = {"projectPath": str(project), "workflowName": "builtin:demo"}
     root = {"kind": "builtin", "id": "demo", "revision": source["revision"]}  # upstream's id: no builtin: prefix
     assert start(server, {**demo, "workflowSource": {"root": root, "mounted": []}}).outcome == "accepted"

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from piworkflows.isotime import epoch_ms
 from tests.engine_util import BLOCKING, TENSTEP, start, start_waiting, view, wait_status, write
 from tests.server_util import ServerProcess, check_state
 
@@ -90,22 +91,23 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
     as_json = server.cli("run", "status", run_id, "--json")
     assert as_json.returncode == 0, as_json.stderr
     (story,) = json_lines(as_json.stdout)
-    steps = {step["nodePath"]: step for step in story["steps"]["items"]}
+    steps = {step["nodeId"]: step for step in story["state"]["steps"]}
     assert steps["say"]["output"]["stdout"] == "line-1\nline-2\n" and steps["say"]["output"]["stderr"] == "oops\n"
     assert steps["say"]["output"]["exitCode"] == 0 and steps["say"]["durationMs"] >= 0
-    assert steps["count"]["output"] == {"lines": 2} and steps["count"]["error"] is None
+    assert steps["count"]["output"] == {"lines": 2} and "error" not in steps["count"]
     assert steps["ask"]["request"] == {"summary": "2 lines: go on?", "details": {"lines": 2}}
     assert steps["ask"]["status"] == "waiting" and steps["ask"]["durationMs"] is None
-    assert story["run"]["durationMs"] is None
+    assert story["piworkflows"]["durationMs"] is None
     assert story["piworkflows"]["currentStep"] == steps["ask"]
-    assert story["piworkflows"]["ambiguousEffects"] == []
+    assert story["piworkflows"]["effects"] == []
 
     answer = printed_command(out, "answer it")
     answered = run([*answer[:-1], answer[-1].replace("JSON", '{"go": true}')], server)
     assert answered.returncode == 0, answered.stderr
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["output"] == {"go": True}
-    assert done["run"]["durationMs"] == done["run"]["finishedAt"] - done["run"]["startedAt"]
+    assert done["state"].get("finalOutput") == {"go": True}
+    finished, started = epoch_ms(done["queue"]["finishedAt"]), epoch_ms(done["queue"]["startedAt"])
+    assert done["piworkflows"]["durationMs"] == finished - started
     assert done["piworkflows"]["currentStep"] is None
     final = server.cli("run", "status", run_id).stdout
     assert 'answer: {"go":true}' in final and "answer it" not in final and "controls: -" in final
@@ -135,7 +137,7 @@ def test_an_ambiguous_effect_shows_its_id_and_the_commands_that_settle_it(server
     write(project, "nap", NAP)
     run_id = start(server, project, "nap")
     wait_status(server, run_id, "ambiguous")
-    (effect,) = view(server, run_id)["piworkflows"]["ambiguousEffects"]
+    (effect,) = view(server, run_id)["piworkflows"]["effects"]
     effect_id = effect["effectId"]
     assert effect == {"effectId": effect_id, "effectType": "test.nap", "nodePath": "nap", "visit": 1}
 
@@ -150,7 +152,7 @@ def test_an_ambiguous_effect_shows_its_id_and_the_commands_that_settle_it(server
     confirmed = run(printed_command(shown.stdout, "it acted"), server)
     assert confirmed.returncode == 0 and f"{effect_id} confirmed applied" in confirmed.stdout, confirmed.stderr
     done = wait_status(server, run_id, "completed", "failed")
-    assert done["display"]["status"] == "completed" and done["piworkflows"]["ambiguousEffects"] == []
+    assert done["display"]["status"] == "completed" and done["piworkflows"]["effects"] == []
     check_state(server.state_dir)
 
 
@@ -209,7 +211,7 @@ def test_run_watch_prints_step_lines_in_order_and_the_question(server, project):
     events = json_lines(finished.stdout)
     assert [e.get("event") for e in events[-4:-1]] == ["stepStarted", "stepFinished", "finished"]
     assert events[-2] == {"event": "finished", "runId": run_id, "status": "completed", "errorCode": None}
-    assert events[-1]["output"] == {"go": False}
+    assert events[-1]["state"]["finalOutput"] == {"go": False}
 
 
 def test_ctrl_c_while_watching_exits_130_and_the_run_goes_on(server, project, tmp_path):

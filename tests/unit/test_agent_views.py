@@ -175,7 +175,7 @@ def test_a_run_whose_agent_could_not_start_is_queued_with_the_recorded_cause(ste
         "controls": ["resume", "cancel"],
         "reason": "The agent could not start: " + cause,
     }
-    assert shown["run"]["parkReason"] == "agentNoProgress"
+    assert shown["piworkflows"]["parkReason"] == "agentNoProgress"
     consistent(executor)
 
 

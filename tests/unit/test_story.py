@@ -29,23 +29,23 @@ def test_blocks_wrap_within_80_columns_and_stop_after_a_few_lines():
 
 
 def step(index: int, status: str, kind: str = "compute") -> dict:
+    """A step item of the run view (upstream's step record and ours)."""
     done = status not in ("running", "waiting")
     return {
-        "stepIndex": index,
         "attemptId": f"attempt-{index}",
-        "nodePath": f"n{index}",
-        "nodeKind": kind,
+        "nodeId": f"n{index}",
+        "nodeType": kind,
         "visit": 1,
         "attempt": 1,
         "status": status,
         "outcome": "ok" if done else None,
-        "startedAt": 1000,
-        "finishedAt": 1005 if done else None,
+        "startedAt": "2026-01-01T00:00:01.000Z",
+        "finishedAt": "2026-01-01T00:00:01.005Z" if done else None,
         "durationMs": 5 if done else None,
         "errorCode": None,
+        "prompt": None,
         "output": None,
-        "error": None,
-        "request": {"summary": "go?"} if kind == "checkpoint" else None,
+        **({"request": {"summary": "go?"}} if kind == "checkpoint" else {}),
     }
 
 
@@ -56,13 +56,15 @@ def run_view(
     reason: str | None = None,
     park_reason: str | None = None,
 ) -> dict:
+    """The parts of a run view the follower reads."""
     current = next((s for s in steps if s["status"] in ("running", "waiting")), None)
     return {
         "runId": "run-1",
-        "run": {"errorCode": None, "parkReason": park_reason},
-        "steps": {"items": steps, "cursor": None},
+        "state": {"steps": steps},
+        "stepStart": 0,
+        "stepTotal": len(steps),
         "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
-        "piworkflows": {"currentStep": current, "ambiguousEffects": []},
+        "piworkflows": {"currentStep": current, "effects": [], "errorCode": None, "parkReason": park_reason},
     }
 
 
@@ -144,3 +146,10 @@ def test_a_transcript_entry_for_people():
     ]
     aborted = message("assistant", content=[], stopReason="error", errorMessage="rate limited")
     assert entry_lines(transcript_item(5, "assistant", aborted)) == ["#5 assistant -", "  (ended: rate limited)"]
+
+
+def test_times_are_read_as_views_and_log_pages_give_them():
+    """A view's times are ISO-8601 UTC; run.logs and run.transcript pages still give epoch ms."""
+    at = "2026-01-01T00:00:01.500Z"
+    assert story.epoch_ms(at) == story.epoch_ms(1_767_225_601_500) == 1_767_225_601_500
+    assert story.clock(at) == story.clock(1_767_225_601_500) and story.moment(None) == "-"

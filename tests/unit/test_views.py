@@ -8,12 +8,7 @@ import pytest
 
 from piworkflows import canonical
 from piworkflows.isotime import epoch_ms, iso
-from piworkflows.protocol import frames
-from piworkflows.protocol.internal.base import BlobValue
-from piworkflows.protocol.internal.writer import Reply
-from piworkflows.writer import records
 from piworkflows.writer.views.display import RunFacts, display
-from piworkflows.writer.views.runs import INLINE_VALUE_BYTES, PAGE_ROWS, STEP_VALUES_BYTES
 from tests.support import run_create, run_group, submitted
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,45 +137,6 @@ def read(executor, kind, body):
     return reply
 
 
-def test_run_view_of_a_queued_run(executor):
-    run_group(executor, run_create("run-1", input_value={"who": "view"}))
-    reply = read(executor, "run.get", {"run_id": "run-1"})
-    view = reply.receipt
-    assert reply.outcome == "accepted" and reply.revision == view["revision"] == 1
-    assert view["schema"] == "pi-workflows.run-view.v1" and view["runRevision"] == 1
-    assert view["run"]["status"] == "queued" and view["run"]["projectPath"] == "/projects/p1"
-    assert view["input"] == {"who": "view"}
-    assert view["source"] == {"kind": "builtin", "id": "builtin:demo", "revision": "2"}
-    assert view["steps"] == {"items": [], "cursor": None}
-    assert view["trace"]["items"][0]["event"] == "run.queued"
-    assert view["display"]["status"] == "queued"
-
-
-def test_a_live_claim_shows_running_but_a_stale_one_does_not(executor, clock):
-    run_group(executor, run_create("run-1"))
-    conn = executor.conn
-    conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'owner', zeroblob(32), 0, 0, ?)", (clock.now_ms() + 1000,))
-    conn.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-1'")
-    conn.execute(
-        "INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
-        "created_at) VALUES ('run-1', 1, 1, 'start', 1, 0)"
-    )
-    assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "running"
-    clock.advance(1000)  # the claim expired: a stale owner is not shown as current
-    assert read(executor, "run.get", {"run_id": "run-1"}).receipt["display"]["status"] == "queued"
-
-
-def test_large_inputs_are_not_inlined(executor):
-    run_group(executor, run_create("run-1", input_value={"big": "x" * 70_000}))
-    view = read(executor, "run.get", {"run_id": "run-1"}).receipt
-    assert view["input"]["omitted"]["byteLength"] > 64 * 1024
-
-
-def test_unknown_run(executor):
-    reply = read(executor, "run.get", {"run_id": "nope"})
-    assert reply.outcome == "notFound" and reply.receipt == {"code": "runNotFound", "runId": "nope"}
-
-
 def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
     for n in range(5):
         clock.advance(1)
@@ -233,80 +189,6 @@ def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
     }
     assert item["live"] is False and item["possiblyInterrupted"] is False
     assert "input" not in item  # metadata only, never payload bodies
-
-
-def add_step(
-    conn,
-    index: int,
-    kind: str = "compute",
-    status: str = "completed",
-    output=None,
-    error: str | None = None,
-    request=None,
-) -> None:
-    """A step of run-1 as the runner's transitions leave it: started at 1000 + index, finished 5 ms later."""
-    blobs = [None if value is None else BlobValue.of_json(value) for value in (output, request)]
-    error_blob = None if error is None else BlobValue.of_text(error)
-    for blob in (*blobs, error_blob):
-        if blob is not None:
-            records.put_blob(conn, blob, 0)
-    active = status in ("running", "waiting")
-    conn.execute(
-        "INSERT INTO node_attempts (attempt_id, run_id, node_path, node_kind, visit_number, attempt_number, "
-        "attempt_status, outcome, lease_generation, output_digest, error_digest, receipt_digest, started_at, "
-        "finished_at) VALUES (?, 'run-1', ?, ?, 1, 1, ?, ?, 1, ?, ?, ?, ?, ?)",
-        (
-            f"attempt-{index}",
-            f"n{index}",
-            kind,
-            status,
-            None if active else ("ok" if error is None else "failed"),
-            *(blob.digest if blob else None for blob in (blobs[0], error_blob, blobs[1])),
-            1000 + index,
-            None if active else 1005 + index,
-        ),
-    )
-    conn.execute(
-        "INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES ('run-1', ?, ?)", (index, f"attempt-{index}")
-    )
-
-
-def test_steps_carry_their_values_and_durations(executor):
-    run_group(executor, run_create("run-1"))
-    add_step(executor.conn, 0, output={"big": "x" * (INLINE_VALUE_BYTES + 1)})
-    add_step(executor.conn, 1, error="ValueError: no")
-    add_step(executor.conn, 2, kind="checkpoint", status="waiting", request={"summary": "go on?"})
-    view = read(executor, "run.get", {"run_id": "run-1"}).receipt
-    big, failed, waiting = view["steps"]["items"]
-    assert big["output"]["omitted"]["byteLength"] > INLINE_VALUE_BYTES and big["durationMs"] == 5
-    assert (failed["output"], failed["error"], failed["request"]) == (None, "ValueError: no", None)
-    assert waiting["request"] == {"summary": "go on?"} and waiting["durationMs"] is None
-    assert view["piworkflows"] == {"currentStep": waiting, "ambiguousEffects": [], "parkDetail": None, "pending": None}
-    assert view["run"]["durationMs"] is None
-
-
-def test_step_values_stay_within_one_frame_newest_first_and_the_active_step_past_the_page(executor):
-    """256 steps of 60 KB outputs: the newest inline while the budget lasts, the older by size and
-    digest; the waiting checkpoint past the page is still the view's current step."""
-    run_group(executor, run_create("run-1"))
-    for index in range(PAGE_ROWS):
-        add_step(executor.conn, index, output={"n": index, "text": "y" * 60_000})
-    add_step(executor.conn, PAGE_ROWS, kind="checkpoint", status="waiting", request={"summary": "go on?"})
-    view = read(executor, "run.get", {"run_id": "run-1"}).receipt
-    frames.encode(Reply.kind, 1, {"receipt": view})  # one reply frame holds it
-    items = view["steps"]["items"]
-    assert len(items) == PAGE_ROWS and view["steps"]["cursor"] == PAGE_ROWS - 1
-    inline = [item["stepIndex"] for item in items if "omitted" not in item["output"]]
-    assert inline == list(range(PAGE_ROWS - len(inline), PAGE_ROWS))  # the newest ones
-    assert 0 < len(inline) * 60_000 <= STEP_VALUES_BYTES
-    assert items[-1]["output"] == {"n": PAGE_ROWS - 1, "text": "y" * 60_000}
-    assert items[0]["output"]["omitted"]["digest"].startswith("sha256:")
-    current = view["piworkflows"]["currentStep"]
-    assert (current["stepIndex"], current["status"], current["request"]) == (
-        PAGE_ROWS,
-        "waiting",
-        {"summary": "go on?"},
-    )
 
 
 def _plant(executor, clock, count: int, start: int = 0) -> list[str]:

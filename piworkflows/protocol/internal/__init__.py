@@ -47,7 +47,7 @@ from piworkflows.protocol.internal.effects import (
     EffectRetry,
     EffectSettle,
 )
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript, ViewContent
 from piworkflows.protocol.internal.nodes import (
     CheckpointAnswer,
     NodeEffectReserve,
@@ -143,6 +143,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunLogs,
         RunTranscript,
         RunContentRead,
+        ViewContent,
         # agents
         NodeRequestAgent,
         AgentClaimable,

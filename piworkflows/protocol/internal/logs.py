@@ -43,3 +43,13 @@ class RunContentRead(ReadCommand):
     media_type: MediaType
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=MAX_BLOB_READ_BYTES, ge=1, le=MAX_BLOB_READ_BYTES)
+
+
+class ViewContent(ReadCommand):
+    """``view.content``: a verified chunk of the content a run view's reference names by its path
+    (writer/views/content.py)."""
+
+    kind: ClassVar[str] = "view.content"
+    run_id: Id
+    path: str = Field(min_length=1, max_length=128)
+    offset: int = Field(default=0, ge=0)

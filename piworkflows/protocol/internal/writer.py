@@ -7,6 +7,7 @@ records and health.
     writer ── reply Reply ──> supervisor                     (each command's answer, after its commit)
     writer ── log LogRecord ──> supervisor                   (written to the server log)
     writer ── health WriterHealth ──> supervisor             (its ability to commit changed)
+    writer ── viewer.advanced ViewerAdvanced ──> supervisor  (run views a commit changed, after it)
 
 ``Reply`` is also the body of every ``reply`` frame a supervisor sends a child
 (a runner's or an outbox worker's request, relayed or answered).
@@ -69,3 +70,11 @@ class LogRecord(Frame):
     kind: ClassVar[str] = "log"
     level: int
     message: str = Field(max_length=4096)
+
+
+class ViewerAdvanced(Frame):
+    """Runs whose views the last commits changed (created, advanced or deleted), sent after the
+    commit (writer/viewer_notify.py); the supervisor refreshes their watchers."""
+
+    kind: ClassVar[str] = "viewer.advanced"
+    runs: list[str]

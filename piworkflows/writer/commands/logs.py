@@ -1,13 +1,14 @@
 """Run logs (``run.logs``): a run's steps page by page, and the values linked to the run, in parts;
-its captured Pi conversation (``run.transcript``), entry by entry."""
+its captured Pi conversation (``run.transcript``), entry by entry; a run view's content references
+(``view.content``), chunk by chunk."""
 
 from __future__ import annotations
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript
+from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript, ViewContent
 from piworkflows.writer.contract import Handler, Result, Tx
+from piworkflows.writer.views import content, transcript
 from piworkflows.writer.views import logs as views
-from piworkflows.writer.views import transcript
 
 READERS = frozenset({"server", "client", "operator"})
 
@@ -49,4 +50,15 @@ class ReadRunContent(Handler[RunContentRead]):
         )
 
 
-HANDLERS = (ReadRunLogs(), ReadRunTranscript(), ReadRunContent())
+class ReadViewContent(Handler[ViewContent]):
+    """A chunk of the content at a reference's path, when the run owns it."""
+
+    model = ViewContent
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ViewContent) -> Result:
+        return Result(receipt=content.chunk(tx.conn, cmd.run_id, cmd.path, cmd.offset))
+
+
+HANDLERS = (ReadRunLogs(), ReadRunTranscript(), ReadRunContent(), ReadViewContent())

@@ -11,6 +11,7 @@ from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
+from piworkflows.writer.views import run_view
 from piworkflows.writer.views import runs as views
 
 
@@ -143,7 +144,7 @@ class GetRun(Handler[RunGet]):
     read_only = True
 
     def execute(self, tx: Tx, cmd: RunGet) -> Result:
-        view = views.run_view(tx.conn, tx.now, cmd.run_id)
+        view = run_view.run_view(tx.conn, tx.now, cmd.run_id)
         if view is None:
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
         return Result(revision=view["revision"], receipt=view)

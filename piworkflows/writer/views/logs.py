@@ -9,9 +9,9 @@
       keptBytes, seenBytes), on the latest attempt of the node visit (the one that adopted it)
       a page: at most ``limit`` steps and about PAGE_BYTES; ``cursor`` is the next ``after``
     run.content {run, digest, media type, offset, limit}
-      the run_view_content link of exactly these three, or a settled Pi entry of the run (its
-      text, session_entries), else contentNotFound; at most 256 KiB,
-      read through SQLite's incremental blob I/O (a part never loads the whole value)
+      a value the run owns with exactly this digest and media type (writer/views/content.py's
+      rule, view.content's too), else contentNotFound; at most 256 KiB, read through SQLite's
+      incremental blob I/O (a part never loads the whole value)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.writer import records
+from piworkflows.writer.views import content
 
 # The views' readers and bound: one form of an inline (or omitted) value in every view.
 from piworkflows.writer.views.values import INLINE_VALUE_BYTES
@@ -127,28 +128,18 @@ def _streams(conn: sqlite3.Connection, effect_id: str | None) -> dict[str, Any] 
 def read_content(
     conn: sqlite3.Connection, run_id: str, digest: bytes, media_type: str, offset: int, limit: int
 ) -> dict[str, Any]:
-    """At most ``limit`` bytes from ``offset`` of a value linked to the run with this media type, or
-    of a settled Pi entry of the run (a text blob that ``session_entries`` names for it)."""
-    row = conn.execute(
-        "SELECT b.rowid, b.byte_length FROM blobs b WHERE b.digest = :digest AND b.media_type = :media AND ("
-        "EXISTS (SELECT 1 FROM run_view_content l WHERE l.run_id = :run AND l.digest = :digest "
-        "AND l.media_type = :media) "
-        "OR EXISTS (SELECT 1 FROM session_entries e WHERE e.content_digest = :digest AND e.run_id = :run))",
-        {"run": run_id, "digest": digest, "media": media_type},
-    ).fetchone()
-    if row is None:
+    """At most ``limit`` bytes from ``offset`` of a value the run owns with this media type
+    (writer/views/content.py, the ownership rule ``view.content`` follows too)."""
+    found = content.owned_blob(conn, run_id, digest, media_type)
+    if found is None:
         raise CommandError(
             "contentNotFound",
             "the run has no content with this digest and media type",
             runId=run_id,
             digest="sha256:" + digest.hex(),
         )
-    rowid, byte_length = row
-    data = b""
-    if offset < byte_length:
-        with conn.blobopen("blobs", "bytes", rowid, readonly=True) as blob:
-            blob.seek(offset)
-            data = blob.read(limit)
+    rowid, byte_length = found
+    data = content.read(conn, rowid, offset, min(limit, byte_length - offset))
     return {
         "digest": "sha256:" + digest.hex(),
         "mediaType": media_type,

@@ -1,17 +1,9 @@
-"""Run lists and run views: bounded reads derived from rows, never repaired.
+"""Run lists: ``pi-workflows.run-list-page.v1`` pages, bounded reads derived from rows, never repaired.
 
-A run-list page (``pi-workflows.run-list-page.v1``) reads metadata, status,
-lease facts and presentation revisions, never an input, output or step value
-(its display reads bounded prefixes of small blobs: an agent request's
-contract kind, a park cause, a terminal error). A run view (``pi-workflows.run-view.v1``)
-adds the graph, the input (JSON reader, bounded), steps and compact trace
-events (at most 256 rows each, with a cursor), and the display object.
-Each step carries its own values (output, error text, a checkpoint's
-request): each at most ``INLINE_VALUE_BYTES`` and all of one view together
-at most ``STEP_VALUES_BYTES``, newest step first; the rest only by size and
-digest, so one view fits one reply frame. What upstream's view does not have
-stays under ``piworkflows`` (the active step, the run's ambiguous effects, a park detail, the
-pending agent step: writer/views/pending.py).
+A page reads metadata, status, lease facts and presentation revisions, never an input, output or
+step value (its display reads bounded prefixes of small blobs: an agent request's contract kind, a
+park cause, a terminal error). The facts behind a display (``FACTS``, ``run_facts``), the manifest
+and the source object are shared with the run view (writer/views/run_view.py).
 """
 
 from __future__ import annotations
@@ -21,20 +13,8 @@ import sqlite3
 from typing import Any
 
 from piworkflows.isotime import iso, iso_or_none
-from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
-from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
-from piworkflows.writer import records
 from piworkflows.writer.views.display import REASON_BYTES, RunFacts, display
-from piworkflows.writer.views.pending import pending_view
-from piworkflows.writer.views.values import INLINE_VALUE_BYTES
-from piworkflows.writer.views.values import omitted as _omitted
-from piworkflows.writer.views.values import read_json as _read_json
-from piworkflows.writer.views.values import read_text as _read_text
 
-PAGE_ROWS = 256
-# The step values of one view together: with the input, output, error and 256 step and trace rows
-# beside them the view stays within one reply frame.
-STEP_VALUES_BYTES = MAX_FRAME_BYTES * 3 // 8
 RUN_VIEW_SCHEMA = "pi-workflows.run-view.v1"
 RUN_LIST_SCHEMA = "pi-workflows.run-list-page.v1"
 MANIFEST_SCHEMA = "pi-workflows.run-manifest.v1"
@@ -42,7 +22,7 @@ TRACE_SCHEMA = "pi-workflows.trace-event.v1"
 PAGE_BYTES = 256 * 1024  # a run-list page's items as compact JSON, at most (and 256 items)
 
 # The facts behind the display status, as correlated subqueries on indexed columns.
-_FACTS = """
+FACTS = """
     r.status, r.paused, r.park_reason,
     (SELECT count(*) FROM effects e WHERE e.run_id = r.run_id AND e.effect_status = 'ambiguous'),
     (SELECT a.node_kind FROM node_attempts a WHERE a.run_id = r.run_id AND a.attempt_status = 'waiting'),
@@ -67,7 +47,7 @@ _FACTS = """
 PARK_CAUSE_BYTES = 4096
 
 
-def _facts(row: tuple[Any, ...]) -> RunFacts:
+def run_facts(row: tuple[Any, ...]) -> RunFacts:
     status, paused, park_reason, ambiguous, waiting_for, live_runner, open_turn, expected, pending, cause, error = row
     return RunFacts(
         status,
@@ -161,7 +141,7 @@ def list_runs(
             SELECT r.run_id, r.workflow_name, r.title, r.execution_mode, r.origin_session_id, r.created_at,
                    r.updated_at, r.started_at, r.finished_at, v.presentation_revision, res.revision,
                    l.owner_id IS NOT NULL, l.expires_at, p.canonical_path, q.queue_status,
-                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {_FACTS}
+                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {FACTS}
             FROM page JOIN runs r ON r.run_id = page.run_id JOIN viewer_runs v ON v.run_id = r.run_id
             JOIN resources res ON res.resource_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
             JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
@@ -193,8 +173,8 @@ def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
     """A run-list item: upstream's summary fields, ours under ``piworkflows``."""
     (run_id, name, title, mode, session, created, updated, started, finished, revision, run_revision) = row[:11]
     claimed, expires, project, queue_status = row[11:15]
-    source = source_view(*row[15:20])
-    facts = _facts(row[20:])
+    source = workflow_source(*row[15:20])
+    facts = run_facts(row[20:])
     shown = display(facts)
     return {
         "runId": run_id,
@@ -248,216 +228,19 @@ def manifest(
 def source_view(
     kind: str, path: str | None, sha256: bytes | None, builtin_id: str | None, builtin_revision: str | None
 ) -> dict[str, Any]:
-    """A run's source identity as views show it (no source text)."""
+    """A run's source identity as the runner protocol carries it (no source text)."""
     if kind == "file":
         assert sha256 is not None
         return {"kind": "file", "path": path, "sha256": sha256.hex()}
     return {"kind": "builtin", "id": builtin_id, "revision": builtin_revision}
 
 
-def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        f"""SELECT r.workflow_name, r.title, p.canonical_path, r.execution_mode, r.origin_session_id, r.max_steps,
-                   r.lineage, r.parent_run_id, r.restart_number, r.created_at, r.started_at, r.finished_at,
-                   r.error_code, r.definition_digest, r.input_digest, r.output_digest, r.error_digest,
-                   v.presentation_revision, res.revision,
-                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {_FACTS}
-            FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
-            JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
-            WHERE r.run_id = :run_id""",
-        {"run_id": run_id, "now": now, "cause_bytes": PARK_CAUSE_BYTES, "reason_bytes": REASON_BYTES},
-    ).fetchone()
-    if row is None:
-        return None
-    (
-        name,
-        title,
-        project,
-        mode,
-        session,
-        max_steps,
-        lineage,
-        parent,
-        restart_number,
-        created,
-        started,
-        finished,
-        error_code,
-        definition_digest,
-        input_digest,
-        output_digest,
-        error_digest,
-        revision,
-        run_revision,
-        kind,
-        path,
-        sha256,
-        builtin_id,
-        builtin_revision,
-    ) = row[:24]
-    facts = _facts(row[24:])
-    snapshot = _read_json(conn, definition_digest, limit=None)
-    source = source_view(kind, path, sha256, builtin_id, builtin_revision)
-    return {
-        "schema": RUN_VIEW_SCHEMA,
-        "runId": run_id,
-        "revision": revision,
-        "runRevision": run_revision,
-        "run": {
-            "workflowName": name,
-            "title": title,
-            "projectPath": project,
-            "status": facts.status,
-            "paused": facts.paused,
-            "parkReason": facts.park_reason,
-            "executionMode": mode,
-            "originSessionId": session,
-            "maxSteps": max_steps,
-            "lineage": lineage,
-            "parentRunId": parent,
-            "restartNumber": restart_number,
-            "createdAt": created,
-            "startedAt": started,
-            "finishedAt": finished,
-            "durationMs": _duration(started, finished),
-            "errorCode": error_code,
-        },
-        "source": source,
-        "definitionDigest": "sha256:" + definition_digest.hex(),
-        "graph": {"startAt": snapshot["startAt"], "nodes": snapshot["nodes"], "edges": snapshot["edges"]},
-        "input": _read_json(conn, input_digest, limit=INLINE_VALUE_BYTES),
-        "output": _read_json(conn, output_digest, limit=INLINE_VALUE_BYTES) if output_digest else None,
-        "error": _read_text(conn, error_digest, limit=INLINE_VALUE_BYTES) if error_digest else None,
-        "steps": _steps(conn, run_id),
-        "trace": _trace(conn, run_id),
-        "display": display(facts),
-        "piworkflows": {
-            "currentStep": _current_step(conn, run_id),
-            "ambiguousEffects": _ambiguous_effects(conn, run_id),
-            "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
-            "pending": pending_view(conn, run_id),
-        },
-    }
-
-
-def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
-    """What the runner that parked the run left (its last stderr line), from the latest runner exit."""
-    row = conn.execute(
-        "SELECT payload_digest FROM events WHERE resource_id = ? AND event_type = 'runner.exited' "
-        "ORDER BY resource_revision DESC LIMIT 1",
-        (run_id,),
-    ).fetchone()
-    return _read_text(conn, row[0], limit=MAX_PARK_DETAIL_BYTES) if row and row[0] else None
-
-
-def _duration(started: int | None, finished: int | None) -> int | None:
-    return finished - started if started is not None and finished is not None else None
-
-
-class _StepValues:
-    """Reads step values while the view's budget lasts; a value it cannot afford is only its size and digest.
-
-    Sizes come from the blobs rows (``byte_length``), so nothing beyond the budget is read.
-    """
-
-    def __init__(self, conn: sqlite3.Connection, budget: int) -> None:
-        self.conn, self.left = conn, budget
-
-    def _afford(self, cost: int) -> bool:
-        if cost > self.left:
-            return False
-        self.left -= cost
-        return True
-
-    def json(self, digest: bytes | None, length: int | None) -> Any:
-        if digest is None or length is None:
-            return None
-        if length > INLINE_VALUE_BYTES or not self._afford(length):
-            return _omitted(length, digest)
-        return _read_json(self.conn, digest, limit=None)
-
-    def text(self, digest: bytes | None, length: int | None) -> Any:
-        """Error text, cut at INLINE_VALUE_BYTES."""
-        if digest is None or length is None:
-            return None
-        if not self._afford(min(length, INLINE_VALUE_BYTES)):
-            return _omitted(length, digest)
-        return _read_text(self.conn, digest, INLINE_VALUE_BYTES)
-
-
-# A step row with its values' digests and stored sizes (a LEFT JOIN to blobs each: no bytes read).
-_STEP_SELECT = """
-    SELECT s.step_index, a.attempt_id, a.node_path, a.node_kind, a.visit_number, a.attempt_number,
-           a.attempt_status, a.outcome, a.started_at, a.finished_at, a.error_code,
-           a.output_digest, o.byte_length, a.error_digest, e.byte_length, a.receipt_digest, q.byte_length
-    FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
-    LEFT JOIN blobs o ON o.digest = a.output_digest LEFT JOIN blobs e ON e.digest = a.error_digest
-    LEFT JOIN blobs q ON q.digest = a.receipt_digest
-"""
-_STEP_KEYS = (
-    "stepIndex",
-    "attemptId",
-    "nodePath",
-    "nodeKind",
-    "visit",
-    "attempt",
-    "status",
-    "outcome",
-    "startedAt",
-    "finishedAt",
-    "errorCode",
-)
-
-
-def _step(row: tuple[Any, ...], values: _StepValues) -> dict[str, Any]:
-    """One step item: its row's facts, its duration once finished, and its values (the request of a
-    checkpoint first: it is what a waiting run needs answered)."""
-    item = dict(zip(_STEP_KEYS, row[:11], strict=True))
-    output, output_length, error, error_length, request, request_length = row[11:]
-    item["durationMs"] = _duration(item["startedAt"], item["finishedAt"])
-    item["request"] = values.json(request, request_length) if item["nodeKind"] == "checkpoint" else None
-    item["error"] = values.text(error, error_length)
-    item["output"] = values.json(output, output_length)
-    return item
-
-
-def _steps(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    rows = conn.execute(
-        f"{_STEP_SELECT} WHERE s.run_id = ? ORDER BY s.step_index LIMIT ?", (run_id, PAGE_ROWS + 1)
-    ).fetchall()
-    values = _StepValues(conn, STEP_VALUES_BYTES)
-    items = [_step(row, values) for row in reversed(rows[:PAGE_ROWS])][::-1]  # the newest step's values first
-    return {"items": items, "cursor": items[-1]["stepIndex"] if len(rows) > PAGE_ROWS else None}
-
-
-def _current_step(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
-    """The run's active step (running, or a checkpoint waiting with its request), also past the steps' page."""
-    row = conn.execute(
-        f"{_STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')", (run_id,)
-    ).fetchone()
-    return None if row is None else _step(row, _StepValues(conn, INLINE_VALUE_BYTES))
-
-
-def _ambiguous_effects(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
-    """The run's effects waiting for an operator's review, each with the node visit it was reserved for."""
-    rows = conn.execute(
-        "SELECT effect_id, effect_type, owner_scope, idempotency_key FROM effects "
-        "WHERE run_id = ? AND effect_status = 'ambiguous' ORDER BY created_at, effect_id LIMIT ?",
-        (run_id, PAGE_ROWS),
-    ).fetchall()
-    items = []
-    for effect_id, effect_type, scope, key in rows:
-        node_path, visit = records.effect_node(scope, key)
-        items.append({"effectId": effect_id, "effectType": effect_type, "nodePath": node_path, "visit": visit})
-    return items
-
-
-def _trace(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    """Compact events: type, revision, actor class and time; never payloads."""
-    rows = conn.execute(
-        "SELECT resource_revision, event_type, actor_class, committed_at FROM events WHERE resource_id = ? "
-        "ORDER BY resource_revision LIMIT ?",
-        (run_id, PAGE_ROWS + 1),
-    ).fetchall()
-    items = [{"revision": r, "event": t, "actor": a, "at": at} for r, t, a, at in rows[:PAGE_ROWS]]
-    return {"items": items, "cursor": items[-1]["revision"] if len(rows) > PAGE_ROWS else None}
+def workflow_source(
+    kind: str, path: str | None, sha256: bytes | None, builtin_id: str | None, builtin_revision: str | None
+) -> dict[str, Any]:
+    """A run's source as upstream's views name it (``WorkflowSource``): a file by path and hash, or a
+    built-in by id and revision."""
+    if kind == "file":
+        assert sha256 is not None
+        return {"kind": "file", "path": path, "hash": "sha256:" + sha256.hex()}
+    return {"kind": "builtin", "id": builtin_id, "revision": builtin_revision}

@@ -1,0 +1,153 @@
+"""Live views over real sockets: view.run.watch snapshots, view.runs.watch pages, unwatch, a slow
+reader that is caught up with a fresh snapshot, and the client's RunWatch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+
+import pytest
+
+from piworkflows.protocol import client_v1
+from piworkflows.views.watch import RunsWatch, RunWatch, WatchEnded
+from tests.engine_util import CHECKPOINT, TENSTEP, start, wait_status, write
+from tests.server_util import ServerProcess, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+
+
+class Raw:
+    """A client connection read by hand: requests sent, every message kept in order."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(server.state_dir / "host" / "host.sock"))
+        self.file = self.sock.makefile("rb")
+        assert json.loads(self.file.readline())["type"] == "hello"
+
+    def send(self, operation: str, payload: dict, run_id: str | None = None) -> str:
+        request_id = "req-" + uuid.uuid4().hex
+        request = client_v1.Request(
+            requestId=request_id,
+            clientId="raw-client",
+            operation=operation,
+            idempotencyKey="key-" + uuid.uuid4().hex,
+            payload=payload,
+            runId=run_id,
+        )
+        self.sock.sendall(client_v1.encode(request))
+        return request_id
+
+    def read(self) -> dict:
+        return json.loads(self.file.readline())
+
+    def until(self, predicate) -> list[dict]:
+        """Messages up to and including the first that ``predicate`` accepts."""
+        seen = []
+        while True:
+            seen.append(self.read())
+            if predicate(seen[-1]):
+                return seen
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def snapshots(messages: list[dict], subscription: str) -> list[dict]:
+    return [m for m in messages if m["type"] == "event" and m["subscriptionId"] == subscription]
+
+
+def test_a_watcher_gets_the_snapshot_then_one_after_each_change_in_order(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    raw = Raw(server)
+    request_id = raw.send("view.run.watch", {"subscriptionId": "mine"}, run_id)
+    first = raw.until(lambda m: m["type"] == "response")[-1]
+    assert first["outcome"] == "accepted" and first["receipt"]["subscribed"] is True
+    assert first["requestId"] == request_id and first["receipt"]["subscriptionId"] == "mine"
+    snapshot = raw.read()  # after the response
+    assert (snapshot["event"], snapshot["runId"], snapshot["subscriptionId"]) == ("run_snapshot", run_id, "mine")
+    assert snapshot["payload"]["revision"] == snapshot["revision"] == first["receipt"]["revision"]
+    assert snapshot["payload"]["display"]["status"] == "waiting"
+    with server.client() as client:
+        answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
+    assert answered.outcome == "accepted"
+    completed = raw.until(lambda m: m.get("payload", {}).get("display", {}).get("status") == "completed")
+    events = snapshots(completed, "mine")
+    revisions = [event["revision"] for event in events]
+    # in order and none twice (snapshots of changes made while one was read are coalesced)
+    assert revisions == sorted(set(revisions)) and revisions[0] > snapshot["revision"]
+    assert all(event["payload"]["runId"] == run_id for event in events)
+    raw.send("view.run.unwatch", {"subscriptionId": "mine"})
+    ended = raw.until(lambda m: m["type"] == "response")[-1]
+    assert ended["receipt"] == {"subscribed": False, "subscriptionId": "mine"}
+    raw.close()
+
+
+def test_watch_refusals_keep_the_connection(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    raw = Raw(server)
+    raw.send("view.run.watch", {}, "run-unknown")
+    unknown = raw.until(lambda m: m["type"] == "response")[-1]
+    assert (unknown["outcome"], unknown["receipt"]["code"]) == ("notFound", "runNotFound")
+    raw.send("view.run.watch", {"patches": True}, run_id)
+    patches = raw.until(lambda m: m["type"] == "response")[-1]
+    assert (patches["outcome"], patches["receipt"]["code"]) == ("rejected", "notAvailable")
+    raw.send("view.run.watch", {}, None)
+    no_run = raw.until(lambda m: m["type"] == "response")[-1]
+    assert (no_run["outcome"], no_run["receipt"]["code"]) == ("rejected", "validationFailed")
+    raw.send("view.run.watch", {"subscriptionId": "ok"}, run_id)  # still served
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    raw.close()
+
+
+def test_a_stalled_watcher_slows_no_one_and_ends_with_a_fresh_snapshot(server, project):
+    """A watcher that reads nothing while a run makes many commits: other clients and the run go
+    on; when it reads, it is caught up with the newest snapshot, never a gap shown as current."""
+    write(project, "tenstep", TENSTEP)
+    stalled = Raw(server)
+    stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    first = start(server, project, "tenstep")
+    stalled.send("view.run.watch", {"subscriptionId": "slow"}, first)
+    for _ in range(4):  # more runs while it reads nothing; they complete regardless
+        wait_status(server, start(server, project, "tenstep"), "completed")
+    done = wait_status(server, first, "completed")
+    latest = None
+    stalled.sock.settimeout(5)
+    while latest is None or latest["revision"] < done["revision"]:
+        message = stalled.read()
+        if message["type"] == "event":
+            latest = message
+    assert latest["payload"]["display"]["status"] == "completed" and latest["revision"] == done["revision"]
+    stalled.close()
+
+
+def test_run_watch_follows_a_run_and_the_run_list_watch_sees_new_runs(server, project):
+    write(project, "ask", CHECKPOINT)
+    with RunsWatch(server.state_dir, {"projectPath": str(project)}) as runs:
+        empty = runs.next(timeout=30)
+        assert empty is not None and empty["schema"] == "pi-workflows.run-list-page.v1" and empty["total"] == 0
+        run_id = start(server, project, "ask")
+        page = wait_until(lambda: (p := runs.next(timeout=1)) and p["total"] == 1 and p, what="a runs event")
+        assert page["items"][0]["runId"] == run_id
+    with RunWatch(server.state_dir, run_id) as watch:
+        view = wait_until(
+            lambda: (v := watch.next(timeout=1) or watch.document) and v["display"]["status"] == "waiting" and v,
+            what="waiting",
+        )
+        assert view["runId"] == run_id
+        with server.client() as client:
+            client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": False}}, run_id=run_id)
+        done = wait_until(
+            lambda: (v := watch.next(timeout=1) or watch.document) and v["display"]["status"] == "completed" and v,
+            what="completed",
+        )
+        assert done["state"]["outputs"]["no"] == {"answered": False}
+    with pytest.raises(WatchEnded) as ended, RunWatch(server.state_dir, "run-unknown") as unknown:
+        unknown.next(timeout=30)
+    assert (ended.value.outcome, ended.value.code) == ("notFound", "runNotFound")

@@ -1,0 +1,231 @@
+"""The supervisor's live views (supervisor/views.py) with a fake writer and fake connections: one
+read per change burst, one encoding per event, a slow reader caught up with the newest snapshot,
+a deleted run, the bounds of a connection's watches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from piworkflows.errors import CommandError
+from piworkflows.protocol import client_v1
+from piworkflows.protocol.internal.writer import Reply
+from piworkflows.settings import Settings
+from piworkflows.supervisor import views as hub
+from piworkflows.supervisor.views import MAX_WATCHES, Views, event_line, subscriber
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Writer:
+    """Answers run.get with the run's current revision; ``gate`` holds reads back while cleared."""
+
+    def __init__(self) -> None:
+        self.revision = {"run-1": 1}
+        self.reads = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def request(self, kind: str, body: dict) -> Reply:
+        self.reads += 1
+        await self.gate.wait()
+        if kind == "run.list":
+            page = {"schema": "pi-workflows.run-list-page.v1", "revision": f"{len(self.revision)}:x", "items": []}
+            return Reply(outcome="accepted", receipt=page)
+        run = body["run_id"]
+        if run not in self.revision:
+            return Reply(outcome="notFound", receipt={"code": "runNotFound", "runId": run}, error="no such run")
+        view = {"schema": "pi-workflows.run-view.v1", "runId": run, "revision": self.revision[run]}
+        return Reply(outcome="accepted", receipt=view)
+
+
+class Conn:
+    def __init__(self, name: str = "conn-1") -> None:
+        self.id, self.closed, self.watches = name, False, set()
+        self.lines: list[dict] = []
+        self.open = True  # whether its buffer takes events
+        self.read_down = asyncio.Event()
+        self.dropped: list[str] = []
+
+    def send_event(self, line: bytes) -> bool:
+        if self.open:
+            self.lines.append(json.loads(line))
+        return self.open
+
+    async def drained(self) -> None:
+        await self.read_down.wait()
+
+    def drop(self, kind: str, message: str, *args: object, level: int = logging.INFO) -> None:
+        self.dropped.append(kind)
+        self.closed = True
+
+
+def request(operation: str, run_id: str | None = "run-1") -> client_v1.Request:
+    return client_v1.Request(
+        requestId="req-1", clientId="c", operation=operation, idempotencyKey="k", payload={}, runId=run_id
+    )
+
+
+async def settle() -> None:
+    """Let every ready task run (the hub's reads and callbacks), a bounded number of turns."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def watching(views: Views, conn: Conn, subscription: str = "s1", revision: int | None = None) -> Reply:
+    subscriber.set(conn)
+    payload = client_v1.ViewRunWatchPayload(subscriptionId=subscription, revision=revision)
+    reply = await views.watch_run(request("view.run.watch"), payload)
+    await settle()
+    return reply
+
+
+def test_one_event_line_serves_every_subscriber():
+    line = event_line("run_snapshot", {"subscriptionId": "in the payload", "x": 1}, "run-1", 7)
+    for subscription in ("a", 'quote"d'):
+        message = json.loads(line(subscription))
+        assert message["subscriptionId"] == subscription and message["payload"]["subscriptionId"] == "in the payload"
+        event = client_v1.Event(
+            subscriptionId=subscription, event="run_snapshot", payload=message["payload"], runId="run-1", revision=7
+        )
+        assert line(subscription) == client_v1.encode(event)  # exactly the canonical line
+
+
+def test_a_watch_gets_its_snapshot_then_one_per_change_burst(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)  # the burst, not the pause between reads
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, Settings())
+        reply = await watching(views, conn)
+        assert reply.receipt == {"subscribed": True, "subscriptionId": "s1", "revision": 1}
+        assert [line["revision"] for line in conn.lines] == [1]
+        writer.gate.clear()  # a read in flight while three more commits come
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"])
+        await settle()
+        for revision in (3, 4, 5):
+            writer.revision["run-1"] = revision
+            views.advanced(["run-1", "run-other"])
+        reads = writer.reads
+        writer.gate.set()
+        await settle()
+        assert writer.reads == reads + 1  # the burst became one more read
+        assert [line["revision"] for line in conn.lines] == [1, 5]  # the first read saw 5 already
+        views.advanced(["run-1"])  # nothing new: nothing sent twice
+        await settle()
+        assert [line["revision"] for line in conn.lines] == [1, 5]
+
+    asyncio.run(scenario())
+
+
+def test_a_run_is_read_at_most_once_per_interval(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0.2)
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, Settings())
+        await watching(views, conn)
+        loop = asyncio.get_running_loop()
+        sent_at = []
+        for revision in (2, 3):
+            writer.revision["run-1"] = revision
+            views.advanced(["run-1"])
+            await asyncio.wait_for(asyncio.gather(*(r.task for r in views.reads.values() if r.task)), 5)
+            sent_at.append(loop.time())
+        assert [line["revision"] for line in conn.lines] == [1, 2, 3]
+        assert sent_at[1] - sent_at[0] >= 0.2 - 0.01  # the second change waited for the interval
+
+    asyncio.run(scenario())
+
+
+def test_a_watch_at_the_current_revision_gets_nothing_until_a_change():
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, Settings())
+        await watching(views, conn, revision=1)
+        assert conn.lines == []
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"])
+        await settle()
+        assert [line["revision"] for line in conn.lines] == [2]
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_reader_is_caught_up_with_the_newest_snapshot(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+
+    async def scenario() -> None:
+        writer, slow, quick = Writer(), Conn("slow"), Conn("quick")
+        views = Views(writer, Settings())
+        await watching(views, slow)
+        await watching(views, quick)
+        slow.open = False  # its buffer is full
+        for revision in (2, 3, 4):
+            writer.revision["run-1"] = revision
+            views.advanced(["run-1"])
+            await settle()
+        assert [line["revision"] for line in quick.lines] == [1, 2, 3, 4]  # the other goes on
+        assert [line["revision"] for line in slow.lines] == [1]
+        slow.open = True
+        slow.read_down.set()  # it read its buffer down
+        await settle()
+        assert [line["revision"] for line in slow.lines] == [1, 4]  # the newest, no stale one
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_behind_for_too_long_is_closed(monkeypatch):
+    monkeypatch.setattr(hub, "CATCH_UP_S", 0.05)
+
+    async def scenario() -> None:
+        writer, slow = Writer(), Conn("slow")
+        views = Views(writer, Settings())
+        await watching(views, slow)
+        slow.open = False
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"])
+        await settle()
+        await asyncio.wait_for(asyncio.gather(*views.catching_up.values()), 5)
+        assert slow.dropped == ["slow watcher"]
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_run_ends_its_watches_and_closed_connections_are_forgotten():
+    async def scenario() -> None:
+        writer, conn, other = Writer(), Conn(), Conn("conn-2")
+        views = Views(writer, Settings())
+        await watching(views, conn)
+        await watching(views, other)
+        views.forget(other)
+        assert other.watches == set() and len(views.by_run["run-1"]) == 1
+        del writer.revision["run-1"]
+        views.advanced(["run-1"])
+        await settle()
+        assert conn.lines[-1]["event"] == "unavailable" and conn.lines[-1]["payload"]["code"] == "runNotFound"
+        assert conn.watches == set() and views.by_run == {} and views.watches == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_watches_a_bounded_number_and_a_reused_id_replaces():
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, Settings())
+        for n in range(MAX_WATCHES):
+            await watching(views, conn, f"s{n}")
+        await watching(views, conn, "s0")  # a reused id: replaced, not added
+        assert len(conn.watches) == MAX_WATCHES
+        with pytest.raises(CommandError) as refused:
+            await watching(views, conn, "one-more")
+        assert refused.value.code == "tooManyWatches"
+        subscriber.set(conn)
+        await views.unwatch(request("view.run.unwatch"), "s1")
+        assert len(conn.watches) == MAX_WATCHES - 1
+
+    asyncio.run(scenario())
