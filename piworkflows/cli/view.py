@@ -1,0 +1,46 @@
+"""``pi-workflows view [RUN_ID] [--once]``: the terminal viewer (piworkflows/viewer/).
+
+--once prints one plain render instead (the run list, or the run's story) and exits: 0, or 1
+when the run is unknown or no server runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from piworkflows.cli import run_view
+from piworkflows.cli.base import accepted, check, connection, main
+from piworkflows.paths import StatePaths
+
+
+@main.command("view")
+@click.argument("run_id", required=False)
+@click.option("--once", is_flag=True, help="Print one plain render and exit (for scripts).")
+@click.pass_obj
+def view(paths: StatePaths, run_id: str | None, once: bool) -> None:
+    """Watch the runs live in the terminal: the run list (s: status filter, w: workflow filter,
+    enter: open), a run's status, steps, outputs, question, transcript and trace, with keys for
+    the controls it allows now (p pause, r resume, c cancel, a answer).
+
+    Example: pi-workflows view run-0123abcd
+    """
+    from piworkflows.viewer import text
+
+    if once:
+        if run_id is not None:
+            check("view.run.get", {}, run_id)
+        with connection(paths) as client:
+            if run_id is None:
+                lines = text.list_lines(accepted(client.request("run.list", {"limit": 50})), int(time.time() * 1000))
+            else:
+                lines = text.run_lines(run_view.get(client, run_id))
+        for line in lines:
+            click.echo(line)
+        return
+    from piworkflows.viewer.app import Viewer  # Textual loads only for the live viewer
+
+    if run_id is not None:
+        check("view.run.get", {}, run_id)
+    Viewer(paths, run_id).run()

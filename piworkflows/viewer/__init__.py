@@ -1,0 +1,1 @@
+"""``pi-workflows view``: the terminal viewer of live views (Textual)."""

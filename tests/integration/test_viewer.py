@@ -1,0 +1,176 @@
+"""``pi-workflows view`` on a real server: Textual pilot tests of the run list, the run screen and
+every key, ``--once``, and one run under a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from piworkflows.paths import StatePaths
+from piworkflows.viewer.app import Ask, Confirm, RunListScreen, RunScreen, Viewer
+from tests.engine_util import CHECKPOINT, start, view, wait_status, write
+from tests.server_util import ServerProcess, wait_until
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
+
+
+async def until(pilot: Any, check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Let the app run until ``check()`` holds (a deadline, never a fixed wait)."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        await pilot.pause(0.05)
+    return found
+
+
+def drive(server: ServerProcess, run_id: str | None, script: Callable[[Viewer, Any], Awaitable[None]]) -> None:
+    async def main() -> None:
+        app = Viewer(StatePaths.resolve(server.state_dir), run_id)
+        async with app.run_test(size=(140, 45)) as pilot:
+            await script(app, pilot)
+
+    asyncio.run(main())
+
+
+def head(app: Viewer) -> str:
+    return str(app.screen.query_one("#head", Static).render())
+
+
+def story(app: Viewer) -> str:
+    return str(app.screen.query_one("#story", Static).render())
+
+
+def test_the_run_list_shows_runs_filters_them_and_opens_one(server, project):
+    write(project, "ask", CHECKPOINT)
+    waiting = start(server, project, "ask")
+    wait_status(server, waiting, "waiting")
+    cancelled = start(server, project, "ask")
+    with server.client() as client:
+        assert client.request("run.cancel", {}, run_id=cancelled).outcome == "accepted"
+
+    async def script(app: Viewer, pilot: Any) -> None:
+        table = await until(
+            pilot,
+            lambda: app.screen.query_one(DataTable).row_count == 2 and app.screen.query_one(DataTable),
+            "two rows",
+        )
+        rows = [table.get_row_at(i) for i in range(2)]
+        assert {row[0] for row in rows} == {"waiting", "cancelled"} and {row[1] for row in rows} == {"ask"}
+        assert {row[-1] for row in rows} == {waiting, cancelled}
+        await pilot.press("s")  # status: cancelled (the first filter after "all")
+        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[-1] == cancelled, "cancelled only")
+        for _ in range(len(("cancelled", "completed", "failed", "queued", "running", "timed_out"))):
+            await pilot.press("s")
+        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[-1] == waiting, "waiting only")
+        await pilot.press("s")  # back to all
+        await until(pilot, lambda: table.row_count == 2, "all again")
+        await pilot.press("w")
+        assert isinstance(app.screen, Ask)
+        await pilot.press(*"nothing-like-it", "enter")
+        await until(pilot, lambda: table.row_count == 0, "no run of that workflow")
+        await pilot.press("w", *"ask", "enter")
+        await until(pilot, lambda: table.row_count == 2, "the ask runs")
+        table.move_cursor(row=[table.get_row_at(i)[-1] for i in range(2)].index(waiting))
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunScreen)
+        await until(pilot, lambda: "waiting" in head(app), "the run's header")
+        assert "The workflow needs a checkpoint answer." in head(app) and "current node: ask" in head(app)
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunListScreen)
+
+    drive(server, None, script)
+
+
+def test_every_key_of_the_run_screen(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+
+    async def script(app: Viewer, pilot: Any) -> None:
+        await until(pilot, lambda: "waiting" in head(app), "waiting")
+        assert "question: go on?" in story(app) and "prepare" in story(app)
+        await pilot.press("r")  # not a control of a waiting run: nothing is sent
+        await pilot.press("p")
+        await until(pilot, lambda: view(server, run_id)["state"]["paused"], "paused on the server")
+        await until(pilot, lambda: "paused" in head(app), "paused in the viewer")
+        await pilot.press("a")  # not allowed while paused
+        assert isinstance(app.screen, RunScreen)
+        await pilot.press("r")
+        await until(pilot, lambda: "waiting" in head(app) and not view(server, run_id)["state"]["paused"], "resumed")
+        await pilot.press("a")
+        assert isinstance(app.screen, Ask)
+        await pilot.press(*'{"go": true}', "enter")
+        await until(pilot, lambda: "completed" in head(app), "completed after the answer")
+        assert view(server, run_id)["state"]["outputs"]["yes"] == {"answered": True}
+        await pilot.press("c")  # a completed run has no cancel
+        assert isinstance(app.screen, RunScreen)
+        for tab in ("trace-tab", "transcript-tab"):
+            app.screen.query_one("TabbedContent").active = tab
+        assert "checkpoint.answered" in str(app.screen.query_one("#trace", Static).render())
+
+    drive(server, run_id, script)
+
+
+def test_cancel_asks_first(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+
+    async def script(app: Viewer, pilot: Any) -> None:
+        await until(pilot, lambda: "waiting" in head(app), "waiting")
+        await pilot.press("c")
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("n")
+        assert isinstance(app.screen, RunScreen) and view(server, run_id)["display"]["status"] == "waiting"
+        await pilot.press("c", "y")
+        await until(pilot, lambda: "cancelled" in head(app), "cancelled")
+
+    drive(server, run_id, script)
+
+
+def test_view_once_prints_the_list_and_a_run(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    listed = server.cli("view", "--once")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == ["status", "workflow", "title", "age", "duration", "run"]
+    assert run_id in listed.stdout and "waiting" in listed.stdout
+    shown = server.cli("view", run_id, "--once")
+    assert shown.returncode == 0 and f"{run_id}  ask  waiting" in shown.stdout and "question: go on?" in shown.stdout
+    unknown = server.cli("view", "run-unknown", "--once")
+    assert unknown.returncode == 1 and "runNotFound" in unknown.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real terminal")
+def test_the_viewer_in_a_real_terminal_answers_a_checkpoint(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    tmux = ["tmux", "-L", "piw-" + uuid.uuid4().hex[:8]]
+    command = " ".join(server.cli_command("view", run_id))
+    env = {**server.env, "TERM": "xterm-256color"}
+    subprocess.run([*tmux, "new-session", "-d", "-x", "140", "-y", "45", command], check=True, env=env, timeout=30)
+    try:
+
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True, timeout=30).stdout
+
+        wait_until(lambda: f"{run_id}  ask  waiting" in screen() and "go on?" in screen(), what="the waiting run")
+        subprocess.run([*tmux, "send-keys", "a"], check=True, timeout=30)
+        wait_until(lambda: "Your answer (JSON)" in screen(), what="the answer form")
+        subprocess.run([*tmux, "send-keys", "-l", '{"go": true}'], check=True, timeout=30)
+        subprocess.run([*tmux, "send-keys", "Enter"], check=True, timeout=30)
+        wait_until(lambda: f"{run_id}  ask  completed" in screen(), what="the completed run on screen")
+        assert view(server, run_id)["display"]["status"] == "completed"
+    finally:
+        subprocess.run([*tmux, "kill-server"], timeout=30)
