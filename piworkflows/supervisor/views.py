@@ -124,10 +124,12 @@ class Views:
         if payload.pages is not None:
             raise CommandError("notAvailable", "pinned pages are not served yet")
         assert request.runId is not None
+        # Watching before the read: a commit while it is read is not missed (a newer snapshot wins).
+        watch = self._add(conn, payload.subscriptionId or request.requestId, request.runId)
         reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": request.runId})
         if reply.outcome != "accepted" or reply.receipt is None:
+            self._remove(watch)
             return reply
-        watch = self._add(conn, payload.subscriptionId or request.requestId, request.runId)
         revision = reply.receipt["revision"]
         if payload.revision != revision:  # the client's own is current: nothing to send
             asyncio.get_running_loop().call_soon(self._send_snapshot, watch, reply.receipt)
@@ -141,10 +143,11 @@ class Views:
     ) -> Reply:
         """The watch's receipt, or the writer's refusal."""
         conn = _current(request)
+        watch = self._add(conn, payload.subscriptionId or request.requestId, None, body)
         reply = await self.writer.request("run.list", body)
         if reply.outcome != "accepted" or reply.receipt is None:
+            self._remove(watch)
             return reply
-        watch = self._add(conn, payload.subscriptionId or request.requestId, None, body)
         asyncio.get_running_loop().call_soon(self._send_page, watch, reply.receipt)
         return Reply(outcome="accepted", receipt={"subscribed": True, "subscriptionId": watch.subscription_id})
 
@@ -257,6 +260,8 @@ class Views:
         """One event to one watch, unless it holds this revision already or its connection is behind."""
         if watch.sent == revision or watch.conn.closed:
             return
+        if isinstance(revision, int) and isinstance(watch.sent, int) and revision < watch.sent:
+            return  # a newer snapshot went first (a read that started earlier ended later)
         if watch.behind or not watch.conn.send_event(line(watch.subscription_id)):
             self._behind(watch)
             return
