@@ -74,3 +74,16 @@ def test_run_status_reads_back_references_it_can_show(server, project):
     assert '{"$artifact":"mine"}' in shown  # a user value shaped like a reference, as the user wrote it
     as_json = server.cli("run", "status", run_id, "--json").stdout
     assert json.loads(as_json)["state"]["steps"][0]["output"]["$artifact"]["bytes"] > 2_000  # as sent
+
+
+def test_a_deleted_runs_content_is_not_found(server, project):
+    write(project, "large", LARGE)
+    run_id = start(server, project, "large", {"n": 1_000})
+    wait_status(server, run_id, "completed")
+    wait_until(lambda: view(server, run_id)["queue"]["status"] == "done", what="the queue settled")
+    reference = view(server, run_id)["state"]["steps"][0]["output"]
+    with server.client() as client:
+        assert client.read_content(run_id, reference)  # readable while the run exists
+        assert client.request("run.delete", {}, run_id=run_id).outcome == "accepted"
+        gone = client.request("view.content", {"path": reference["$artifact"]["path"]}, run_id=run_id)
+        assert (gone.outcome, gone.receipt["code"]) == ("notFound", "contentNotFound")

@@ -4,6 +4,8 @@ reader that is caught up with a fresh snapshot, and the client's RunWatch."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import uuid
 
@@ -151,3 +153,39 @@ def test_run_watch_follows_a_run_and_the_run_list_watch_sees_new_runs(server, pr
     with pytest.raises(WatchEnded) as ended, RunWatch(server.state_dir, "run-unknown") as unknown:
         unknown.next(timeout=30)
     assert (ended.value.outcome, ended.value.code) == ("notFound", "runNotFound")
+
+
+def test_a_watcher_goes_on_after_the_writer_was_killed(server, project):
+    """A writer killed and restarted may have committed changes it never told: every watched run
+    is read again, so the watcher still ends with the run's newest state."""
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    with RunWatch(server.state_dir, run_id) as watch:
+        assert watch.next(timeout=30)["display"]["status"] == "waiting"
+        writer = next(c for c in server.registry()["children"] if c["role"] == "writer")
+        os.kill(writer["pid"], signal.SIGKILL)
+        with server.client() as client:  # retried with its key until the new writer answers
+            answer = {"nodePath": "ask", "answer": {"go": True}}
+            assert client.request("checkpoint.answer", answer, run_id=run_id).outcome in ("accepted", "adopted")
+        done = wait_until(
+            lambda: (v := watch.next(timeout=1) or watch.document) and v["display"]["status"] == "completed" and v,
+            what="the completed run through the watch",
+        )
+        assert done["state"]["outputs"]["yes"] == {"answered": True}
+
+
+def test_deleting_a_watched_run_ends_its_watch(server, project):
+    write(project, "tenstep", TENSTEP)
+    run_id = start(server, project, "tenstep")
+    wait_status(server, run_id, "completed")
+    raw = Raw(server)
+    raw.send("view.run.watch", {"subscriptionId": "gone"}, run_id)
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    with server.client() as client:
+        assert client.request("run.delete", {}, run_id=run_id).outcome == "accepted"
+    ended = raw.until(lambda m: m.get("event") == "unavailable")[-1]
+    assert (ended["subscriptionId"], ended["runId"], ended["payload"]["code"]) == ("gone", run_id, "runNotFound")
+    raw.send("view.run.unwatch", {"subscriptionId": "gone"})  # already ended: still answered
+    assert raw.until(lambda m: m["type"] == "response")[-1]["receipt"]["subscribed"] is False
+    raw.close()
