@@ -80,7 +80,7 @@ class Supervisor:
         self.lock = HostLock(paths)
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env, on_viewer=self._viewer_advanced)
-        self.views = Views(self.writer, settings)
+        self.views = Views(self.writer)
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.outbox, self.scheduler = self._pool_and_scheduler()

@@ -65,7 +65,7 @@ class Router:
         views: Views | None = None,
     ) -> None:
         self.writer = writer
-        self.views = views or Views(writer, settings)  # the live views' watches (supervisor/views.py)
+        self.views = views or Views(writer)  # the live views' watches (supervisor/views.py)
         self.resolvers = resolvers
         self.host = host  # the facts the server answers from (state, epoch, load)
         self.runs = runs  # what a committed command sets going

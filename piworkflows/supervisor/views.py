@@ -35,7 +35,6 @@ from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.writer import Reply
-from piworkflows.settings import Settings
 from piworkflows.supervisor.seams import WriterRequests
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -102,9 +101,8 @@ def event_line(
 
 
 class Views:
-    def __init__(self, writer: WriterRequests, settings: Settings) -> None:
+    def __init__(self, writer: WriterRequests) -> None:
         self.writer = writer
-        self.settings = settings
         self.watches: dict[tuple[str, str], Watch] = {}  # (connection id, subscription id)
         self.by_run: dict[str, set[Watch]] = {}
         self.lists: set[Watch] = set()

@@ -13,7 +13,6 @@ import pytest
 from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.writer import Reply
-from piworkflows.settings import Settings
 from piworkflows.supervisor import views as hub
 from piworkflows.supervisor.views import MAX_WATCHES, Views, event_line, subscriber
 
@@ -99,7 +98,7 @@ def test_a_watch_gets_its_snapshot_then_one_per_change_burst(monkeypatch):
 
     async def scenario() -> None:
         writer, conn = Writer(), Conn()
-        views = Views(writer, Settings())
+        views = Views(writer)
         reply = await watching(views, conn)
         assert reply.receipt == {"subscribed": True, "subscriptionId": "s1", "revision": 1}
         assert [line["revision"] for line in conn.lines] == [1]
@@ -127,7 +126,7 @@ def test_a_run_is_read_at_most_once_per_interval(monkeypatch):
 
     async def scenario() -> None:
         writer, conn = Writer(), Conn()
-        views = Views(writer, Settings())
+        views = Views(writer)
         await watching(views, conn)
         loop = asyncio.get_running_loop()
         sent_at = []
@@ -145,7 +144,7 @@ def test_a_run_is_read_at_most_once_per_interval(monkeypatch):
 def test_a_watch_at_the_current_revision_gets_nothing_until_a_change():
     async def scenario() -> None:
         writer, conn = Writer(), Conn()
-        views = Views(writer, Settings())
+        views = Views(writer)
         await watching(views, conn, revision=1)
         assert conn.lines == []
         writer.revision["run-1"] = 2
@@ -161,7 +160,7 @@ def test_a_slow_reader_is_caught_up_with_the_newest_snapshot(monkeypatch):
 
     async def scenario() -> None:
         writer, slow, quick = Writer(), Conn("slow"), Conn("quick")
-        views = Views(writer, Settings())
+        views = Views(writer)
         await watching(views, slow)
         await watching(views, quick)
         slow.open = False  # its buffer is full
@@ -184,7 +183,7 @@ def test_a_reader_behind_for_too_long_is_closed(monkeypatch):
 
     async def scenario() -> None:
         writer, slow = Writer(), Conn("slow")
-        views = Views(writer, Settings())
+        views = Views(writer)
         await watching(views, slow)
         slow.open = False
         writer.revision["run-1"] = 2
@@ -199,7 +198,7 @@ def test_a_reader_behind_for_too_long_is_closed(monkeypatch):
 def test_a_deleted_run_ends_its_watches_and_closed_connections_are_forgotten():
     async def scenario() -> None:
         writer, conn, other = Writer(), Conn(), Conn("conn-2")
-        views = Views(writer, Settings())
+        views = Views(writer)
         await watching(views, conn)
         await watching(views, other)
         views.forget(other)
@@ -216,7 +215,7 @@ def test_a_deleted_run_ends_its_watches_and_closed_connections_are_forgotten():
 def test_a_connection_watches_a_bounded_number_and_a_reused_id_replaces():
     async def scenario() -> None:
         writer, conn = Writer(), Conn()
-        views = Views(writer, Settings())
+        views = Views(writer)
         for n in range(MAX_WATCHES):
             await watching(views, conn, f"s{n}")
         await watching(views, conn, "s0")  # a reused id: replaced, not added

@@ -39,7 +39,15 @@ from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
 from piworkflows.writer.views.pending import pending_view
-from piworkflows.writer.views.runs import FACTS, PARK_CAUSE_BYTES, RUN_VIEW_SCHEMA, manifest, run_facts, workflow_source
+from piworkflows.writer.views.runs import (
+    FACTS,
+    PARK_CAUSE_BYTES,
+    RUN_VIEW_SCHEMA,
+    liveness,
+    manifest,
+    run_facts,
+    workflow_source,
+)
 from piworkflows.writer.views.values import read_text
 
 WINDOW = 64  # a snapshot's history windows: the last WINDOW rows of each
@@ -168,8 +176,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "followUpQueue": None if followups["total"] == 0 else {"items": followups["items"]},
         "followUpStart": followups["start"],
         "followUpTotal": followups["total"],
-        "live": shown["status"] in ("running", "waiting"),
-        "possiblyInterrupted": queue_status == "parked" and shown["status"] != "paused",
+        **liveness(shown, queue_status),
         "piworkflows": {
             "title": title,
             "projectPath": project,

@@ -184,8 +184,7 @@ def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
         "updatedAt": iso(updated),
         "display": shown,
         "manifest": manifest(run_id, name, source, created, started, finished, shown["status"]),
-        "live": shown["status"] in ("running", "waiting"),
-        "possiblyInterrupted": queue_status == "parked" and shown["status"] != "paused",
+        **liveness(shown, queue_status),
         "piworkflows": {
             "title": title,
             "projectPath": project,
@@ -196,6 +195,15 @@ def _list_item(row: tuple[Any, ...], now: int) -> dict[str, Any]:
             "startedAt": iso_or_none(started),
             "claim": {"held": bool(claimed), "expired": bool(claimed) and expires <= now},
         },
+    }
+
+
+def liveness(shown: dict[str, Any], queue_status: str | None) -> dict[str, bool]:
+    """upstream's ``live`` (the display says the run moves: running or waiting) and
+    ``possiblyInterrupted`` (parked, and not because it is paused), of run views and list items."""
+    return {
+        "live": shown["status"] in ("running", "waiting"),
+        "possiblyInterrupted": queue_status == "parked" and shown["status"] != "paused",
     }
 
 
