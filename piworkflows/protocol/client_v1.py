@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Va
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
 from piworkflows.protocol.internal.agents import MAX_UPDATE_CHARS
-from piworkflows.states import RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
+from piworkflows.states import PAGE_KINDS, RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
 SCHEMA: Final = "pi-workflows.client.v1"
 MAX_MESSAGE_BYTES = 1_048_576  # including the newline
@@ -458,6 +458,16 @@ class ViewRunWatchPayload(Payload):
     revision: int | None = Field(default=None, ge=0)
     patches: bool = False
     pages: Any = None
+
+
+class ViewPagePayload(Payload):
+    """view.page, the run in the envelope's runId: at most ``limit`` rows of one of its histories
+    from position ``cursor`` (a page's ``cursor`` gives the next; a window's ``start`` the rows
+    before it). With the envelope's expectedRevision: ``conflict`` when the run's view moved on."""
+
+    kind: Literal[PAGE_KINDS]  # type: ignore[valid-type]
+    cursor: int = Field(default=0, ge=0)
+    limit: int = Field(default=256, ge=1, le=256)
 
 
 class ViewUnwatchPayload(Payload):
@@ -988,6 +998,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "view.run.watch": (ViewRunWatchPayload, None),  # {subscribed, subscriptionId, revision}; run_snapshot events
     "view.runs.watch": (ViewRunsWatchPayload, None),  # {subscribed, subscriptionId}; runs events
     "view.run.unwatch": (ViewUnwatchPayload, None),  # {subscribed: false, subscriptionId}
+    "view.page": (ViewPagePayload, None),  # a pi-workflows.run-page.v1 page of one history
     "view.content": (ViewContentPayload, ContentChunkReceipt),  # a chunk of a run view's content reference
     "server.status": (EmptyPayload, ServerStatusReceipt),
     "server.stop": (EmptyPayload, ServerStopReceipt),

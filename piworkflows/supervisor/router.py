@@ -38,7 +38,7 @@ from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.base import Actor, BlobValue, ClientReceiptKey
 from piworkflows.protocol.internal.logs import RunContentRead, RunLogs, RunTranscript, ViewContent
 from piworkflows.protocol.internal.resolver import Resolution
-from piworkflows.protocol.internal.runs import RunCreate, RunSource
+from piworkflows.protocol.internal.runs import RunCreate, RunSource, ViewPage
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_JSON
@@ -273,6 +273,21 @@ class Router:
         self, request: client_v1.Request, payload: client_v1.ViewUnwatchPayload
     ) -> client_v1.Response:
         return await _watching(request, self.views.unwatch(request, payload.subscriptionId))
+
+    async def view_page(self, request: client_v1.Request, payload: client_v1.ViewPagePayload) -> client_v1.Response:
+        """A page of one of the run's histories; at another presentation revision than the client's
+        expectedRevision (when given): conflict, the current page in the receipt's ``page``."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "view.page names the run in runId"))
+        body = {"actor": client_actor(request), "run_id": request.runId, "page_kind": payload.kind}
+        body |= {"start": payload.cursor, "limit": payload.limit}
+        response = from_reply(request, await self.writer.request(ViewPage.kind, body))
+        page = response.receipt or {}
+        expected = request.expectedRevision
+        if response.outcome == "accepted" and expected is not None and page["revision"] != expected:
+            stale = f"the run's view is at revision {page['revision']}, not {expected}: the page is in the receipt"
+            return refuse(request, CommandError("staleRevision", stale, page=page))
+        return response
 
     async def view_content(
         self, request: client_v1.Request, payload: client_v1.ViewContentPayload
@@ -539,6 +554,7 @@ ROUTES: dict[str, Route] = {
     "view.run.watch": Router.view_run_watch,
     "view.runs.watch": Router.view_runs_watch,
     "view.run.unwatch": Router.view_run_unwatch,
+    "view.page": Router.view_page,
     "view.content": Router.view_content,
 }
 

@@ -87,3 +87,22 @@ def test_a_deleted_runs_content_is_not_found(server, project):
         assert client.request("run.delete", {}, run_id=run_id).outcome == "accepted"
         gone = client.request("view.content", {"path": reference["$artifact"]["path"]}, run_id=run_id)
         assert (gone.outcome, gone.receipt["code"]) == ("notFound", "contentNotFound")
+
+
+def test_view_page_over_the_socket_checks_the_revision_it_is_given(server, project):
+    write(project, "large", LARGE)
+    run_id = start(server, project, "large", {"n": 10})
+    wait_status(server, run_id, "completed")
+    wait_until(lambda: view(server, run_id)["queue"]["status"] == "done", what="the queue settled")
+    revision = view(server, run_id)["revision"]
+    with server.client() as client:
+        page = client.request("view.page", {"kind": "steps", "limit": 2}, run_id=run_id)
+        assert page.outcome == "accepted" and [s["nodeId"] for s in page.receipt["items"]] == ["make", "small"]
+        assert (page.receipt["cursor"], page.receipt["total"], page.receipt["revision"]) == (2, 3, revision)
+        same = client.request("view.page", {"kind": "trace"}, run_id=run_id, expected_revision=revision)
+        assert same.outcome == "accepted" and same.receipt["total"] == view(server, run_id)["runRevision"]
+        stale = client.request("view.page", {"kind": "steps"}, run_id=run_id, expected_revision=revision - 1)
+        assert (stale.outcome, stale.receipt["code"]) == ("conflict", "staleRevision")
+        assert stale.receipt["page"]["revision"] == revision  # the current page, to start over from
+        bad = client.request("view.page", {"kind": "nothing"}, run_id=run_id)
+        assert (bad.outcome, bad.receipt["code"]) == ("rejected", "validationFailed")

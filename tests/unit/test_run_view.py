@@ -268,3 +268,32 @@ def test_view_content_base64_over_the_router_shape(executor):
     chunk = dict(content(executor, "run-1", path).receipt)
     chunk["data"] = base64.b64encode(chunk["data"]).decode()
     assert client_v1.ContentChunkReceipt.model_validate(chunk).complete is True
+
+
+def page_of(executor, kind: str, start: int = 0, limit: int = 256, run_id: str = "run-1"):
+    body = {"run_id": run_id, "page_kind": kind, "start": start, "limit": limit}
+    return read(executor, "view.page", body)
+
+
+def test_view_page_reads_any_part_of_a_history_and_agrees_with_the_window(executor):
+    run_group(executor, run_create("run-1"))
+    total = 150
+    for index in range(total):
+        add_step(executor.conn, index, output={"n": index})
+    first = page_of(executor, "steps", 0, 100).receipt
+    assert first["schema"] == "pi-workflows.run-page.v1" and first["kind"] == "steps"
+    assert (first["start"], first["total"], len(first["items"]), first["cursor"]) == (0, total, 100, 100)
+    assert [item["output"] for item in first["items"][:2]] == [{"n": 0}, {"n": 1}]
+    rest = page_of(executor, "steps", first["cursor"]).receipt
+    assert (len(rest["items"]), rest["cursor"], rest["items"][-1]["output"]) == (50, None, {"n": total - 1})
+    assert page_of(executor, "steps", 500).receipt["items"] == []
+    view = view_of(executor)
+    tail = page_of(executor, "steps", view["stepStart"], WINDOW).receipt
+    assert tail["items"] == view["state"]["steps"] and tail["revision"] == view["revision"]
+    trace = page_of(executor, "trace", 0, 1).receipt
+    assert trace["items"][0]["type"] == "run.queued" and trace["total"] == view["runRevision"]
+    for kind in ("updates", "session_entries", "session_events", "settings", "follow_ups"):
+        empty = page_of(executor, kind).receipt
+        assert (empty["items"], empty["total"], empty["cursor"]) == ([], 0, None), kind
+    unknown = page_of(executor, "steps", run_id="nope")
+    assert (unknown.outcome, unknown.receipt["code"]) == ("notFound", "runNotFound")

@@ -65,7 +65,7 @@ from piworkflows.protocol.internal.runners import (
     RunnerExited,
     RunnerSpawned,
 )
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage
 from piworkflows.protocol.internal.server import (
     ServerCounts,
     ServerRecordStop,
@@ -102,6 +102,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunCreate,
         RunList,
         RunGet,
+        ViewPage,
         # control
         RunCancel,
         RunPause,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from piworkflows.protocol.internal.base import BlobValue, Command, Digest, Id, Model, ReadCommand
 from piworkflows.protocol.internal.values import ExecutionMode, RunStatus, SourceKind
-from piworkflows.states import MEDIA_JSON
+from piworkflows.states import MEDIA_JSON, PAGE_KINDS
 
 
 class RunSource(Model):
@@ -92,3 +92,13 @@ class RunGet(ReadCommand):
 
     kind: ClassVar[str] = "run.get"
     run_id: Id
+
+
+class ViewPage(ReadCommand):
+    """A page of one of the run's histories (pi-workflows.run-page.v1, writer/views/pages.py)."""
+
+    kind: ClassVar[str] = "view.page"
+    run_id: Id
+    page_kind: Literal[PAGE_KINDS]  # type: ignore[valid-type]
+    start: int = Field(default=0, ge=0)
+    limit: int = Field(default=256, ge=1, le=256)

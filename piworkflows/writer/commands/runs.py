@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import run_view
@@ -150,4 +150,16 @@ class GetRun(Handler[RunGet]):
         return Result(revision=view["revision"], receipt=view)
 
 
-HANDLERS = (CreateRun(), ListRuns(), GetRun())
+class ReadViewPage(Handler[ViewPage]):
+    model = ViewPage
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ViewPage) -> Result:
+        page = run_view.page(tx.conn, cmd.run_id, cmd.page_kind, cmd.start, cmd.limit)
+        if page is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Result(revision=page["revision"], receipt=page)
+
+
+HANDLERS = (CreateRun(), ListRuns(), GetRun(), ReadViewPage())

@@ -38,6 +38,7 @@ from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
+from piworkflows.writer.views.pages import HISTORIES, PAGE_SCHEMA, STEP_SELECT, WINDOW, step
 from piworkflows.writer.views.pending import pending_view
 from piworkflows.writer.views.runs import (
     FACTS,
@@ -50,7 +51,6 @@ from piworkflows.writer.views.runs import (
 )
 from piworkflows.writer.views.values import read_text
 
-WINDOW = 64  # a snapshot's history windows: the last WINDOW rows of each
 WORKFLOW_BYTES = 128 * 1024  # a definition snapshot above this is shown as its summary and content
 STATE_SCHEMA = "pi-workflows.run-state.v1"
 DEFINITION_SCHEMA = "pi-workflows.definition-snapshot.v1"
@@ -61,8 +61,6 @@ SESSION_EVENT_SCHEMA = "pi-workflows.session-event.v1"
 _STATE_STATUS = {"queued": "running"}
 # the queue status of a run whose queue row is gone (it finished)
 _DONE_QUEUE = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
-_SCOPES = {"run": "run", "runner": "run", "server": "run", "node": "node", "checkpoint": "node", "agent": "agent"}
-_SCOPES |= {"interaction": "agent", "effect": "action", "effects": "action"}
 
 
 def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] | None:
@@ -89,9 +87,9 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
     facts = run_facts(row[28:])
     values = RunValues(conn, run_id)
     shown = display(facts)
-    steps = _steps(conn, run_id, values)
+    steps = HISTORIES["steps"].window(conn, run_id, values)
     current = _current_step(conn, run_id, values)
-    updates = _updates(conn, run_id, values)
+    updates = HISTORIES["updates"].window(conn, run_id, values)
     graph_steps, transitions = _graph(conn, run_id)
     state: dict[str, Any] = {
         "schema": STATE_SCHEMA,
@@ -124,8 +122,8 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         state["finalOutput"] = values.value(output_digest, STATE_VALUE_BYTES)
     if error_digest is not None:
         state["error"] = values.value(error_digest, STATE_VALUE_BYTES)
-    followups = _follow_ups(conn, run_id, values)
-    settings = _settings(conn, run_id, values)
+    followups = HISTORIES["follow_ups"].window(conn, run_id, values)
+    settings = HISTORIES["settings"].window(conn, run_id, values)
     return {
         "schema": RUN_VIEW_SCHEMA,
         "runId": run_id,
@@ -168,7 +166,7 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
         "graphCursor": max(0, steps["total"] - 1),
         "stepStart": steps["start"],
         "stepTotal": steps["total"],
-        "tracePage": _trace(conn, run_id, run_revision, values),
+        "tracePage": HISTORIES["trace"].window(conn, run_id, values),
         "session": _session(conn, run_id, values),
         "settingsScopes": settings["items"],
         "settingsStart": settings["start"],
@@ -196,58 +194,12 @@ def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] 
     }
 
 
-def _window(total: int) -> int:
-    """The first position of a history's tail window."""
-    return max(0, total - WINDOW)
-
-
-# A step row with its values' digests (its values are read through RunValues, bounded).
-_STEP_SELECT = """
-    SELECT s.step_index, a.attempt_id, a.node_path, a.node_kind, a.visit_number, a.attempt_number,
-           a.attempt_status, a.outcome, a.started_at, a.finished_at, a.error_code, a.output_digest, a.error_digest,
-           a.receipt_digest
-    FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
-"""
-
-
-def _step(row: tuple[Any, ...], values: RunValues, limit: int = REFERENCE_BYTES) -> dict[str, Any]:
-    """upstream's step record and ours (visit, attempt, status, durationMs, errorCode; a
-    checkpoint's ``request``, the question it asks)."""
-    _, attempt_id, node, kind, visit, attempt, status, outcome, started, finished, code, output, error, asked = row
-    return {
-        "attemptId": attempt_id,
-        "nodeId": node,
-        "nodeType": kind,
-        "visit": visit,
-        "attempt": attempt,
-        "status": status,
-        "outcome": outcome,
-        "startedAt": iso(started),
-        "finishedAt": iso_or_none(finished),
-        "durationMs": finished - started if finished is not None else None,
-        "errorCode": code,
-        "prompt": None,
-        "output": values.value(output, limit),
-        **({"error": values.value(error, limit)} if error is not None else {}),
-        **({"request": values.value(asked, limit)} if kind == "checkpoint" else {}),
-    }
-
-
-def _steps(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
-    (total,) = conn.execute("SELECT count(*) FROM run_steps WHERE run_id = ?", (run_id,)).fetchone()
-    start = _window(total)
-    rows = conn.execute(
-        f"{_STEP_SELECT} WHERE s.run_id = ? AND s.step_index >= ? ORDER BY s.step_index", (run_id, start)
-    ).fetchall()
-    return {"items": [_step(row, values) for row in rows], "start": start, "total": total}
-
-
 def _current_step(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any] | None:
     """The run's active step (running, or waiting), also when it is outside the steps' window."""
     row = conn.execute(
-        f"{_STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')", (run_id,)
+        f"{STEP_SELECT} WHERE a.run_id = ? AND a.attempt_status IN ('running', 'waiting')", (run_id,)
     ).fetchone()
-    return None if row is None else _step(row, values)
+    return None if row is None else step(row, values)
 
 
 def _node_results(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
@@ -292,7 +244,7 @@ def _graph(conn: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], dict[
     transitions: dict[str, None] = {}
     for before, after in zip(rows, rows[1:], strict=False):
         transitions.setdefault(f"{before[1]}->{after[1]}")
-    start = _window(len(rows))
+    start = max(0, len(rows) - WINDOW)
     compact = [
         {
             "attemptId": attempt_id,
@@ -307,56 +259,11 @@ def _graph(conn: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], dict[
         for attempt_id, node, kind, outcome, started, finished in rows[start:]
     ]
     taken = list(transitions)
-    first = _window(len(taken))
+    first = max(0, len(taken) - WINDOW)
     return (
         {"items": compact, "start": start, "total": len(rows)},
         {"items": taken[first:], "start": first, "total": len(taken)},
     )
-
-
-def _trace(conn: sqlite3.Connection, run_id: str, run_revision: int, values: RunValues) -> dict[str, Any]:
-    """upstream's trace events from the run's events (one per run revision), payloads bounded."""
-    start = _window(run_revision)
-    rows = conn.execute(
-        "SELECT resource_revision, event_type, actor_class, payload_digest, committed_at FROM events "
-        "WHERE resource_id = ? AND resource_revision > ? ORDER BY resource_revision",
-        (run_id, start),
-    ).fetchall()
-    items = [
-        {
-            "seq": seq,
-            "at": iso(at),
-            "scope": _SCOPES.get(event.partition(".")[0], "run"),
-            "type": event,
-            "runId": run_id,
-            "payload": values.value(payload, REFERENCE_BYTES) if payload is not None else {},
-            "piworkflows": {"actor": actor},
-        }
-        for seq, event, actor, payload, at in rows
-    ]
-    return {"start": start, "total": run_revision, "items": items}
-
-
-def _updates(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
-    (total,) = conn.execute("SELECT count(*) FROM workflow_updates WHERE run_id = ?", (run_id,)).fetchone()
-    rows = conn.execute(
-        "SELECT u.update_seq, u.update_kind, a.node_path, u.attempt_id, u.body_digest, u.created_at "
-        "FROM workflow_updates u LEFT JOIN node_attempts a ON a.attempt_id = u.attempt_id "
-        "WHERE u.run_id = ? ORDER BY u.update_seq DESC LIMIT ?",
-        (run_id, WINDOW),
-    ).fetchall()
-    items = [
-        {
-            "seq": seq,
-            "type": kind,
-            "nodeId": node,
-            "attemptId": attempt,
-            "at": iso(at),
-            "data": values.value(body, REFERENCE_BYTES),
-        }
-        for seq, kind, node, attempt, body, at in reversed(rows)
-    ]
-    return {"items": items, "start": total - len(items), "total": total}
 
 
 def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
@@ -377,25 +284,8 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
         "FROM session_events WHERE run_id = :run",
         {"run": run_id},
     ).fetchone()
-    entries = conn.execute(
-        "SELECT run_seq, settled_at, content_digest FROM session_entries WHERE run_id = ? "
-        "ORDER BY run_seq DESC LIMIT ?",
-        (run_id, WINDOW),
-    ).fetchall()
-    events = conn.execute(
-        "SELECT e.run_seq, e.recorded_at, a.node_path, g.attempt_id, e.event_type, e.pi_event_id, e.event_role, "
-        "e.event_status, e.started_at, e.ended_at FROM session_events e "
-        "JOIN session_segments g ON g.segment_id = e.segment_id "
-        "LEFT JOIN node_attempts a ON a.attempt_id = g.attempt_id "
-        "WHERE e.run_id = ? ORDER BY e.run_seq DESC LIMIT ?",
-        (run_id, WINDOW),
-    ).fetchall()
-    event_start = event_total - len(events)
-    checkpoint = conn.execute(
-        "SELECT state_digest FROM viewer_session_checkpoints WHERE run_id = ? AND run_seq <= ? "
-        "ORDER BY run_seq DESC LIMIT 1",
-        (run_id, events[-1][0] if events else 0),
-    ).fetchone()
+    entries = HISTORIES["session_entries"].window(conn, run_id, values)
+    events = HISTORIES["session_events"].window(conn, run_id, values)
     binding = None
     if segment is not None:
         session_id, session_file, bound, cwd = segment
@@ -409,19 +299,8 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
         }
     return {
         "binding": binding,
-        "entryPage": {
-            "start": entry_total - len(entries),
-            "total": entry_total,
-            "items": [
-                {"seq": seq, "at": iso(at), "entry": values.value(digest, REFERENCE_BYTES)}
-                for seq, at, digest in reversed(entries)
-            ],
-        },
-        "eventPage": {
-            "start": event_start,
-            "total": event_total,
-            "items": [_session_event(row) for row in reversed(events)],
-        },
+        "entryPage": entries,
+        "eventPage": events,
         "capture": None
         if event_total == 0 and entry_total == 0
         else {
@@ -433,62 +312,41 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
             "lastEventSeq": max(last_event, last_entry),
         },
         "integrity": {"status": "complete" if binding is not None else "unavailable", "diagnostics": []},
-        "replayCheckpoint": values.value(checkpoint[0], 0) if checkpoint is not None else None,
+        "replayCheckpoint": replay_checkpoint(conn, run_id, events, values),
     }
 
 
-def _session_event(row: tuple[Any, ...]) -> dict[str, Any]:
-    """A compact session event: what happened and when, never text, deltas or tool data."""
-    seq, recorded, node, attempt, kind, pi_id, role, status, started, ended = row
+def replay_checkpoint(
+    conn: sqlite3.Connection, run_id: str, events: dict[str, Any], values: RunValues
+) -> dict[str, Any] | None:
+    """The replay checkpoint at or before the first session event of ``events`` (a window or page):
+    a reader rebuilds the session's state from it and the events that follow."""
+    first = events["items"][0]["seq"] if events["items"] else 0
+    row = conn.execute(
+        "SELECT state_digest FROM viewer_session_checkpoints WHERE run_id = ? AND run_seq <= ? "
+        "ORDER BY run_seq DESC LIMIT 1",
+        (run_id, first),
+    ).fetchone()
+    return values.value(row[0], 0) if row is not None else None
+
+
+def page(conn: sqlite3.Connection, run_id: str, kind: str, start: int, limit: int) -> dict[str, Any] | None:
+    """``view.page``: ``run-page.v1``, at most ``limit`` rows of one history from ``start``, at the
+    run's current presentation revision; None for an unknown run."""
+    found = conn.execute("SELECT presentation_revision FROM viewer_runs WHERE run_id = ?", (run_id,)).fetchone()
+    if found is None:
+        return None
+    values = RunValues(conn, run_id)
+    rows = HISTORIES[kind].page(conn, run_id, values, start, limit)
     return {
-        "seq": seq,
-        "at": iso(recorded),
-        "nodeId": node,
-        "attemptId": attempt,
-        "type": kind,
-        "payload": {
-            "id": pi_id,
-            "role": role,
-            "status": status,
-            "startedAt": iso_or_none(started),
-            "endedAt": iso_or_none(ended),
-        },
+        "schema": PAGE_SCHEMA,
+        "runId": run_id,
+        "revision": found[0],
+        "kind": kind,
+        "cursor": start + len(rows["items"]) if start + len(rows["items"]) < rows["total"] else None,
+        **rows,
+        "replayCheckpoint": replay_checkpoint(conn, run_id, rows, values) if kind == "session_events" else None,
     }
-
-
-def _settings(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
-    (total,) = conn.execute("SELECT count(*) FROM workflow_settings WHERE run_id = ?", (run_id,)).fetchone()
-    rows = conn.execute(
-        "SELECT scope_id, scope_key, value_digest, updated_at FROM workflow_settings WHERE run_id = ? "
-        "ORDER BY scope_key DESC LIMIT ?",
-        (run_id, WINDOW),
-    ).fetchall()
-    items = [
-        {"scopeId": scope, "scopeKey": key, "settings": values.value(digest, REFERENCE_BYTES), "updatedAt": iso(at)}
-        for scope, key, digest, at in reversed(rows)
-    ]
-    return {"items": items, "start": total - len(items), "total": total}
-
-
-def _follow_ups(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
-    (total,) = conn.execute("SELECT count(*) FROM workflow_follow_ups WHERE run_id = ?", (run_id,)).fetchone()
-    rows = conn.execute(
-        "SELECT follow_up_id, source_order, source_session_id, prompt_digest, follow_up_status, created_at "
-        "FROM workflow_follow_ups WHERE run_id = ? ORDER BY source_order DESC LIMIT ?",
-        (run_id, WINDOW),
-    ).fetchall()
-    items = [
-        {
-            "followUpId": follow_up,
-            "sourceOrder": order,
-            "sourceSessionId": session,
-            "prompt": values.value(digest, REFERENCE_BYTES),
-            "status": status,
-            "createdAt": iso(at),
-        }
-        for follow_up, order, session, digest, status, at in reversed(rows)
-    ]
-    return {"items": items, "start": total - len(items), "total": total}
 
 
 def _workflow(conn: sqlite3.Connection, run_id: str, definition: bytes) -> dict[str, Any]:
