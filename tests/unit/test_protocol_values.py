@@ -31,6 +31,7 @@ FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("runs", "RunSource", "source_kind"): states.SOURCE_KINDS,
     ("runs", "RunCreate", "execution_mode"): states.EXECUTION_MODES,
     ("runs", "RunList", "statuses"): states.RUN_STATUSES,
+    ("runs", "ViewPage", "page_kind"): states.PAGE_KINDS,
     ("runners", "RunClaim", "launch_command"): states.RUNNER_COMMANDS,
     ("runners", "RunnerExited", "outcome"): states.RUNNER_OUTCOMES,
     ("runners", "RunnerExited", "park_reason"): states.RUNNER_PARK_REASONS,
