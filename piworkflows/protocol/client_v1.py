@@ -452,7 +452,9 @@ class ViewRunWatchPayload(Payload):
     """view.run.watch, the run in the envelope's runId: snapshots of its view (``run_snapshot``
     events) now and after each change. ``subscriptionId`` names the watch (default: the requestId;
     a reused one replaces its watch); ``revision``: the client holds this one (no snapshot until the
-    run changes). ``patches`` and ``pages`` are upstream's and not served yet."""
+    run changes). ``patches``: after the first snapshot, ``run_patch`` events with the ops of every
+    revision (from ``revision`` on, when it is still retained: no snapshot). ``pages`` is upstream's
+    and not served yet."""
 
     subscriptionId: Id | None = None
     revision: int | None = Field(default=None, ge=0)

@@ -48,6 +48,7 @@ LIST_INTERVAL_S = 0.25  # at most four run-list pages a second
 SNAPSHOT_INTERVAL_S = 0.25
 RETRY_S = 0.5  # a snapshot read the writer could not answer (restarting) is tried again after this
 SERVER = {"actor_class": "server"}
+RUN_PATCH_SCHEMA = "pi-workflows.run-patch.v1"
 _PLACEHOLDER = "subscription-placeholder"
 _MARKER = b'"subscriptionId":"' + _PLACEHOLDER.encode() + b'"'
 
@@ -76,8 +77,9 @@ class Watch:
     subscription_id: str
     run_id: str | None  # None: the run list
     list_body: dict[str, Any] | None = None
-    sent: int | str | None = None  # the revision of the last snapshot or page sent
+    sent: int | str | None = None  # the revision of the last snapshot, patch or page sent
     behind: bool = False
+    patches: bool = False  # run_patch events after the first snapshot
 
 
 @dataclass
@@ -117,22 +119,35 @@ class Views:
     async def watch_run(self, request: client_v1.Request, payload: client_v1.ViewRunWatchPayload) -> Reply:
         """The watch's receipt, or the writer's refusal (an unknown run: notFound)."""
         conn = _current(request)
-        if payload.patches:
-            raise CommandError("notAvailable", "run patches are not served yet: watch without patches for snapshots")
         if payload.pages is not None:
             raise CommandError("notAvailable", "pinned pages are not served yet")
         assert request.runId is not None
         # Watching before the read: a commit while it is read is not missed (a newer snapshot wins).
         watch = self._add(conn, payload.subscriptionId or request.requestId, request.runId)
-        reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": request.runId})
+        watch.patches = payload.patches
+        held = payload.revision if payload.patches else None
+        if held:  # catch up from the revision the client holds
+            body = {"actor": SERVER, "run_id": request.runId, "after": held}
+            reply = await self.writer.request("view.patches", body)
+        else:
+            reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": request.runId})
         if reply.outcome != "accepted" or reply.receipt is None:
             self._remove(watch)
             return reply
-        revision = reply.receipt["revision"]
-        if payload.revision != revision:  # the client's own is current: nothing to send
-            asyncio.get_running_loop().call_soon(self._send_snapshot, watch, reply.receipt)
+        loop = asyncio.get_running_loop()
+        if "patch" in reply.receipt:
+            patch = reply.receipt["patch"]
+            revision = patch["revision"]
+            watch.sent = held
+            if held and held != revision:
+                loop.call_soon(self._send_patch, watch, held, patch)
         else:
-            watch.sent = revision
+            view = reply.receipt.get("snapshot", reply.receipt)
+            revision = view["revision"]
+            if payload.revision != revision:  # the client's own is current: nothing to send
+                loop.call_soon(self._send_snapshot, watch, view)
+            else:
+                watch.sent = revision
         receipt = {"subscribed": True, "subscriptionId": watch.subscription_id, "revision": revision}
         return Reply(outcome="accepted", receipt=receipt)
 
@@ -221,23 +236,48 @@ class Views:
                     await asyncio.sleep(last + SNAPSHOT_INTERVAL_S - loop.time())  # changes until then: this read
                 read.again = False
                 self.read_at[run_id] = loop.time()
-                reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": run_id})
-                if reply.outcome == "accepted" and reply.receipt is not None:
-                    line = event_line("run_snapshot", reply.receipt, run_id, reply.receipt["revision"])
-                    for watch in list(self.by_run.get(run_id, ())):
-                        self._deliver(watch, line, reply.receipt["revision"])
-                elif reply.outcome == "notFound":
-                    self._end_run(run_id)
+                if not await self._send_changes(run_id):
                     return
-                else:  # the writer cannot read now (restarting): again after a while
-                    read.again = True
-                    await asyncio.sleep(RETRY_S)
                 if not read.again:
                     return
         except Exception as exc:  # one run's failure ends its read, never the server
             log.error("a run view could not be sent: %s", type(exc).__name__)
         finally:
             self.reads.pop(run_id, None)
+
+    async def _send_changes(self, run_id: str) -> bool:
+        """The run's watchers brought to its current revision: one snapshot read for those that
+        take snapshots (and patch watchers without a revision), one patch read per revision patch
+        watchers hold. False: the run is gone."""
+        groups: dict[int | None, list[Watch]] = {}
+        for watch in self.by_run.get(run_id, ()):
+            after = watch.sent if watch.patches and isinstance(watch.sent, int) else None
+            groups.setdefault(after, []).append(watch)
+        for after, watches in groups.items():
+            if after is None:
+                reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": run_id})
+            else:
+                body = {"actor": SERVER, "run_id": run_id, "after": after}
+                reply = await self.writer.request("view.patches", body)
+            if reply.outcome == "notFound":
+                self._end_run(run_id)
+                return False
+            if reply.outcome != "accepted" or reply.receipt is None:  # the writer cannot read now (restarting)
+                self.reads[run_id].again = True
+                await asyncio.sleep(RETRY_S)
+                return True
+            if after is not None and "patch" in reply.receipt:
+                patch = reply.receipt["patch"]
+                if patch["revision"] != after:
+                    line = event_line("run_patch", _run_patch(run_id, after, patch), run_id, patch["revision"])
+                    for watch in watches:
+                        self._deliver(watch, line, patch["revision"], after)
+                continue
+            view = reply.receipt.get("snapshot", reply.receipt) if after is not None else reply.receipt
+            line = event_line("run_snapshot", view, run_id, view["revision"])
+            for watch in watches:
+                self._deliver(watch, line, view["revision"])
+        return True
 
     def _end_run(self, run_id: str) -> None:
         """The run is gone (deleted): its watchers are told, their watches end."""
@@ -250,16 +290,29 @@ class Views:
         if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:
             self._deliver(watch, event_line("run_snapshot", view, watch.run_id, view["revision"]), view["revision"])
 
+    def _send_patch(self, watch: Watch, after: int, patch: dict[str, Any]) -> None:
+        if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:
+            line = event_line(
+                "run_patch", _run_patch(watch.run_id or "", after, patch), watch.run_id, patch["revision"]
+            )
+            self._deliver(watch, line, patch["revision"], after)
+
     def _send_page(self, watch: Watch, page: dict[str, Any]) -> None:
         if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:
             self._deliver(watch, event_line("runs", page), page["revision"])
 
-    def _deliver(self, watch: Watch, line: Callable[[str], bytes], revision: int | str) -> None:
-        """One event to one watch, unless it holds this revision already or its connection is behind."""
+    def _deliver(
+        self, watch: Watch, line: Callable[[str], bytes], revision: int | str, after: int | None = None
+    ) -> None:
+        """One event to one watch, unless it holds this revision already or its connection is behind;
+        a patch (from ``after``) only to a watch at exactly that revision."""
         if watch.sent == revision or watch.conn.closed:
             return
         if isinstance(revision, int) and isinstance(watch.sent, int) and revision < watch.sent:
             return  # a newer snapshot went first (a read that started earlier ended later)
+        if after is not None and watch.sent != after:
+            self._refresh(watch.run_id or "")  # it moved meanwhile: its own read follows
+            return
         if watch.behind or not watch.conn.send_event(line(watch.subscription_id)):
             self._behind(watch)
             return
@@ -317,13 +370,27 @@ class Views:
             for (conn_id, _), watch in list(self.watches.items()):
                 if conn_id != conn.id or not watch.behind:
                     continue
-                watch.behind, watch.sent = False, None
+                watch.behind = False
+                if not watch.patches:  # a patch watcher catches up from the revision it holds
+                    watch.sent = None
                 if watch.run_id is None:
                     self._list_changed()
                 else:
                     self._refresh(watch.run_id)
         finally:
             self.catching_up.pop(conn.id, None)
+
+
+def _run_patch(run_id: str, after: int, patch: dict[str, Any]) -> dict[str, Any]:
+    """``pi-workflows.run-patch.v1``: every revision from ``after`` on, in order, none skipped."""
+    return {
+        "schema": RUN_PATCH_SCHEMA,
+        "runId": run_id,
+        "fromRevision": after,
+        "revision": patch["revision"],
+        "runRevision": patch["runRevision"],
+        "patches": patch["patches"],
+    }
 
 
 def _filters(body: dict[str, Any]) -> dict[str, Any]:

@@ -5,14 +5,14 @@
 
     RunWatch(state_dir, run_id)        connect ── hello ── view.run.watch {subscriptionId, revision}
       reader thread: every line ──> queue            (responses and events of this connection)
-      next(timeout) ──> the newest snapshot (a run view), or None when none came within timeout
+      next(timeout) ──> the newest document (a run view: a snapshot, then kept current with the
+      ops of run_patch events), or None when none came within timeout
       connection lost: connect again within retry_for and watch again from the revision held; the
-      server then sends a snapshot only if the run changed meanwhile, so nothing is missed
+      server then sends the retained ops since (or a snapshot), so nothing is missed
     RunsWatch(state_dir, filters)     the same with view.runs.watch: each ``runs`` page
 
-Snapshots replace each other: a watcher that reads slowly gets the newest one, never a stale one
-as current. A refusal (an unknown run: ``notFound``) and the run's deletion (an ``unavailable``
-event) raise ``WatchEnded``.
+A watcher that reads slowly gets the newest document, never a stale one as current. A refusal (an
+unknown run: ``notFound``) and the run's deletion (an ``unavailable`` event) raise ``WatchEnded``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from piworkflows.client import ClientError, ServerNotRunning, ServerRefused, WorkflowClient
 from piworkflows.protocol import client_v1
+from piworkflows.views.materialize import Document, Gap
 
 
 class WatchEnded(ClientError):
@@ -135,7 +136,13 @@ class _Watch:
             code = payload.get("code") if isinstance(payload, dict) else None
             text = payload.get("message") if isinstance(payload, dict) else None
             raise WatchEnded("unavailable", str(code), str(text or "the server ended the watch"))
-        if message.get("event") != self.event or not isinstance(payload, dict):
+        if not isinstance(payload, dict):
+            return None
+        return self._event(str(message.get("event")), payload)
+
+    def _event(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The document an event of this watch makes current, if any."""
+        if event != self.event:
             return None
         self.document, self.revision = payload, payload.get("revision")
         return payload
@@ -156,12 +163,41 @@ class _Watch:
 
 
 class RunWatch(_Watch):
-    """Snapshots of one run's view (``pi-workflows.run-view.v1``)."""
+    """One run's view (``pi-workflows.run-view.v1``): a snapshot, then the ops of each revision
+    applied strictly (views/materialize.py). A patch that does not apply is a gap: the watch starts
+    over with a snapshot. ``patches=False``: snapshots only."""
 
     operation, event = "view.run.watch", "run_snapshot"
 
-    def __init__(self, state_dir: Any, run_id: str, retry_for: float = 30.0, client_id: str | None = None) -> None:
-        super().__init__(state_dir, run_id, {}, retry_for, client_id)
+    def __init__(
+        self,
+        state_dir: Any,
+        run_id: str,
+        retry_for: float = 30.0,
+        client_id: str | None = None,
+        patches: bool = True,
+    ) -> None:
+        self._held: Document | None = None
+        super().__init__(state_dir, run_id, {"patches": patches}, retry_for, client_id)
+
+    def _event(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        if event == "run_snapshot":
+            self._held = Document(payload)
+        elif event == "run_patch" and self._held is not None:
+            try:
+                self._held.apply(payload)
+            except Gap:
+                self._start_over()
+                return None
+        else:
+            return None
+        self.document, self.revision = self._held.view, self._held.revision
+        return self.document
+
+    def _start_over(self) -> None:
+        """A gap: watch again from nothing (the server sends a snapshot)."""
+        self._held, self.revision = None, None
+        self._subscribe()
 
 
 class RunsWatch(_Watch):

@@ -10,6 +10,8 @@
         │  per command: SAVEPOINT                 │ any error that ends the whole
         │     stored answer? adopt / conflict     │ transaction (FULL, IOERR, NOMEM,
         │     handler.run (the write contract)    │ a failed COMMIT, in_transaction
+        │     accepted: the view ops it caused    │
+        │       (writer/views/projection.py)      │
         │     refused: ROLLBACK TO, store answer  │ lost): ROLLBACK, every command of
         │       (unless stores_refusals is False) │ the group gets ``unavailable``
         │  RELEASE                                │
@@ -40,11 +42,12 @@ from piworkflows.protocol.internal import COMMAND_MODELS
 from piworkflows.protocol.internal.content import BlobPutPart
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
-from piworkflows.writer import local_effects, prune, records, schema
+from piworkflows.writer import local_effects, prune, records, schema, viewer_notify
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.contract import Handler, Tx
 from piworkflows.writer.health import condition_of
 from piworkflows.writer.uploads import Uploads
+from piworkflows.writer.views import projection
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,9 @@ class GroupExecutor:
         self.groups_committed = 0
         self.damage: str | None = None  # what a read found damaged (Result.damage), once
         self.uploads = Uploads(settings.blob_upload_max_bytes, settings.blob_upload_idle_ms)  # blob.put_part
+        self.projection = projection.Projection()  # each accepted command's view ops (views/projection.py)
+        projection.install(conn)
+        viewer_notify.install(conn)
 
     def _schema_cookie(self) -> int:
         cookie: int = self.conn.execute("PRAGMA schema_version").fetchone()[0]
@@ -206,7 +212,7 @@ class GroupExecutor:
 
     def apply_local_effects(self) -> int:
         """The follow-up transaction of local effects (writer/local_effects.py); after the replies were sent."""
-        return local_effects.apply_pending(self.conn, self.clock.now_ms())
+        return local_effects.apply_pending(self.conn, self.clock.now_ms(), self.projection)
 
     def _run_one(self, handler: Handler[Any], cmd: Any) -> Reply:
         conn = self.conn
@@ -223,6 +229,7 @@ class GroupExecutor:
         conn.execute("SAVEPOINT command")
         try:
             result = handler.run(tx, cmd)
+            self.projection.project(conn, tx.now)
             answer = records.StoredAnswer("accepted", result.revision, result.receipt, None)
             self.damage = self.damage or result.damage
         except CommandError as exc:

@@ -6,7 +6,8 @@
         local effect "run.settle_queue" {"queueStatus": ...}
     replies sent ── apply_pending(): one more transaction right away: claim
         (new lease generation, attempt 1 recorded), settle the queue row,
-        effect applied, lease released, effect revision + event
+        effect applied, lease released, effect revision + event, the
+        run view's ops (its queue status)
 
 Between the two commits the spec's window holds: a terminal run whose queue
 settlement effect is still pending is no contradiction. A crash in between
@@ -20,11 +21,14 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from piworkflows.protocol.internal.base import Actor, BlobValue
 from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.writer import records
+
+if TYPE_CHECKING:
+    from piworkflows.writer.views.projection import Projection
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -55,7 +59,7 @@ def settle_queue(run_id: str, queue_status: str) -> EffectRequest:
 def _apply_settle_queue(conn: sqlite3.Connection, run_id: str, payload: dict[str, Any], now: int) -> None:
     conn.execute(
         "UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?", (payload["queueStatus"], now, run_id)
-    )  # the run view does not show the queue phase: its presentation revision stays
+    )
 
 
 APPLIERS: dict[str, Callable[[sqlite3.Connection, str, dict[str, Any], int], None]] = {
@@ -63,8 +67,9 @@ APPLIERS: dict[str, Callable[[sqlite3.Connection, str, dict[str, Any], int], Non
 }
 
 
-def apply_pending(conn: sqlite3.Connection, now: int) -> int:
-    """Apply every pending local effect in one transaction. Returns how many."""
+def apply_pending(conn: sqlite3.Connection, now: int, projection: Projection) -> int:
+    """Apply every pending local effect in one transaction, with the view ops it causes (a settled
+    queue shows in the run view). Returns how many."""
     if conn.execute(_PENDING).fetchone() is None:
         return 0
     conn.execute("BEGIN IMMEDIATE")
@@ -92,6 +97,7 @@ def apply_pending(conn: sqlite3.Connection, now: int) -> int:
             records.release_lease(conn, effect_id, generation)
             new_revision = records.increment_revision(conn, effect_id, revision, now)
             records.write_event(conn, effect_id, new_revision, "effect.applied", WRITER, now, generation)
+        projection.project(conn, now)
         conn.execute("COMMIT")
     except Exception:
         if conn.in_transaction:

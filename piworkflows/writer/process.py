@@ -120,7 +120,6 @@ class WriterLoop:
         self.clock = clock
         self.parent = parent
         self.executor = GroupExecutor(open_database(paths, settings, clock), settings, clock)
-        viewer_notify.install(self.executor.conn)
         self.reader = Reader(paths, settings, clock, self._send_reply)  # clients' view reads (writer/reads.py)
         self.queue: collections.deque[Submitted] = collections.deque()
         self.decoder = frames.FrameDecoder()
@@ -400,7 +399,6 @@ class WriterLoop:
         try:
             conn = connect(self.paths, self.settings)
             schema.check_open(self.paths, conn)
-            viewer_notify.install(conn)
             self.executor = GroupExecutor(conn, self.settings, self.clock)
         except Exception as exc:
             log.error("the writer cannot reopen the state database: %s", condition_of(exc) or type(exc).__name__)

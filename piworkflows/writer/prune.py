@@ -147,14 +147,27 @@ def delete_trees(conn: sqlite3.Connection, roots: list[str]) -> dict[str, int]:
         runs = sum(_delete_tree(conn, root) for root in roots)
     finally:
         _deleting = False
-    unreferenced = " AND ".join(
+    blobs = conn.execute(f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {_unreferenced()}")
+    conn.execute(f"DELETE FROM temp.{FREED}")
+    return {"trees": len(roots), "runs": runs, "blobs": blobs.rowcount}
+
+
+def delete_unreferenced(conn: sqlite3.Connection, digests: list[bytes]) -> int:
+    """Of these blobs, delete those no row references any more (in the caller's transaction)."""
+    deleted = 0
+    for digest in digests:
+        deleted += conn.execute(f"DELETE FROM blobs WHERE digest = ? AND {_unreferenced()}", (digest,)).rowcount
+    return deleted
+
+
+@functools.cache
+def _unreferenced() -> str:
+    """SQL: no row of any table with a foreign key to blobs references ``blobs.digest``."""
+    return " AND ".join(
         f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
         for t, columns in _blob_references().items()
         for c in columns
     )
-    blobs = conn.execute(f"DELETE FROM blobs WHERE digest IN (SELECT digest FROM temp.{FREED}) AND {unreferenced}")
-    conn.execute(f"DELETE FROM temp.{FREED}")
-    return {"trees": len(roots), "runs": runs, "blobs": blobs.rowcount}
 
 
 def retention_deleting() -> int:

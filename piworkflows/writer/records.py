@@ -81,23 +81,6 @@ def increment_revision(conn: sqlite3.Connection, resource_id: str, expected: int
     return expected + 1
 
 
-# --- viewer projection ----------------------------------------------------------
-
-RETAINED_PRESENTATION_REVISIONS = 256
-
-
-def advance_presentation(conn: sqlite3.Connection, run_id: str, now: int) -> int:
-    """A transaction that changes what a run view shows advances its presentation revision."""
-    conn.execute(
-        "UPDATE viewer_runs SET presentation_revision = presentation_revision + 1, "
-        "retained_revision_floor = max(retained_revision_floor, presentation_revision + 1 - ?), updated_at = ? "
-        "WHERE run_id = ?",
-        (RETAINED_PRESENTATION_REVISIONS - 1, now, run_id),
-    )
-    row = conn.execute("SELECT presentation_revision FROM viewer_runs WHERE run_id = ?", (run_id,)).fetchone()
-    return int(row[0])
-
-
 def end_live_runner(conn: sqlite3.Connection, run_id: str, now: int) -> None:
     """The runner's work ended with this transaction (the run finished or waits); it exits next."""
     conn.execute(

@@ -1,5 +1,5 @@
-"""Live views over real sockets: view.run.watch snapshots, view.runs.watch pages, unwatch, a slow
-reader that is caught up with a fresh snapshot, and the client's RunWatch."""
+"""Live views over real sockets: view.run.watch snapshots and patches, view.runs.watch pages,
+unwatch, a slow reader that is caught up with a fresh snapshot, and the client's RunWatch."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import uuid
 import pytest
 
 from piworkflows.protocol import client_v1
+from piworkflows.views.materialize import Document
 from piworkflows.views.watch import RunsWatch, RunWatch, WatchEnded
-from tests.engine_util import CHECKPOINT, TENSTEP, start, wait_status, write
+from tests.engine_util import CHECKPOINT, TENSTEP, start, view, wait_status, write
 from tests.server_util import ServerProcess, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -90,6 +91,54 @@ def test_a_watcher_gets_the_snapshot_then_one_after_each_change_in_order(server,
     raw.close()
 
 
+def test_a_patch_watcher_sees_every_revision_once_in_order_and_ends_at_the_snapshot(server, project):
+    """A snapshot, then run_patch events whose revisions follow each other with none skipped or
+    repeated; the document they make equals the server's snapshot at the same revision."""
+    write(project, "tenstep", TENSTEP)
+    run_id = start(server, project, "tenstep")
+    raw = Raw(server)
+    raw.send("view.run.watch", {"subscriptionId": "p", "patches": True}, run_id)
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    snapshot = raw.until(lambda m: m["type"] == "event")[-1]
+    assert snapshot["event"] == "run_snapshot"
+    held = Document(snapshot["payload"])
+    seen = [held.revision]
+    wait_status(server, run_id, "completed")
+    final = view(server, run_id)
+    while held.revision < final["revision"]:
+        event = raw.read()
+        assert event["event"] == "run_patch" and event["subscriptionId"] == "p"
+        patch = event["payload"]
+        assert patch["schema"] == "pi-workflows.run-patch.v1" and patch["fromRevision"] == held.revision
+        seen += [step["revision"] for step in patch["patches"]]
+        held.apply(patch)
+        if held.revision >= final["revision"]:
+            final = view(server, run_id)  # anything after it (the queue settled) comes too
+    assert seen == list(range(seen[0], final["revision"] + 1))  # every revision once, in order
+    assert held.view == final and held.view["display"]["status"] == "completed"
+    raw.close()
+
+
+def test_a_patch_watcher_catches_up_from_a_retained_revision_without_a_snapshot(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    held = Document(view(server, run_id))
+    with server.client() as client:
+        client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
+    wait_status(server, run_id, "completed")
+    final = wait_until(lambda: (v := view(server, run_id))["queue"]["status"] == "done" and v, what="settled")
+    raw = Raw(server)
+    raw.send("view.run.watch", {"subscriptionId": "c", "patches": True, "revision": held.revision}, run_id)
+    response = raw.until(lambda m: m["type"] == "response")[-1]
+    assert response["receipt"]["revision"] == final["revision"]
+    event = raw.read()
+    assert event["event"] == "run_patch" and event["payload"]["fromRevision"] == held.revision
+    held.apply(event["payload"])
+    assert held.view == final
+    raw.close()
+
+
 def test_watch_refusals_keep_the_connection(server, project):
     write(project, "ask", CHECKPOINT)
     run_id = start(server, project, "ask")
@@ -97,9 +146,9 @@ def test_watch_refusals_keep_the_connection(server, project):
     raw.send("view.run.watch", {}, "run-unknown")
     unknown = raw.until(lambda m: m["type"] == "response")[-1]
     assert (unknown["outcome"], unknown["receipt"]["code"]) == ("notFound", "runNotFound")
-    raw.send("view.run.watch", {"patches": True}, run_id)
-    patches = raw.until(lambda m: m["type"] == "response")[-1]
-    assert (patches["outcome"], patches["receipt"]["code"]) == ("rejected", "notAvailable")
+    raw.send("view.run.watch", {"pages": [{"kind": "steps", "cursor": 0}]}, run_id)
+    pages = raw.until(lambda m: m["type"] == "response")[-1]
+    assert (pages["outcome"], pages["receipt"]["code"]) == ("rejected", "notAvailable")
     raw.send("view.run.watch", {}, None)
     no_run = raw.until(lambda m: m["type"] == "response")[-1]
     assert (no_run["outcome"], no_run["receipt"]["code"]) == ("rejected", "validationFailed")

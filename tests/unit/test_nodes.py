@@ -87,7 +87,8 @@ def test_a_run_walks_its_nodes_to_completion(claimed):
     attempts = conn.execute("SELECT node_path, attempt_status, outcome FROM node_attempts ORDER BY node_path")
     assert attempts.fetchall() == [("greet", "completed", "ok"), ("progress", "completed", "ok")]
     assert conn.execute("SELECT step_index FROM run_steps ORDER BY 1").fetchall() == [(0,), (1,)]
-    assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (6,)
+    # one revision per command, and one for the queue settled by the local effect after the last
+    assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (7,)
     assert run_state(claimed) == (("completed", "done", False, False), None)
     assert conn.execute("SELECT outcome FROM run_workers").fetchall() == [("exited",)]
     (late,) = run_group(claimed, runner_exited(1))  # the runner record ended with the run

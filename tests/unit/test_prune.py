@@ -160,6 +160,7 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
     def files() -> tuple[bytes, bytes]:
         return paths.database.read_bytes(), paths.wal.read_bytes()
 
+    conn.execute("DELETE FROM temp.viewer_touched")  # the setup wrote rows directly, outside any command
     before = files()
     (dry,) = run_group(executor, submitted("state.prune", {"actor": CLIENT, "before_ms": 5_000}))
     assert files() == before  # no byte changed
@@ -167,6 +168,10 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
     assert dry.receipt["eligible"] == ["run-done"]
     assert blocked == {"run-failed": "unfinishedRun", "run-effect": "unsettledEffect"}
 
+    deltas_only = conn.execute(  # values of run-done's view ops that no other row holds
+        "SELECT DISTINCT value_digest FROM viewer_deltas WHERE run_id = 'run-done' AND value_digest NOT IN "
+        "(SELECT value_digest FROM viewer_deltas WHERE run_id != 'run-done' AND value_digest IS NOT NULL)"
+    ).fetchall()
     done = {"destination": "/backups/b.sqlite", "bytes": 1, "pages": 1}  # what the writer loop made first
     (applied,) = run_group(
         executor,
@@ -182,7 +187,9 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
         ),
     )
     assert applied.outcome == "accepted", applied
-    assert applied.receipt["deleted"] == {"trees": 1, "runs": 1, "blobs": 1}
+    # its input, and the values of its view's ops (they name the run: no other run holds them)
+    assert applied.receipt["deleted"]["trees"] == 1 and applied.receipt["deleted"]["runs"] == 1
+    assert applied.receipt["deleted"]["blobs"] == 1 + len(deltas_only)
     left = {row[0] for row in conn.execute("SELECT run_id FROM runs")}
     assert left == set(runs.values()) - {"run-done"} | {"run-child"}
     blobs = {row[0] for row in conn.execute("SELECT digest FROM blobs")}

@@ -124,17 +124,20 @@ def test_a_queued_run_in_upstreams_fields(executor):
     assert shown and all(ISO_MS.fullmatch(at) for at in shown)
 
 
-def test_a_live_claim_shows_running_but_a_stale_one_does_not(executor, clock):
+def test_an_open_runner_shows_running_and_an_ended_one_does_not(executor, clock):
+    """No clock at view time: a runner is live while its run_workers row is open, and startup
+    recovery ends an older server's rows (as orphaned), which the view then shows."""
     run_group(executor, run_create("run-1"))
     conn = executor.conn
-    conn.execute("INSERT INTO leases VALUES ('run-1', 1, 'owner', zeroblob(32), 0, 0, ?)", (clock.now_ms() + 1000,))
     conn.execute("UPDATE runs SET status = 'running' WHERE run_id = 'run-1'")
     conn.execute(
         "INSERT INTO run_workers (run_id, server_epoch, lease_generation, launch_command, start_revision, "
         "created_at) VALUES ('run-1', 1, 1, 'start', 1, 0)"
     )
     assert view_of(executor)["display"]["status"] == "running"
-    clock.advance(1000)  # the claim expired: a stale owner is not shown as current
+    clock.advance(60_000)  # time alone changes nothing shown
+    assert view_of(executor)["display"]["status"] == "running"
+    conn.execute("UPDATE run_workers SET outcome = 'orphaned', ended_at = 1 WHERE run_id = 'run-1'")
     assert view_of(executor)["display"]["status"] == "queued"
 
 

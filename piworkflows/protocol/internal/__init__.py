@@ -65,7 +65,7 @@ from piworkflows.protocol.internal.runners import (
     RunnerExited,
     RunnerSpawned,
 )
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches
 from piworkflows.protocol.internal.server import (
     ServerCounts,
     ServerRecordStop,
@@ -103,6 +103,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunList,
         RunGet,
         ViewPage,
+        ViewPatches,
         # control
         RunCancel,
         RunPause,

@@ -94,6 +94,15 @@ class RunGet(ReadCommand):
     run_id: Id
 
 
+class ViewPatches(ReadCommand):
+    """A run view's revisions after ``after`` as ops (writer/views/projection.py), or its snapshot
+    when they are no longer all retained."""
+
+    kind: ClassVar[str] = "view.patches"
+    run_id: Id
+    after: int = Field(ge=0)
+
+
 class ViewPage(ReadCommand):
     """A page of one of the run's histories (pi-workflows.run-page.v1, writer/views/pages.py)."""
 

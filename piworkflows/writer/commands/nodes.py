@@ -32,6 +32,7 @@ from piworkflows.protocol.internal.nodes import (
 from piworkflows.writer import agent_steps, local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
+from piworkflows.writer.views import projection
 
 RUNNER = frozenset({"runner", "server"})
 ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out", "cancelled": "cancelled"}
@@ -157,7 +158,7 @@ def ending(
     def apply(stamp: Stamp) -> None:
         before(stamp)
         end_run(tx, run_id, status, output, error, code)
-        records.advance_presentation(tx.conn, run_id, tx.now)
+        projection.touch(tx.conn, run_id)
 
     return Change(
         event_type="run.finished",
@@ -191,7 +192,7 @@ class StartNode(RunnerTransition[NodeStart]):
         def apply(stamp: Stamp) -> None:
             planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
 
         return Change(
             event_type="node.started",
@@ -262,7 +263,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
             if planned is not None:
                 planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
 
         receipt["nextNode"] = cmd.next_node
         if planned is not None:
@@ -319,7 +320,7 @@ class WaitNode(RunnerTransition[NodeWait]):
                 "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
             )
             records.end_live_runner(conn, cmd.run_id, now)
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
 
         return Change(
             event_type="node.waiting",
@@ -429,7 +430,7 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
             conn.execute(
                 "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
             )
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
 
         return Change(
             event_type="checkpoint.answered",

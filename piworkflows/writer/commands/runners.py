@@ -32,6 +32,7 @@ from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
+from piworkflows.writer.views import projection
 from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
@@ -91,7 +92,7 @@ class ClaimRun(ResourceHandler[RunClaim]):
                 "created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (cmd.run_id, cmd.server_epoch, stamp.lease_generation, launch_command, stamp.revision, now),
             ).lastrowid
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
             change.receipt.update(runnerEpoch=runner_epoch, leaseGeneration=stamp.lease_generation)
 
         change.apply = apply
@@ -190,7 +191,7 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
                     "UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
                     (run_status, park, now, cmd.run_id),
                 )
-            records.advance_presentation(conn, cmd.run_id, now)
+            projection.touch(conn, cmd.run_id)
 
         receipt = {"runId": cmd.run_id, "placement": placement, **({"parkReason": park} if park else {})}
         # Why it parked, for the run view (piworkflows.parkDetail): only with a runnerNoProgress park.

@@ -8,10 +8,10 @@ from __future__ import annotations
 import sqlite3
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
-from piworkflows.writer.views import run_view
+from piworkflows.writer.views import projection, run_view
 from piworkflows.writer.views import runs as views
 
 
@@ -144,7 +144,7 @@ class GetRun(Handler[RunGet]):
     read_only = True
 
     def execute(self, tx: Tx, cmd: RunGet) -> Result:
-        view = run_view.run_view(tx.conn, tx.now, cmd.run_id)
+        view = run_view.run_view(tx.conn, cmd.run_id)
         if view is None:
             raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
         return Result(revision=view["revision"], receipt=view)
@@ -162,4 +162,21 @@ class ReadViewPage(Handler[ViewPage]):
         return Result(revision=page["revision"], receipt=page)
 
 
-HANDLERS = (CreateRun(), ListRuns(), GetRun(), ReadViewPage())
+class ReadViewPatches(Handler[ViewPatches]):
+    model = ViewPatches
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ViewPatches) -> Result:
+        """``{"patch": {revision, runRevision, patches}}``, or ``{"snapshot": view}`` when the
+        revisions after ``after`` are not all retained."""
+        found = projection.patches(tx.conn, cmd.run_id, cmd.after)
+        if found is not None:
+            return Result(revision=found["revision"], receipt={"patch": found})
+        view = run_view.run_view(tx.conn, cmd.run_id)
+        if view is None:
+            raise CommandError("runNotFound", "no such run", runId=cmd.run_id)
+        return Result(revision=view["revision"], receipt={"snapshot": view})
+
+
+HANDLERS = (CreateRun(), ListRuns(), GetRun(), ReadViewPage(), ReadViewPatches())

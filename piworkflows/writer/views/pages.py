@@ -44,11 +44,36 @@ class History:
 
     def window(self, conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
         """The last WINDOW rows, oldest first, with where they start and how many there are."""
+        total = self.total(conn, run_id)
+        rows = self.newest(conn, run_id, WINDOW)
+        return {"start": total - len(rows), "total": total, "items": [self.item(row, values) for row in rows]}
+
+    def total(self, conn: sqlite3.Connection, run_id: str) -> int:
         (total,) = conn.execute(self.count, {"run": run_id}).fetchone()
+        return int(total)
+
+    def newest(self, conn: sqlite3.Connection, run_id: str, limit: int) -> list[tuple[Any, ...]]:
+        """The last ``limit`` rows, oldest first."""
         rows = conn.execute(
-            f"{self.select} WHERE {self.where} ORDER BY {self.key} DESC LIMIT :limit", {"run": run_id, "limit": WINDOW}
+            f"{self.select} WHERE {self.where} ORDER BY {self.key} DESC LIMIT :limit", {"run": run_id, "limit": limit}
         ).fetchall()
-        return {"start": total - len(rows), "total": total, "items": [self.item(row, values) for row in reversed(rows)]}
+        rows.reverse()
+        return rows
+
+    def row(self, conn: sqlite3.Connection, run_id: str, key: Any) -> tuple[Any, ...] | None:
+        """The row whose key is ``key``."""
+        found: tuple[Any, ...] | None = conn.execute(
+            f"{self.select} WHERE {self.where} AND {self.key} = :key", {"run": run_id, "key": key}
+        ).fetchone()
+        return found
+
+    def later(self, conn: sqlite3.Connection, run_id: str, key: Any, limit: int) -> int:
+        """How many rows come after the row whose key is ``key``, counted up to ``limit``."""
+        (count,) = conn.execute(
+            f"SELECT count(*) FROM ({self.select} WHERE {self.where} AND {self.key} > :key LIMIT :limit)",
+            {"run": run_id, "key": key, "limit": limit},
+        ).fetchone()
+        return int(count)
 
     def page(self, conn: sqlite3.Connection, run_id: str, values: RunValues, start: int, limit: int) -> dict[str, Any]:
         """At most ``limit`` rows from position ``start`` (past the end: none)."""

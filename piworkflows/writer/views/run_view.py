@@ -30,6 +30,8 @@ whatever the run produced.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from piworkflows.isotime import iso, iso_or_none
@@ -38,7 +40,7 @@ from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
-from piworkflows.writer.views.pages import HISTORIES, PAGE_SCHEMA, STEP_SELECT, WINDOW, step
+from piworkflows.writer.views.pages import HISTORIES, PAGE_SCHEMA, STEP_SELECT, WINDOW, History, step
 from piworkflows.writer.views.pending import pending_view
 from piworkflows.writer.views.runs import (
     FACTS,
@@ -63,135 +65,266 @@ _STATE_STATUS = {"queued": "running"}
 _DONE_QUEUE = {"completed": "done", "failed": "failed", "timed_out": "failed", "cancelled": "cancelled"}
 
 
-def run_view(conn: sqlite3.Connection, now: int, run_id: str) -> dict[str, Any] | None:
+def run_view(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    """The snapshot at the run's current presentation revision: its fixed parts, its head, its
+    windows, transitions and node results, each read by the function its patches use too."""
+    values = RunValues(conn, run_id)
+    parts = head(conn, run_id, values)
+    if parts is None:
+        return None
+    view: dict[str, Any] = {"schema": RUN_VIEW_SCHEMA, "runId": run_id}
+    for pointer, value in (fixed(conn, run_id, values) | parts | transitions(conn, run_id)).items():
+        put(view, pointer, value)
+    for window in WINDOWS:
+        for pointer, value in window.snapshot(conn, run_id, values).items():
+            put(view, pointer, value)
+    view["state"] |= node_results(conn, run_id, values)
+    (view["revision"],) = conn.execute(
+        "SELECT presentation_revision FROM viewer_runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return view
+
+
+def put(document: dict[str, Any], pointer: str, value: Any) -> None:
+    """Set the member a JSON Pointer of (escaped) object keys names, making its parents."""
+    *parents, last = [unescape(token) for token in pointer.split("/")[1:]]
+    for token in parents:
+        document = document.setdefault(token, {})
+    document[last] = value
+
+
+def escape(key: str) -> str:
+    """A key as a JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def fixed(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
+    """What a run view shows that never changes after the run was created."""
+    row = conn.execute(
+        "SELECT r.workflow_name, r.parent_run_id, r.definition_digest, r.input_digest, s.source_kind, "
+        "s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision "
+        "FROM runs r JOIN run_sources s ON s.run_id = r.run_id WHERE r.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    name, parent, definition, input_digest = row[:4]
+    return {
+        "/state/schema": STATE_SCHEMA,
+        "/state/runId": run_id,
+        "/state/workflowName": name,
+        **({"/state/parentRunId": parent} if parent is not None else {}),
+        "/state/workflowSource": workflow_source(*row[4:9]),
+        "/state/definitionDigest": "sha256:" + definition.hex(),
+        "/state/input": values.value(input_digest, STATE_VALUE_BYTES),
+        "/workflow": _workflow(conn, run_id, definition),
+        "/graphHistory": None,
+    }
+
+
+def head(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any] | None:
+    """What a run view shows that may change with any transaction, as JSON Pointers and their values
+    (a key a run view does not have now is absent): read from indexed rows, bounded, no history."""
     row = conn.execute(
         f"""SELECT r.workflow_name, r.title, p.canonical_path, r.execution_mode, r.origin_session_id, r.max_steps,
                    r.lineage, r.root_run_id, r.parent_run_id, r.restart_number, r.created_at, r.started_at,
-                   r.finished_at, r.updated_at, r.error_code, r.definition_digest, r.input_digest, r.output_digest,
-                   r.error_digest, v.presentation_revision, res.revision, q.queue_status, q.updated_at,
-                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision, {FACTS}
-            FROM runs r JOIN viewer_runs v ON v.run_id = r.run_id JOIN resources res ON res.resource_id = r.run_id
+                   r.finished_at, r.updated_at, r.error_code, r.definition_digest, r.output_digest,
+                   r.error_digest, res.revision, q.queue_status, q.updated_at,
+                   s.source_kind, s.source_path, s.source_sha256, s.builtin_id, s.builtin_revision,
+                   (SELECT count(*) FROM run_steps c WHERE c.run_id = r.run_id), {FACTS}
+            FROM runs r JOIN resources res ON res.resource_id = r.run_id
             JOIN projects p ON p.project_id = r.project_id JOIN run_sources s ON s.run_id = r.run_id
             LEFT JOIN run_queue q ON q.run_id = r.run_id
             WHERE r.run_id = :run_id""",
-        {"run_id": run_id, "now": now, "cause_bytes": PARK_CAUSE_BYTES, "reason_bytes": REASON_BYTES},
+        {"run_id": run_id, "cause_bytes": PARK_CAUSE_BYTES, "reason_bytes": REASON_BYTES},
     ).fetchone()
     if row is None:
         return None
     (name, title, project, mode, session, max_steps, lineage, root, parent, restart_number) = row[:10]
-    (created, started, finished, updated, error_code, definition, input_digest, output_digest, error_digest) = row[
-        10:19
-    ]
-    revision, run_revision, queue_status, queue_updated = row[19:23]
-    source = workflow_source(*row[23:28])
-    facts = run_facts(row[28:])
-    values = RunValues(conn, run_id)
+    (created, started, finished, updated, error_code, definition, output_digest, error_digest) = row[10:18]
+    run_revision, queue_status, queue_updated = row[18:21]
+    source = workflow_source(*row[21:26])
+    step_total = row[26]
+    facts = run_facts(row[27:])
     shown = display(facts)
-    steps = HISTORIES["steps"].window(conn, run_id, values)
     current = _current_step(conn, run_id, values)
-    updates = HISTORIES["updates"].window(conn, run_id, values)
-    graph_steps, transitions = _graph(conn, run_id)
-    state: dict[str, Any] = {
-        "schema": STATE_SCHEMA,
-        "traceSeq": run_revision,
-        "runId": run_id,
-        "workflowName": name,
-        **({"runTitle": title} if title is not None else {}),
-        **({"parentRunId": parent} if parent is not None else {}),
-        "workflowSource": source,
-        "definitionDigest": "sha256:" + definition.hex(),
-        "startedAt": iso(started if started is not None else created),
-        **({"finishedAt": iso(finished)} if finished is not None else {}),
-        "updatedAt": iso(updated),
-        "status": _STATE_STATUS.get(facts.status, facts.status),
-        "input": values.value(input_digest, STATE_VALUE_BYTES),
-        **_node_results(conn, run_id, values),
-        "steps": steps["items"],
-        "updates": updates["items"],
-        "paused": facts.paused,
+    parts: dict[str, Any] = {
+        "/runRevision": run_revision,
+        "/display": shown,
+        "/manifest": manifest(run_id, name, source, created, started, finished, shown["status"]),
+        "/state/traceSeq": run_revision,
+        **({"/state/runTitle": title} if title is not None else {}),
+        "/state/startedAt": iso(started if started is not None else created),
+        **({"/state/finishedAt": iso(finished)} if finished is not None else {}),
+        "/state/updatedAt": iso(updated),
+        "/state/status": _STATE_STATUS.get(facts.status, facts.status),
+        "/state/paused": facts.paused,
     }
     if current is not None:
-        state |= {
-            "currentNode": current["nodeId"],
-            "currentAttemptId": current["attemptId"],
-            "currentNodeStartedAt": current["startedAt"],
+        parts |= {
+            "/state/currentNode": current["nodeId"],
+            "/state/currentAttemptId": current["attemptId"],
+            "/state/currentNodeStartedAt": current["startedAt"],
         }
         if current["status"] == "waiting":
-            state["waitingOn"] = current["nodeId"]
+            parts["/state/waitingOn"] = current["nodeId"]
     if facts.status == "completed":
-        state["finalOutput"] = values.value(output_digest, STATE_VALUE_BYTES)
+        parts["/state/finalOutput"] = values.value(output_digest, STATE_VALUE_BYTES)
     if error_digest is not None:
-        state["error"] = values.value(error_digest, STATE_VALUE_BYTES)
-    followups = HISTORIES["follow_ups"].window(conn, run_id, values)
-    settings = HISTORIES["settings"].window(conn, run_id, values)
-    return {
-        "schema": RUN_VIEW_SCHEMA,
+        parts["/state/error"] = values.value(error_digest, STATE_VALUE_BYTES)
+    parts["/queue"] = {
         "runId": run_id,
-        "revision": revision,
-        "runRevision": run_revision,
-        "display": shown,
-        "manifest": manifest(run_id, name, source, created, started, finished, shown["status"]),
-        "state": state,
-        "workflow": _workflow(conn, run_id, definition),
-        "queue": {
-            "runId": run_id,
-            "workflowName": name,
-            "workflowSourceRef": source["path"] if source["kind"] == "file" else "builtin:" + source["id"],
-            "initialized": started is not None,
-            "definitionDigest": state["definitionDigest"],
-            "status": queue_status or _DONE_QUEUE.get(facts.status, "done"),
-            "originSessionId": session,
-            "executionMode": mode,
-            "parentRunId": parent,
-            "rootRunId": root,
-            "lineageKind": {"root": None, "restart": "restart"}.get(lineage, "continuation"),
-            "restartNumber": restart_number,
-            "parentTerminalFingerprint": None,
-            "errorCode": error_code,
-            "createdAt": iso(created),
-            "updatedAt": iso(max(updated, queue_updated or 0)),
-            "startedAt": iso_or_none(started),
-            "finishedAt": iso_or_none(finished),
-        },
-        "updates": updates["items"],
-        "updateStart": updates["start"],
-        "updateTotal": updates["total"],
-        "graphSteps": graph_steps["items"],
-        "graphStepStart": graph_steps["start"],
-        "graphStepTotal": graph_steps["total"],
-        "takenTransitions": transitions["items"],
-        "graphHistory": None,
-        "takenTransitionStart": transitions["start"],
-        "takenTransitionTotal": transitions["total"],
-        "graphCursor": max(0, steps["total"] - 1),
-        "stepStart": steps["start"],
-        "stepTotal": steps["total"],
-        "tracePage": HISTORIES["trace"].window(conn, run_id, values),
-        "session": _session(conn, run_id, values),
-        "settingsScopes": settings["items"],
-        "settingsStart": settings["start"],
-        "settingsTotal": settings["total"],
-        "followUpQueue": None if followups["total"] == 0 else {"items": followups["items"]},
-        "followUpStart": followups["start"],
-        "followUpTotal": followups["total"],
-        **liveness(shown, queue_status),
-        "piworkflows": {
-            "title": title,
-            "projectPath": project,
-            "executionMode": mode,
-            "maxSteps": max_steps,
-            "lineage": lineage,
-            "restartNumber": restart_number,
-            "status": facts.status,
-            "parkReason": facts.park_reason,
-            "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
-            "errorCode": error_code,
-            "durationMs": finished - started if started is not None and finished is not None else None,
-            "currentStep": current,
-            "effects": _ambiguous_effects(conn, run_id),
-            "pending": pending_view(conn, run_id) or _checkpoint(conn, run_id, values),
-        },
+        "workflowName": name,
+        "workflowSourceRef": source["path"] if source["kind"] == "file" else "builtin:" + source["id"],
+        "initialized": started is not None,
+        "definitionDigest": "sha256:" + definition.hex(),
+        "status": queue_status or _DONE_QUEUE.get(facts.status, "done"),
+        "originSessionId": session,
+        "executionMode": mode,
+        "parentRunId": parent,
+        "rootRunId": root,
+        "lineageKind": {"root": None, "restart": "restart"}.get(lineage, "continuation"),
+        "restartNumber": restart_number,
+        "parentTerminalFingerprint": None,
+        "errorCode": error_code,
+        "createdAt": iso(created),
+        "updatedAt": iso(max(updated, queue_updated or 0)),
+        "startedAt": iso_or_none(started),
+        "finishedAt": iso_or_none(finished),
     }
+    parts["/graphCursor"] = max(0, step_total - 1)
+    parts |= {"/" + key: value for key, value in liveness(shown, queue_status).items()}
+    parts |= _session(conn, run_id, values)
+    parts["/piworkflows"] = {
+        "title": title,
+        "projectPath": project,
+        "executionMode": mode,
+        "maxSteps": max_steps,
+        "lineage": lineage,
+        "restartNumber": restart_number,
+        "status": facts.status,
+        "parkReason": facts.park_reason,
+        "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
+        "errorCode": error_code,
+        "durationMs": finished - started if started is not None and finished is not None else None,
+        "currentStep": current,
+        "effects": _ambiguous_effects(conn, run_id),
+        "pending": pending_view(conn, run_id) or _checkpoint(conn, run_id, values),
+    }
+    return parts
+
+
+@dataclass(frozen=True)
+class Window:
+    """A history as a run view's tail window: the arrays it fills (each with its item), and where
+    its start and total are shown."""
+
+    kind: str  # the history (pages.HISTORIES)
+    arrays: tuple[tuple[str, Callable[[tuple[Any, ...], RunValues], dict[str, Any]]], ...]
+    starts: tuple[str, ...]
+    totals: tuple[str, ...]
+    holder: str | None = None  # an object holding the only array, null while the history is empty
+
+    @property
+    def history(self) -> History:
+        return HISTORIES[self.kind]
+
+    def snapshot(self, conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
+        total = self.history.total(conn, run_id)
+        return self.shown(self.history.newest(conn, run_id, WINDOW), total, values)
+
+    def shown(self, rows: list[tuple[Any, ...]], total: int, values: RunValues) -> dict[str, Any]:
+        """The window's members as JSON Pointers: its last rows, start and total."""
+        start = total - len(rows)
+        parts: dict[str, Any] = {pointer: start for pointer in self.starts} | {
+            pointer: total for pointer in self.totals
+        }
+        for pointer, item in self.arrays:
+            items = [item(row, values) for row in rows]
+            if self.holder is None:
+                parts[pointer] = items
+            else:
+                parts[self.holder] = {"items": items} if total else None
+        return parts
+
+
+def _graph_step(row: tuple[Any, ...], values: RunValues) -> dict[str, Any]:
+    """A compact step of ``graphSteps``: no values."""
+    _, attempt_id, node, kind, _, _, _, outcome, started, finished = row[:10]
+    return {
+        "attemptId": attempt_id,
+        "nodeId": node,
+        "nodeType": kind,
+        "outcome": outcome,
+        "startedAt": iso(started),
+        "finishedAt": iso_or_none(finished),
+        "prompt": None,
+        "output": None,
+    }
+
+
+WINDOWS = (
+    Window(
+        "steps",
+        (("/state/steps", step), ("/graphSteps", _graph_step)),
+        ("/stepStart", "/graphStepStart"),
+        ("/stepTotal", "/graphStepTotal"),
+    ),
+    Window(
+        "updates",
+        (("/updates", HISTORIES["updates"].item), ("/state/updates", HISTORIES["updates"].item)),
+        ("/updateStart",),
+        ("/updateTotal",),
+    ),
+    Window(
+        "trace",
+        (("/tracePage/items", HISTORIES["trace"].item),),
+        ("/tracePage/start",),
+        ("/tracePage/total",),
+    ),
+    Window(
+        "session_entries",
+        (("/session/entryPage/items", HISTORIES["session_entries"].item),),
+        ("/session/entryPage/start",),
+        ("/session/entryPage/total",),
+    ),
+    Window(
+        "session_events",
+        (("/session/eventPage/items", HISTORIES["session_events"].item),),
+        ("/session/eventPage/start",),
+        ("/session/eventPage/total",),
+    ),
+    Window(
+        "settings",
+        (("/settingsScopes", HISTORIES["settings"].item),),
+        ("/settingsStart",),
+        ("/settingsTotal",),
+    ),
+    Window(
+        "follow_ups",
+        (("/followUpQueue/items", HISTORIES["follow_ups"].item),),
+        ("/followUpStart",),
+        ("/followUpTotal",),
+        holder="/followUpQueue",
+    ),
+)
+
+
+def transitions(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+    """The distinct transitions the run took ("from->to"), in the order first taken, as a tail window."""
+    rows = conn.execute(
+        "SELECT a.node_path FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id "
+        "WHERE s.run_id = ? ORDER BY s.step_index",
+        (run_id,),
+    ).fetchall()
+    taken: dict[str, None] = {}
+    for before, after in zip(rows, rows[1:], strict=False):
+        taken.setdefault(f"{before[0]}->{after[0]}")
+    names = list(taken)
+    first = max(0, len(names) - WINDOW)
+    return {"/takenTransitions": names[first:], "/takenTransitionStart": first, "/takenTransitionTotal": len(names)}
 
 
 def _current_step(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any] | None:
@@ -202,18 +335,18 @@ def _current_step(conn: sqlite3.Connection, run_id: str, values: RunValues) -> d
     return None if row is None else step(row, values)
 
 
-def _node_results(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
+def node_results(conn: sqlite3.Connection, run_id: str, values: RunValues, node: str | None = None) -> dict[str, Any]:
     """``outputs`` (each node's latest accepted output) and ``results`` (its latest finished
-    attempt), one row per node of the graph."""
+    attempt), one row per node of the graph (or of ``node`` only)."""
     rows = conn.execute(
         """SELECT attempt_id, node_path, node_kind, outcome, started_at, finished_at, output_digest, error_digest,
                   (SELECT b.output_digest FROM node_attempts b WHERE b.run_id = :run AND b.node_path = n.node_path
                    AND b.outcome = 'ok' ORDER BY b.finished_at DESC, b.visit_number DESC LIMIT 1)
            FROM (SELECT a.*, row_number() OVER (PARTITION BY a.node_path ORDER BY s.step_index DESC) AS newest
                  FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
-                 WHERE s.run_id = :run AND a.finished_at IS NOT NULL) n
+                 WHERE s.run_id = :run AND a.finished_at IS NOT NULL AND coalesce(a.node_path = :node, 1)) n
            WHERE newest = 1 ORDER BY node_path""",
-        {"run": run_id},
+        {"run": run_id, "node": node},
     ).fetchall()
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
@@ -234,41 +367,9 @@ def _node_results(conn: sqlite3.Connection, run_id: str, values: RunValues) -> d
     return {"outputs": outputs, "results": results}
 
 
-def _graph(conn: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The compact steps (no values) and the distinct transitions taken, in the order first taken."""
-    rows = conn.execute(
-        "SELECT a.attempt_id, a.node_path, a.node_kind, a.outcome, a.started_at, a.finished_at "
-        "FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id WHERE s.run_id = ? ORDER BY s.step_index",
-        (run_id,),
-    ).fetchall()
-    transitions: dict[str, None] = {}
-    for before, after in zip(rows, rows[1:], strict=False):
-        transitions.setdefault(f"{before[1]}->{after[1]}")
-    start = max(0, len(rows) - WINDOW)
-    compact = [
-        {
-            "attemptId": attempt_id,
-            "nodeId": node,
-            "nodeType": kind,
-            "outcome": outcome,
-            "startedAt": iso(started),
-            "finishedAt": iso_or_none(finished),
-            "prompt": None,
-            "output": None,
-        }
-        for attempt_id, node, kind, outcome, started, finished in rows[start:]
-    ]
-    taken = list(transitions)
-    first = max(0, len(taken) - WINDOW)
-    return (
-        {"items": compact, "start": start, "total": len(rows)},
-        {"items": taken[first:], "start": first, "total": len(taken)},
-    )
-
-
 def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any]:
-    """The run's Pi session: its binding (the first segment that knew the session file), the tail of
-    its settled entries and of its compact events, capture state and the replay checkpoint."""
+    """The run's Pi session: its binding (the first segment that knew the session file), capture
+    state and the replay checkpoint of its event window (the windows are WINDOWS')."""
     segment = conn.execute(
         "SELECT g.pi_session_id, g.pi_session_file, g.started_at, p.canonical_path FROM session_segments g "
         "JOIN runs r ON r.run_id = g.run_id JOIN projects p ON p.project_id = r.project_id "
@@ -284,8 +385,10 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
         "FROM session_events WHERE run_id = :run",
         {"run": run_id},
     ).fetchone()
-    entries = HISTORIES["session_entries"].window(conn, run_id, values)
-    events = HISTORIES["session_events"].window(conn, run_id, values)
+    first = conn.execute(  # the first event of the window
+        "SELECT run_seq FROM session_events WHERE run_id = ? ORDER BY run_seq DESC LIMIT 1 OFFSET ?",
+        (run_id, min(event_total, WINDOW) - 1),
+    ).fetchone()
     binding = None
     if segment is not None:
         session_id, session_file, bound, cwd = segment
@@ -298,10 +401,8 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
             "boundAt": iso(bound),
         }
     return {
-        "binding": binding,
-        "entryPage": entries,
-        "eventPage": events,
-        "capture": None
+        "/session/binding": binding,
+        "/session/capture": None
         if event_total == 0 and entry_total == 0
         else {
             "schema": SESSION_CAPTURE_SCHEMA,
@@ -311,17 +412,20 @@ def _session(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[s
             "entryCount": entry_total,
             "lastEventSeq": max(last_event, last_entry),
         },
-        "integrity": {"status": "complete" if binding is not None else "unavailable", "diagnostics": []},
-        "replayCheckpoint": replay_checkpoint(conn, run_id, events, values),
+        "/session/integrity": {"status": "complete" if binding is not None else "unavailable", "diagnostics": []},
+        "/session/replayCheckpoint": _checkpoint_at(conn, run_id, first[0] if first else 0, values),
     }
 
 
 def replay_checkpoint(
     conn: sqlite3.Connection, run_id: str, events: dict[str, Any], values: RunValues
 ) -> dict[str, Any] | None:
-    """The replay checkpoint at or before the first session event of ``events`` (a window or page):
-    a reader rebuilds the session's state from it and the events that follow."""
-    first = events["items"][0]["seq"] if events["items"] else 0
+    """The replay checkpoint at or before the first session event of ``events`` (a page): a reader
+    rebuilds the session's state from it and the events that follow."""
+    return _checkpoint_at(conn, run_id, events["items"][0]["seq"] if events["items"] else 0, values)
+
+
+def _checkpoint_at(conn: sqlite3.Connection, run_id: str, first: int, values: RunValues) -> dict[str, Any] | None:
     row = conn.execute(
         "SELECT state_digest FROM viewer_session_checkpoints WHERE run_id = ? AND run_seq <= ? "
         "ORDER BY run_seq DESC LIMIT 1",

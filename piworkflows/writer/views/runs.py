@@ -21,13 +21,13 @@ MANIFEST_SCHEMA = "pi-workflows.run-manifest.v1"
 TRACE_SCHEMA = "pi-workflows.trace-event.v1"
 PAGE_BYTES = 256 * 1024  # a run-list page's items as compact JSON, at most (and 256 items)
 
-# The facts behind the display status, as correlated subqueries on indexed columns.
+# The facts behind the display status, as correlated subqueries on indexed columns. No clock: a
+# runner is live while its run_workers row is open (startup recovery ends an older server's rows).
 FACTS = """
     r.status, r.paused, r.park_reason,
     (SELECT count(*) FROM effects e WHERE e.run_id = r.run_id AND e.effect_status = 'ambiguous'),
     (SELECT a.node_kind FROM node_attempts a WHERE a.run_id = r.run_id AND a.attempt_status = 'waiting'),
-    EXISTS (SELECT 1 FROM run_workers w JOIN leases l ON l.resource_id = w.run_id
-            WHERE w.run_id = r.run_id AND w.ended_at IS NULL AND l.owner_id IS NOT NULL AND l.expires_at > :now),
+    EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL),
     EXISTS (SELECT 1 FROM workflow_turns t WHERE t.run_id = r.run_id AND t.turn_state = 'open'),
     (SELECT json_extract(CAST(b.bytes AS TEXT), '$.expected_output.kind') FROM interactive_requests i
      JOIN blobs b ON b.digest = i.contract_digest

@@ -44,6 +44,7 @@ from piworkflows.writer.commands.agents.base import (
 )
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
+from piworkflows.writer.views import projection
 
 ToRequest = TypeVar("ToRequest", InteractionSubmit, InteractionUpdate)
 
@@ -124,7 +125,7 @@ class SubmitInteraction(FromTheModel[InteractionSubmit]):
                 (submission_id, request.request_id, cmd.idempotency_key, cmd.output.digest, now),
             )
             agent_steps.set_request(conn, request, "validating", now)
-            records.advance_presentation(conn, request.run_id, now)
+            projection.touch(conn, request.run_id)
 
         receipt["status"] = "validating"
         return Change(event_type="interaction.submitted", apply=apply, blobs=[cmd.output], receipt=receipt)
@@ -192,7 +193,7 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
                 (rejected.digest, now, cmd.submission_id),
             )
             agent_steps.set_request(conn, request, "pending", now)
-            records.advance_presentation(conn, request.run_id, now)
+            projection.touch(conn, request.run_id)
 
         return Change(
             event_type="interaction.rejected",
@@ -225,7 +226,7 @@ class UpdateInteraction(FromTheModel[InteractionUpdate]):
                 "VALUES (?, ?, ?, 'progress', ?, ?)",
                 (request.run_id, seq, request.attempt_id, body.digest, now),
             )
-            records.advance_presentation(conn, request.run_id, now)
+            projection.touch(conn, request.run_id)
             change.receipt.update(requestId=request.request_id, updateSeq=seq)
 
         change.apply = apply

@@ -48,6 +48,7 @@ from piworkflows.writer.commands.agents.base import (
     session_step,
 )
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
+from piworkflows.writer.views import projection
 
 NO_PROGRESS = "The agent host exited before it reported anything; see server.log. Resume the run to try again."
 
@@ -120,7 +121,7 @@ class ReportBranch(SegmentCommand[AgentBranch]):
                 source = ("interactive_request", request.request_id)
                 ids = (request.run_id, request.request_id, request.target_session_id)
                 agent_steps.add_step(conn, *ids, resumed_key, text, source, tx.actor, now)
-            records.advance_presentation(conn, request.run_id, now)
+            projection.touch(conn, request.run_id)
             change.receipt.update(outcome_receipt(tx, request))
 
         change.apply = apply
@@ -141,7 +142,7 @@ class MessageSent(SegmentCommand[AgentMessageSent]):
 
         def apply(stamp: Stamp) -> None:
             agent_steps.mark_sent(tx.conn, cmd.workflow_message_id, cmd.pi_entry_id, tx.actor, tx.now)
-            records.advance_presentation(tx.conn, segment.run_id, tx.now)
+            projection.touch(tx.conn, segment.run_id)
 
         return Change(event_type="agent.message_sent", apply=apply, receipt=receipt)
 
@@ -185,7 +186,7 @@ class CloseSegment(SegmentCommand[AgentClose]):
 
         def apply(stamp: Stamp) -> None:
             agent_steps.close_segment(tx.conn, segment, "disconnect", tx.now, tx.now, cmd.elapsed_ms)
-            records.advance_presentation(tx.conn, segment.run_id, tx.now)
+            projection.touch(tx.conn, segment.run_id)
 
         return Change(
             event_type="agent.closed",
@@ -241,7 +242,7 @@ class SegmentExited(ResourceHandler[AgentExited]):
                     (segment.run_id, seq, segment.attempt_id, detail.digest, now),
                 )
                 agent_steps.advance(conn, segment.run_id, "run.parked", tx.actor, now, detail.digest)
-            records.advance_presentation(conn, segment.run_id, now)
+            projection.touch(conn, segment.run_id)
 
         placement = {"placement": "parked", "parkReason": "agentNoProgress"} if park else {"placement": "closed"}
         return Change(

@@ -1,0 +1,340 @@
+"""The viewer projection: every transaction that changes what a run view shows advances the run's
+presentation revision once and writes its ordered ops to ``viewer_deltas`` before the same commit
+(VIEWS.md §2 and §3), so a watcher that holds revision R is brought to R+k by the ops alone.
+
+::
+
+    TEMP triggers on the rows a run view reads       temp.viewer_touched: the runs a command
+      (runs, queue, runners, attempts, steps,         touched, the steps and follow-ups it
+      effects, events, updates, session rows, ...)    changed in place, settings changed
+    Projection.project(conn, now), before RELEASE     per touched run: its head (run_view.head,
+      of each accepted command and before COMMIT      bounded, indexed reads) against the head
+      of the local effects' transaction               the projection last recorded, and each
+                                                      window's new rows and changed rows by
+                                                      position arithmetic on their own keys
+    no op: nothing advances (a renewal, a heartbeat)
+    ops: viewer_runs + 1, floor = max(floor, revision - 255), the ops with their values as
+         canonical-JSON blobs, deltas below the floor deleted
+
+The ops of a window are upstream's tail patch at width WINDOW: ``remove <array>/0`` per item
+leaving, ``append`` of the new items, ``replace`` of start (when it moved) and total; WINDOW or
+more new items replace the array. An item changed in place inside the window is a ``replace`` at
+its index. A node that finished gets ``add /state/outputs/<node>`` and ``/state/results/<node>``.
+
+What the projection last recorded of each run (its head, window totals, transitions) is kept in
+memory at the revision it belongs to. A run it does not know at its current revision (the writer
+restarted, the run was evicted, a transaction was rolled back) gets its next revision as a
+``replace`` of every member: correct, only larger.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sqlite3
+from dataclasses import dataclass, replace
+from typing import Any
+
+from piworkflows import canonical
+from piworkflows.errors import CommandError
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.writer import prune, records
+from piworkflows.writer.views.content import RunValues
+from piworkflows.writer.views.pages import WINDOW
+from piworkflows.writer.views.run_view import WINDOWS, Window, escape, head, node_results, run_view, transitions
+
+log = logging.getLogger("piworkflows.writer")
+
+RETAINED = 256  # presentation revisions whose ops are kept: a cursor below floor - 1 gets a snapshot
+KNOWN_RUNS = 256  # runs whose last recorded head the projection keeps (least recently projected go)
+CREATED = "created"  # a touched row's history: the run's viewer row was created
+_FIXED = ("schema", "runId", "revision")  # top-level members a full replace leaves
+
+# (table, events, when, the run, the history changed in place, its key)
+_TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
+    ("viewer_runs", "INSERT", "", "NEW.run_id", CREATED, "0"),
+    ("runs", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("resources", "UPDATE OF revision", "WHEN NEW.resource_kind = 'run'", "NEW.resource_id", "", "0"),
+    ("run_queue", "INSERT", "", "NEW.run_id", "", "0"),
+    ("run_queue", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("run_queue", "DELETE", "", "OLD.run_id", "", "0"),
+    ("run_workers", "INSERT", "", "NEW.run_id", "", "0"),
+    ("run_workers", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("run_steps", "INSERT", "", "NEW.run_id", "", "0"),
+    ("node_attempts", "INSERT", "", "NEW.run_id", "", "0"),
+    (
+        "node_attempts",
+        "UPDATE",
+        "",
+        "NEW.run_id",
+        "steps",
+        "(SELECT step_index FROM run_steps WHERE attempt_id = NEW.attempt_id)",
+    ),
+    ("effects", "INSERT", "WHEN NEW.run_id IS NOT NULL", "NEW.run_id", "", "0"),
+    ("effects", "UPDATE OF effect_status", "WHEN NEW.run_id IS NOT NULL", "NEW.run_id", "", "0"),
+    ("events", "INSERT", "", "NEW.resource_id", "", "0"),
+    ("workflow_updates", "INSERT", "", "NEW.run_id", "", "0"),
+    ("session_entries", "INSERT", "", "NEW.run_id", "", "0"),
+    ("session_events", "INSERT", "", "NEW.run_id", "", "0"),
+    ("session_segments", "INSERT", "", "NEW.run_id", "", "0"),
+    ("session_segments", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("attempt_entries", "INSERT", "", "NEW.run_id", "", "0"),
+    ("attempt_entries", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("workflow_turns", "INSERT", "", "NEW.run_id", "", "0"),
+    ("workflow_turns", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("workflow_messages", "INSERT", "", "NEW.run_id", "", "0"),
+    ("workflow_messages", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("interactive_requests", "INSERT", "", "NEW.run_id", "", "0"),
+    ("interactive_requests", "UPDATE", "", "NEW.run_id", "", "0"),
+    (
+        "interactive_submissions",
+        "INSERT",
+        "",
+        "(SELECT run_id FROM interactive_requests WHERE request_id = NEW.request_id)",
+        "",
+        "0",
+    ),
+    ("viewer_session_checkpoints", "INSERT", "", "NEW.run_id", "", "0"),
+    ("workflow_settings", "INSERT", "", "NEW.run_id", "settings", "0"),
+    ("workflow_settings", "UPDATE", "", "NEW.run_id", "settings", "0"),
+    ("workflow_follow_ups", "INSERT", "", "NEW.run_id", "", "0"),
+    ("workflow_follow_ups", "UPDATE", "", "NEW.run_id", "follow_ups", "NEW.source_order"),
+)
+
+
+def _ddl() -> str:
+    statements = [
+        "CREATE TEMP TABLE IF NOT EXISTS viewer_touched (run_id TEXT NOT NULL, history TEXT NOT NULL, "
+        "key INTEGER NOT NULL, PRIMARY KEY (run_id, history, key)) WITHOUT ROWID;"
+    ]
+    for table, event, when, run, history, key in _TOUCHES:
+        name = f"viewer_touch_{table}_{event.split()[0].lower()}"
+        # NOT EXISTS rather than OR IGNORE: an outer statement's conflict clause would override it
+        statements.append(
+            f"CREATE TEMP TRIGGER IF NOT EXISTS {name} AFTER {event} ON main.{table} {when} BEGIN "
+            f"INSERT INTO viewer_touched SELECT t.run_id, t.history, t.key FROM "
+            f"(SELECT {run} AS run_id, '{history}' AS history, coalesce({key}, 0) AS key) t "
+            "WHERE t.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM viewer_touched v WHERE v.run_id = t.run_id "
+            "AND v.history = t.history AND v.key = t.key); END;"
+        )
+    return "\n".join(statements)
+
+
+_DDL = _ddl()
+
+
+def install(conn: sqlite3.Connection) -> None:
+    """The temp table and triggers on a newly opened writer connection (outside any transaction)."""
+    conn.executescript(_DDL)
+
+
+def touch(conn: sqlite3.Connection, run_id: str) -> None:
+    """The transaction changed what the run's view shows in rows no trigger watches."""
+    conn.execute(
+        "INSERT INTO temp.viewer_touched SELECT ?1, '', 0 WHERE NOT EXISTS "
+        "(SELECT 1 FROM temp.viewer_touched WHERE run_id = ?1 AND history = '' AND key = 0)",
+        (run_id,),
+    )
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the projection recorded of a run at ``revision``."""
+
+    revision: int
+    head: dict[str, Any]
+    totals: tuple[int, ...]  # per WINDOWS
+    transitions: dict[str, Any]
+
+
+class Projection:
+    """The projection of one writer connection (its memory of each run's last recorded head)."""
+
+    def __init__(self) -> None:
+        self.known: collections.OrderedDict[str, Known] = collections.OrderedDict()
+
+    def project(self, conn: sqlite3.Connection, now: int) -> None:
+        """Record the ops of every run the transaction touched since the last call."""
+        touched = conn.execute("SELECT run_id, history, key FROM temp.viewer_touched").fetchall()
+        if not touched:
+            return
+        conn.execute("DELETE FROM temp.viewer_touched")
+        runs: dict[str, dict[str, set[int]]] = {}
+        for run_id, history, key in touched:
+            runs.setdefault(run_id, {}).setdefault(history, set()).add(key)
+        for run_id, changed in runs.items():
+            found = conn.execute(
+                "SELECT presentation_revision, retained_revision_floor FROM viewer_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if found is None:  # not a run, or deleted
+                self.known.pop(run_id, None)
+                continue
+            try:
+                ops = self._ops(conn, run_id, found[0], changed)
+            except CommandError as exc:  # a stored value the view cannot show: never the command's fault
+                log.error("the view of a run cannot be projected: %s", exc.code)
+                self.known.pop(run_id, None)  # its next projection replaces every member
+                continue
+            if ops:
+                revision = found[0] + 1
+                _record(conn, run_id, revision, max(found[1], revision - RETAINED + 1), ops, now)
+                self.known[run_id] = replace(self.known[run_id], revision=revision)
+
+    def _ops(
+        self, conn: sqlite3.Connection, run_id: str, revision: int, changed: dict[str, set[int]]
+    ) -> list[dict[str, Any]]:
+        """The run's ops since ``revision`` (none: nothing shown changed), its new head remembered."""
+        values = RunValues(conn, run_id)
+        parts = head(conn, run_id, values)
+        assert parts is not None, "a viewer row has its run"
+        totals = tuple(window.history.total(conn, run_id) for window in WINDOWS)
+        known = self.known.pop(run_id, None)
+        if CREATED in changed and revision == 1:
+            ops, taken = [], transitions(conn, run_id)
+        elif known is None or known.revision != revision:
+            view = run_view(conn, run_id)
+            assert view is not None
+            ops = [_op("replace", "/" + key, value) for key, value in view.items() if key not in _FIXED]
+            taken = transitions(conn, run_id)
+        else:
+            ops, taken = _changes(conn, run_id, values, known, parts, totals, changed)
+        self.known[run_id] = Known(revision, parts, totals, taken)
+        while len(self.known) > KNOWN_RUNS:
+            self.known.popitem(last=False)
+        return ops
+
+
+def _op(op: str, path: str, value: Any = None) -> dict[str, Any]:
+    return {"op": op, "path": path} if op == "remove" else {"op": op, "path": path, "value": value}
+
+
+def _changes(
+    conn: sqlite3.Connection,
+    run_id: str,
+    values: RunValues,
+    known: Known,
+    parts: dict[str, Any],
+    totals: tuple[int, ...],
+    changed: dict[str, set[int]],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ops from what ``known`` recorded to now, and the transitions now."""
+    ops: list[dict[str, Any]] = []
+    finished: dict[str, None] = {}  # nodes with a step that finished or changed
+    taken = known.transitions
+    for window, before, after in zip(WINDOWS, known.totals, totals, strict=True):
+        name = window.kind
+        if name == "settings":  # ordered by scope key: a new scope may land anywhere
+            if before != after or "settings" in changed:
+                ops += [_op("replace", p, v) for p, v in window.snapshot(conn, run_id, values).items()]
+            continue
+        if after < before or (window.holder is not None and before == 0 and after > 0):
+            ops += [_op("replace", p, v) for p, v in window.snapshot(conn, run_id, values).items()]
+            continue
+        rows = window.history.newest(conn, run_id, min(after - before, WINDOW)) if after > before else []
+        ops += _tail(window, before, after, rows, values)
+        start = max(0, after - WINDOW)
+        for key in sorted(changed.get(name, ())):
+            row = window.history.row(conn, run_id, key)
+            assert row is not None, "a changed row of a run's history is there"
+            rows.append(row)
+            position = after - 1 - window.history.later(conn, run_id, key, WINDOW)
+            if start <= position < before:  # inside the window, not one of the new rows
+                for array, item in window.arrays:
+                    ops.append(_op("replace", f"{array}/{position - start}", item(row, values)))
+        if name == "steps":
+            finished |= {row[2]: None for row in rows if row[9] is not None}
+            if after > before:
+                taken = transitions(conn, run_id)
+                ops += [_op("replace", p, v) for p, v in taken.items() if known.transitions.get(p) != v]
+    for node in finished:
+        shown = node_results(conn, run_id, values, node)
+        for member in ("outputs", "results"):
+            if node in shown[member]:
+                ops.append(_op("add", f"/state/{member}/{escape(node)}", shown[member][node]))
+    for pointer in sorted(known.head.keys() | parts.keys()):
+        if pointer not in parts:
+            ops.append(_op("remove", pointer))
+        elif pointer not in known.head:
+            ops.append(_op("add", pointer, parts[pointer]))
+        elif parts[pointer] != known.head[pointer]:
+            ops.append(_op("replace", pointer, parts[pointer]))
+    return ops, taken
+
+
+def _tail(
+    window: Window, before: int, after: int, rows: list[tuple[Any, ...]], values: RunValues
+) -> list[dict[str, Any]]:
+    """upstream's tail patch: ``after - before`` rows appended to a window of width WINDOW."""
+    if after == before:
+        return []
+    ops: list[dict[str, Any]] = []
+    start, moved = max(0, before - WINDOW), max(0, after - WINDOW)
+    for array, item in window.arrays:
+        items = [item(row, values) for row in rows]
+        if after - before >= WINDOW:
+            ops.append(_op("replace", array, items))
+            continue
+        ops += [_op("remove", f"{array}/0") for _ in range(min(moved - start, before - start))]
+        ops.append(_op("append", array, items))
+    if moved != start:
+        ops += [_op("replace", pointer, moved) for pointer in window.starts]
+    ops += [_op("replace", pointer, after) for pointer in window.totals]
+    return ops
+
+
+def _record(
+    conn: sqlite3.Connection, run_id: str, revision: int, floor: int, ops: list[dict[str, Any]], now: int
+) -> None:
+    """The revision's ops, each value a canonical-JSON blob; the retained revisions move on."""
+    conn.execute(
+        "UPDATE viewer_runs SET presentation_revision = ?, retained_revision_floor = ?, updated_at = ? "
+        "WHERE run_id = ?",
+        (revision, floor, now, run_id),
+    )
+    for index, op in enumerate(ops):
+        digest = None
+        if "value" in op:
+            blob = BlobValue.of_json(op["value"])
+            records.put_blob(conn, blob, now)
+            digest = blob.digest
+        conn.execute(
+            "INSERT INTO viewer_deltas (run_id, presentation_revision, delta_index, patch_op, target_path, "
+            "value_digest) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, revision, index, op["op"], op["path"], digest),
+        )
+    if revision > RETAINED:  # the oldest revision's ops go, and their values no other row holds
+        past = "FROM viewer_deltas WHERE run_id = ? AND presentation_revision < ?"
+        freed = [row[0] for row in conn.execute(f"SELECT DISTINCT value_digest {past}", (run_id, floor)) if row[0]]
+        conn.execute(f"DELETE {past}", (run_id, floor))
+        prune.delete_unreferenced(conn, freed)
+
+
+def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:
+    """The run's revisions after ``after`` as ``[{revision, ops}]`` with the current revision and run
+    revision; None when they are not all retained (a snapshot is needed) or the run is unknown."""
+    found = conn.execute(
+        "SELECT v.presentation_revision, v.retained_revision_floor, r.revision FROM viewer_runs v "
+        "JOIN resources r ON r.resource_id = v.run_id WHERE v.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if found is None:
+        return None
+    revision, floor, run_revision = found
+    if after < 1 or after > revision or after < floor - 1:
+        return None
+    rows = conn.execute(
+        "SELECT d.presentation_revision, d.patch_op, d.target_path, b.bytes FROM viewer_deltas d "
+        "LEFT JOIN blobs b ON b.digest = d.value_digest "
+        "WHERE d.run_id = ? AND d.presentation_revision > ? ORDER BY d.presentation_revision, d.delta_index",
+        (run_id, after),
+    ).fetchall()
+    by_revision: dict[int, list[dict[str, Any]]] = {}
+    for at, op, path, data in rows:
+        by_revision.setdefault(at, []).append(_op(op, path, None if data is None else canonical.loads(data)))
+    if list(by_revision) != list(range(after + 1, revision + 1)):
+        return None
+    return {
+        "revision": revision,
+        "runRevision": run_revision,
+        "patches": [{"revision": at, "ops": ops} for at, ops in by_revision.items()],
+    }

@@ -1,0 +1,335 @@
+"""The viewer projection (writer/views/projection.py): after every commit, the snapshot at revision R
+equals an older snapshot with the retained ops applied (piworkflows/views/materialize.py); one
+revision per viewer-visible command; 256 retained revisions; a patch's cost does not grow with the run."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sqlite3
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from piworkflows.paths import StatePaths
+from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.views.materialize import Document, Gap, apply_op
+from piworkflows.writer.db import GroupExecutor, open_database
+from piworkflows.writer.views import projection
+from piworkflows.writer.views.run_view import run_view
+from tests.support import claim_run, run_create, run_group, runner_exited, submitted, take_epoch, token_hash
+
+pytestmark = pytest.mark.timeout(300)
+
+RUNNER = {"actor_class": "runner"}
+CLIENT = {"actor_class": "client"}
+NODES = ("greet", "work/inner", "done~x")  # a node path with "/" and "~" is an escaped pointer token
+
+
+def claim() -> dict[str, Any]:
+    return {
+        "server_epoch": 1,
+        "owner_id": "server-1",
+        "claim_token_hash": token_hash("tok"),
+        "lease_generation": 1,
+        "ttl_ms": 10_000,
+    }
+
+
+def revision(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT revision FROM resources WHERE resource_id = 'run-1'").fetchone()[0]
+
+
+def node_start(at: int, node: str, visit: int) -> Any:
+    body = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": claim(),
+        "expected_revision": at,
+        "node_path": node,
+        "node_kind": "compute",
+        "visit_number": visit,
+    }
+    return submitted("node.start", body)
+
+
+def node_finish(at: int, attempt: str, output: Any, outcome: str = "ok", end: str | None = None) -> Any:
+    """A node.finish that ends the run with ``end``; its caller names the next node otherwise."""
+    body: dict[str, Any] = {
+        "actor": RUNNER,
+        "run_id": "run-1",
+        "claim": claim(),
+        "expected_revision": at,
+        "attempt_id": attempt,
+        "outcome": outcome,
+    }
+    if outcome == "ok":
+        body["output"] = BlobValue.of_json(output).model_dump()
+    else:
+        body["error"] = BlobValue.of_text(str(output)).model_dump()
+    if end:
+        body["end_status"] = end
+    return submitted("node.finish", body)
+
+
+@pytest.fixture
+def make_executor(tmp_path_factory, settings, clock):
+    """A new state database for each call (a Hypothesis example each)."""
+    made = []
+
+    def make() -> GroupExecutor:
+        paths = StatePaths.resolve(tmp_path_factory.mktemp("state"))
+        made.append(GroupExecutor(open_database(paths, settings, clock), settings, clock))
+        return made[-1]
+
+    yield make
+    for executor in made:
+        executor.conn.close()
+
+
+class Follower:
+    """Every revision of run-1 the way a patch watcher sees it: a snapshot kept at each revision it
+    checked, brought forward with the retained ops and compared with the snapshot then."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        view = run_view(conn, "run-1")
+        assert view is not None
+        self.held = [Document(view)]  # documents at earlier revisions (each brought forward too)
+
+    def check(self) -> None:
+        now = run_view(self.conn, "run-1")
+        assert now is not None
+        for document in self.held:
+            patch = projection.patches(self.conn, "run-1", document.revision)
+            if patch is None:  # past retention: a snapshot is needed
+                (floor,) = self.conn.execute("SELECT retained_revision_floor FROM viewer_runs").fetchone()
+                assert document.revision < floor - 1
+                continue
+            revisions = [step["revision"] for step in patch["patches"]]
+            assert revisions == list(range(document.revision + 1, now["revision"] + 1))  # each once, in order
+            document.apply({"fromRevision": document.revision, **patch})
+            assert document.view == now
+        self.held = [Document(copy.deepcopy(now))] + self.held[:2]
+
+
+class Run:
+    """run-1 under a claim, driven by commands (a refused one changes nothing, and is allowed)."""
+
+    def __init__(self, executor) -> None:
+        self.executor = executor
+        run_group(executor, take_epoch(), run_create("run-1"))
+        executor.conn.execute("UPDATE runs SET max_steps = 100000")  # long runs; shown from the claim on
+        run_group(executor, claim_run())
+        self.follower = Follower(executor.conn)
+        self.visits: dict[str, int] = {}
+        self.open: str | None = None
+
+    def _visit(self, n: int) -> tuple[str, int]:
+        node = NODES[n % len(NODES)]
+        self.visits[node] = self.visits.get(node, 0) + 1
+        return node, self.visits[node]
+
+    def steps(self, count: int, size: int, fail: bool = False, together: bool = True) -> None:
+        """``count`` node visits, one command each (finishing one and starting the next in one
+        command when ``together``), outputs of ``size`` characters; the last fails when ``fail``."""
+        node, visit = self._visit(0)
+        (started,) = run_group(self.executor, node_start(revision(self.executor.conn), node, visit))
+        if started.outcome != "accepted":
+            return
+        attempt = started.receipt["attemptId"]
+        for n in range(1, count + 1):
+            last = n == count
+            output = {"n": n, "text": "x" * size}
+            next_node, visit = self._visit(n)
+            finish = node_finish(revision(self.executor.conn), attempt, output, "failed" if fail and last else "ok")
+            finish.body["next_node"] = next_node
+            if together and not last:
+                finish.body["start_next"] = {"node_kind": "compute", "visit_number": visit}
+            (done,) = run_group(self.executor, finish)
+            assert done.outcome == "accepted", done
+            if last:
+                self.visits[next_node] -= 1  # not started
+                return
+            if together:
+                attempt = done.receipt["nextAttemptId"]
+                continue
+            (started,) = run_group(self.executor, node_start(revision(self.executor.conn), next_node, visit))
+            assert started.outcome == "accepted", started
+            attempt = started.receipt["attemptId"]
+
+    def start_only(self) -> None:
+        node = NODES[0]
+        self.visits[node] = self.visits.get(node, 0) + 1
+        (reply,) = run_group(self.executor, node_start(revision(self.executor.conn), node, self.visits[node]))
+        if reply.outcome == "accepted":
+            self.open = reply.receipt["attemptId"]
+
+    def finish_open(self, end: str | None) -> None:
+        if self.open is not None:
+            finish = node_finish(revision(self.executor.conn), self.open, {"end": end}, end=end)
+            if end is None:
+                finish.body["next_node"] = NODES[1]
+            run_group(self.executor, finish)
+            self.open = None
+
+    def control(self, operation: str) -> None:
+        run_group(self.executor, submitted(operation, {"actor": CLIENT, "run_id": "run-1"}))
+
+    def runner_exits(self) -> None:
+        (epoch,) = self.executor.conn.execute(
+            "SELECT coalesce(max(runner_epoch), 0) FROM run_workers WHERE ended_at IS NULL"
+        ).fetchone()
+        if epoch:
+            run_group(self.executor, runner_exited(epoch))
+
+
+ACTIONS = st.one_of(
+    st.tuples(st.just("steps"), st.integers(1, 5), st.sampled_from([4, 300]), st.booleans()),
+    st.tuples(st.just("separately"), st.integers(1, 3), st.none(), st.none()),
+    st.tuples(st.just("start"), st.none(), st.none(), st.none()),
+    st.tuples(st.just("finish"), st.sampled_from([None, "completed"]), st.none(), st.none()),
+    st.tuples(st.just("control"), st.sampled_from(["run.pause", "run.resume", "run.cancel"]), st.none(), st.none()),
+    st.tuples(st.just("exit"), st.none(), st.none(), st.none()),
+)
+
+
+def act(run: Run, action: tuple[Any, ...]) -> None:
+    kind, a, b, c = action
+    if kind == "steps":
+        run.steps(a, b, c)
+    elif kind == "separately":
+        run.steps(a, 4, together=False)
+    elif kind == "start":
+        run.start_only()
+    elif kind == "finish":
+        run.finish_open(a)
+    elif kind == "control":
+        run.control(a)
+    else:
+        run.runner_exits()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(ACTIONS, min_size=1, max_size=12))
+def test_the_snapshot_equals_an_older_one_with_the_retained_ops_applied(make_executor, actions):
+    """Random command sequences; after every group the follower's documents, brought forward with
+    the retained ops, equal the snapshot, and every revision comes once, in order."""
+    run = Run(make_executor())
+    for action in actions:
+        act(run, action)
+        run.follower.check()
+
+
+def test_a_long_run_moves_its_windows_and_keeps_256_revisions(executor):
+    run = Run(executor)
+    for _ in range(55):  # over 300 revisions: every window slides, the floor moves
+        run.steps(5, 4)
+        run.follower.check()
+    conn = executor.conn
+    (at, floor) = conn.execute("SELECT presentation_revision, retained_revision_floor FROM viewer_runs").fetchone()
+    assert at > 300 and floor == at - 255
+    assert conn.execute("SELECT min(presentation_revision) FROM viewer_deltas").fetchone() == (floor,)
+    assert projection.patches(conn, "run-1", floor - 1) is not None
+    assert projection.patches(conn, "run-1", floor - 2) is None  # older: a snapshot
+    view = run_view(conn, "run-1")
+    assert view is not None and view["stepStart"] == view["stepTotal"] - 64 and len(view["state"]["steps"]) == 64
+
+
+def test_a_command_that_changes_nothing_shown_advances_nothing(executor):
+    run = Run(executor)
+    conn = executor.conn
+    (before,) = conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone()
+    renewed = submitted("claim.renew", {"actor": {"actor_class": "server"}, "resource_id": "run-1", "claim": claim()})
+    assert run_group(executor, renewed)[0].outcome == "accepted"
+    assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (before,)
+    run.steps(1, 4)
+    assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (before + 2,)
+
+
+def test_a_restarted_writer_replaces_every_member_once(executor):
+    """The projection's memory is gone: its first revision replaces each member, then patches resume."""
+    run = Run(executor)
+    run.steps(2, 4)
+    executor.projection = projection.Projection()  # as after a writer restart
+    run.steps(1, 4)
+    conn = executor.conn
+    (at,) = conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone()
+    first = projection.patches(conn, "run-1", at - 2)
+    assert first is not None
+    paths = [op["path"] for op in first["patches"][0]["ops"]]
+    assert "/state" in paths and "/display" in paths and all(path.count("/") == 1 for path in paths)
+    assert "/state" not in [op["path"] for op in first["patches"][1]["ops"]]  # then patches again
+    run.follower.check()
+
+
+# The statements that write a revision's ops: one per op and value, and per value retention frees.
+OP_WRITES = re.compile(
+    r"INSERT INTO (viewer_deltas|blobs)|DELETE FROM (viewer_deltas|blobs)|SELECT DISTINCT value_digest"
+    r"|SELECT media_type, byte_length, bytes FROM blobs"
+)
+
+
+def statements(run: Run) -> tuple[int, int, int]:
+    """The statements of one more node visit (two commands): those that are not op writes, the
+    delta rows written, and the ops of the two revisions."""
+    executed: list[str] = []
+    conn = run.executor.conn
+    (before,) = conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone()
+    conn.set_trace_callback(executed.append)
+    try:
+        run.steps(1, 4)
+    finally:
+        conn.set_trace_callback(None)
+    patch = projection.patches(conn, "run-1", before)
+    assert patch is not None
+    ops = sum(len(step["ops"]) for step in patch["patches"])
+    reads = [s for s in executed if not OP_WRITES.search(s)]
+    return len(reads), sum(s.startswith("INSERT INTO viewer_deltas") for s in executed), ops
+
+
+def test_a_patch_costs_the_same_statements_at_1000_steps_as_at_10(make_executor):
+    """Reading what changed costs the same statements however long the run; writing costs one
+    statement per op (a sliding window's removes and retention's deletes are ops, not steps)."""
+    costs = []
+    for steps in (10, 1000):
+        run = Run(make_executor())
+        for _ in range(steps // 10):
+            run.steps(10, 4)
+        costs.append(statements(run))
+    (reads_10, deltas_10, ops_10), (reads_1000, deltas_1000, ops_1000) = costs
+    assert reads_10 == reads_1000
+    assert (deltas_10, deltas_1000) == (ops_10, ops_1000)
+
+
+def test_the_materializer_is_strict():
+    document = {"a": {"b": [1, 2]}, "c": None}
+    apply_op(document, {"op": "append", "path": "/a/b", "value": [3]})
+    apply_op(document, {"op": "remove", "path": "/a/b/0"})
+    apply_op(document, {"op": "add", "path": "/a/x~1y", "value": 1})
+    apply_op(document, {"op": "replace", "path": "/c", "value": {"d": 1}})
+    assert document == {"a": {"b": [2, 3], "x/y": 1}, "c": {"d": 1}}
+    for op in (
+        {"op": "replace", "path": "/missing", "value": 1},
+        {"op": "remove", "path": "/a/b/5"},
+        {"op": "append", "path": "/c", "value": [1]},
+        {"op": "add", "path": "/nope/x", "value": 1},
+        {"op": "move", "path": "/c", "value": 1},
+    ):
+        with pytest.raises(Gap):
+            apply_op(document, op)
+    held = Document({"revision": 3, "runRevision": 9, "x": 1})
+    with pytest.raises(Gap):  # not from the document's revision
+        held.apply({"fromRevision": 2, "revision": 4, "runRevision": 10, "patches": []})
+    with pytest.raises(Gap):  # a skipped revision; the document is left as it was
+        held.apply(
+            {
+                "fromRevision": 3,
+                "revision": 5,
+                "runRevision": 10,
+                "patches": [{"revision": 5, "ops": [{"op": "replace", "path": "/x", "value": 2}]}],
+            }
+        )
+    assert held.view == {"revision": 3, "runRevision": 9, "x": 1}
