@@ -36,12 +36,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from piworkflows import canonical
-from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.writer import prune, records
 from piworkflows.writer.views.content import RunValues
 from piworkflows.writer.views.pages import WINDOW
-from piworkflows.writer.views.run_view import WINDOWS, Window, escape, head, node_results, run_view, transitions
+from piworkflows.writer.views.run_view import (
+    WINDOWS,
+    Window,
+    escape,
+    extend_transitions,
+    head,
+    node_results,
+    run_view,
+    taken_transitions,
+    transitions_window,
+)
 
 log = logging.getLogger("piworkflows.writer")
 
@@ -113,9 +122,9 @@ def _ddl() -> str:
         statements.append(
             f"CREATE TEMP TRIGGER IF NOT EXISTS {name} AFTER {event} ON main.{table} {when} BEGIN "
             f"INSERT INTO viewer_touched SELECT t.run_id, t.history, t.key FROM "
-            f"(SELECT {run} AS run_id, '{history}' AS history, coalesce({key}, 0) AS key) t "
-            "WHERE t.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM viewer_touched v WHERE v.run_id = t.run_id "
-            "AND v.history = t.history AND v.key = t.key); END;"
+            f"(SELECT {run} AS run_id, '{history}' AS history, {key} AS key) t "
+            "WHERE t.run_id IS NOT NULL AND t.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM viewer_touched v "
+            "WHERE v.run_id = t.run_id AND v.history = t.history AND v.key = t.key); END;"
         )
     return "\n".join(statements)
 
@@ -144,7 +153,7 @@ class Known:
     revision: int
     head: dict[str, Any]
     totals: tuple[int, ...]  # per WINDOWS
-    transitions: dict[str, Any]
+    taken: tuple[str, ...]  # every distinct transition taken, in order (at most the graph's edges)
 
 
 class Projection:
@@ -171,8 +180,10 @@ class Projection:
                 continue
             try:
                 ops = self._ops(conn, run_id, found[0], changed)
-            except CommandError as exc:  # a stored value the view cannot show: never the command's fault
-                log.error("the view of a run cannot be projected: %s", exc.code)
+            except sqlite3.Error:
+                raise  # the executor decides whether the group is lost
+            except Exception as exc:  # a value the view cannot show, or a bug: never the command's fault
+                log.error("the view of a run cannot be projected: %s", getattr(exc, "code", type(exc).__name__))
                 self.known.pop(run_id, None)  # its next projection replaces every member
                 continue
             if ops:
@@ -190,15 +201,15 @@ class Projection:
         totals = tuple(window.history.total(conn, run_id) for window in WINDOWS)
         known = self.known.pop(run_id, None)
         if CREATED in changed and revision == 1:
-            ops, taken = [], transitions(conn, run_id)
+            ops, taken = [], taken_transitions(conn, run_id)
         elif known is None or known.revision != revision:
             view = run_view(conn, run_id)
             assert view is not None
             ops = [_op("replace", "/" + key, value) for key, value in view.items() if key not in _FIXED]
-            taken = transitions(conn, run_id)
+            taken = taken_transitions(conn, run_id)
         else:
             ops, taken = _changes(conn, run_id, values, known, parts, totals, changed)
-        self.known[run_id] = Known(revision, parts, totals, taken)
+        self.known[run_id] = Known(revision, parts, totals, tuple(taken))
         while len(self.known) > KNOWN_RUNS:
             self.known.popitem(last=False)
         return ops
@@ -216,11 +227,11 @@ def _changes(
     parts: dict[str, Any],
     totals: tuple[int, ...],
     changed: dict[str, set[int]],
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The ops from what ``known`` recorded to now, and the transitions now."""
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The ops from what ``known`` recorded to now, and the transitions taken now."""
     ops: list[dict[str, Any]] = []
     finished: dict[str, None] = {}  # nodes with a step that finished or changed
-    taken = known.transitions
+    taken = list(known.taken)
     for window, before, after in zip(WINDOWS, known.totals, totals, strict=True):
         name = window.kind
         if name == "settings":  # ordered by scope key: a new scope may land anywhere
@@ -230,7 +241,12 @@ def _changes(
         if after < before or (window.holder is not None and before == 0 and after > 0):
             ops += [_op("replace", p, v) for p, v in window.snapshot(conn, run_id, values).items()]
             continue
-        rows = window.history.newest(conn, run_id, min(after - before, WINDOW)) if after > before else []
+        new = min(after - before, WINDOW)
+        extra = 1 if name == "steps" and before else 0  # the step before the new ones: a transition
+        fetched = window.history.newest(conn, run_id, new + extra) if new else []
+        rows = fetched[extra:]
+        if name == "steps" and new:
+            taken = _taken(conn, run_id, known.taken, after - before, fetched[0] if extra else None, rows)
         ops += _tail(window, before, after, rows, values)
         start = max(0, after - WINDOW)
         for key in sorted(changed.get(name, ())):
@@ -243,9 +259,9 @@ def _changes(
                     ops.append(_op("replace", f"{array}/{position - start}", item(row, values)))
         if name == "steps":
             finished |= {row[2]: None for row in rows if row[9] is not None}
-            if after > before:
-                taken = transitions(conn, run_id)
-                ops += [_op("replace", p, v) for p, v in taken.items() if known.transitions.get(p) != v]
+            if list(known.taken) != taken:
+                was = transitions_window(list(known.taken))
+                ops += [_op("replace", p, v) for p, v in transitions_window(taken).items() if was[p] != v]
     for node in finished:
         shown = node_results(conn, run_id, values, node)
         for member in ("outputs", "results"):
@@ -259,6 +275,21 @@ def _changes(
         elif parts[pointer] != known.head[pointer]:
             ops.append(_op("replace", pointer, parts[pointer]))
     return ops, taken
+
+
+def _taken(
+    conn: sqlite3.Connection,
+    run_id: str,
+    known: tuple[str, ...],
+    appended: int,
+    previous: tuple[Any, ...] | None,
+    rows: list[tuple[Any, ...]],
+) -> list[str]:
+    """The transitions taken: those known, and those of the new steps (with the step before them)."""
+    if appended > len(rows):  # more new steps than read: all of them
+        return taken_transitions(conn, run_id)
+    nodes = ([previous[2]] if previous is not None else []) + [row[2] for row in rows]
+    return extend_transitions(list(known), nodes)
 
 
 def _tail(

@@ -157,7 +157,7 @@ def head(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, 
         "/state/traceSeq": run_revision,
         **({"/state/runTitle": title} if title is not None else {}),
         "/state/startedAt": iso(started if started is not None else created),
-        **({"/state/finishedAt": iso(finished)} if finished is not None else {}),
+        "/state/finishedAt": iso_or_none(finished),
         "/state/updatedAt": iso(updated),
         "/state/status": _STATE_STATUS.get(facts.status, facts.status),
         "/state/paused": facts.paused,
@@ -313,16 +313,33 @@ WINDOWS = (
 
 
 def transitions(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    """The distinct transitions the run took ("from->to"), in the order first taken, as a tail window."""
+    """The distinct transitions the run took, as a tail window (the snapshot's)."""
+    return transitions_window(taken_transitions(conn, run_id))
+
+
+def taken_transitions(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    """Every distinct transition the run took ("from->to"), in the order first taken (reads every
+    step: the projection extends the list it knows from the new steps alone)."""
     rows = conn.execute(
         "SELECT a.node_path FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id "
         "WHERE s.run_id = ? ORDER BY s.step_index",
         (run_id,),
     ).fetchall()
-    taken: dict[str, None] = {}
-    for before, after in zip(rows, rows[1:], strict=False):
-        taken.setdefault(f"{before[0]}->{after[0]}")
-    names = list(taken)
+    return extend_transitions([], [row[0] for row in rows])
+
+
+def extend_transitions(taken: list[str], nodes: list[str]) -> list[str]:
+    """``taken`` with the transitions between consecutive ``nodes`` it does not have yet, in order."""
+    seen = set(taken)
+    for before, after in zip(nodes, nodes[1:], strict=False):
+        name = f"{before}->{after}"
+        if name not in seen:
+            seen.add(name)
+            taken = [*taken, name]
+    return taken
+
+
+def transitions_window(names: list[str]) -> dict[str, Any]:
     first = max(0, len(names) - WINDOW)
     return {"/takenTransitions": names[first:], "/takenTransitionStart": first, "/takenTransitionTotal": len(names)}
 
@@ -338,16 +355,28 @@ def _current_step(conn: sqlite3.Connection, run_id: str, values: RunValues) -> d
 def node_results(conn: sqlite3.Connection, run_id: str, values: RunValues, node: str | None = None) -> dict[str, Any]:
     """``outputs`` (each node's latest accepted output) and ``results`` (its latest finished
     attempt), one row per node of the graph (or of ``node`` only)."""
-    rows = conn.execute(
-        """SELECT attempt_id, node_path, node_kind, outcome, started_at, finished_at, output_digest, error_digest,
-                  (SELECT b.output_digest FROM node_attempts b WHERE b.run_id = :run AND b.node_path = n.node_path
-                   AND b.outcome = 'ok' ORDER BY b.finished_at DESC, b.visit_number DESC LIMIT 1)
-           FROM (SELECT a.*, row_number() OVER (PARTITION BY a.node_path ORDER BY s.step_index DESC) AS newest
-                 FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
-                 WHERE s.run_id = :run AND a.finished_at IS NOT NULL AND coalesce(a.node_path = :node, 1)) n
-           WHERE newest = 1 ORDER BY node_path""",
-        {"run": run_id, "node": node},
-    ).fetchall()
+    accepted = """(SELECT b.output_digest FROM node_attempts b WHERE b.run_id = :run AND b.node_path = n.node_path
+                   AND b.outcome = 'ok' ORDER BY b.finished_at DESC, b.visit_number DESC LIMIT 1)"""
+    columns = (
+        f"attempt_id, node_path, node_kind, outcome, started_at, finished_at, output_digest, error_digest, {accepted}"
+    )
+    if node is None:
+        rows = conn.execute(
+            f"""SELECT {columns}
+                FROM (SELECT a.*, row_number() OVER (PARTITION BY a.node_path ORDER BY s.step_index DESC) AS newest
+                      FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
+                      WHERE s.run_id = :run AND a.finished_at IS NOT NULL) n
+                WHERE newest = 1 ORDER BY node_path""",
+            {"run": run_id},
+        ).fetchall()
+    else:  # the node's own attempts (the (run, node, visit, attempt) index), not the run's
+        rows = conn.execute(
+            f"""SELECT {columns}
+                FROM (SELECT a.* FROM node_attempts a JOIN run_steps s ON s.attempt_id = a.attempt_id
+                      WHERE a.run_id = :run AND a.node_path = :node AND a.finished_at IS NOT NULL
+                      ORDER BY s.step_index DESC LIMIT 1) n""",
+            {"run": run_id, "node": node},
+        ).fetchall()
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
     for attempt_id, node, kind, outcome, started, finished, output, error, ok_output in rows:
