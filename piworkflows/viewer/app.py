@@ -8,7 +8,8 @@
     RunScreen       a RunWatch (view.run.watch) in a worker thread, its references read back
                     (cli/run_view.py): display status, activity and reason in the header; tabs
                     Story (steps with timings, outputs, shell stdout/stderr, the question, effects,
-                    controls), Transcript (settled Pi entries), Trace (events)
+                    controls), Transcript (settled Pi entries), Trace (events), History (steps
+                    older than the view's window, read with view.page: o reads more)
                     keys p pause, r resume, c cancel (confirmed), a answer (a form): each only
                     while the view's display.controls lists it; escape: back to the list
 
@@ -39,6 +40,7 @@ from piworkflows.viewer import text
 from piworkflows.views.watch import RunsWatch, RunWatch, WatchEnded
 
 TICK_S = 0.5  # a worker looks whether the screen still wants it this often; the list's ages too
+PAGE_STEPS = 256  # the History tab reads this many older steps a time (view.page's most)
 STATUS_FILTERS = (None, *sorted(RUN_STATUSES))
 # a key's action -> the control the view must allow for it
 CONTROLS = {"pause": "pause", "resume": "resume", "cancel": "cancel", "answer": "answer"}
@@ -170,6 +172,7 @@ class RunScreen(Screen[None]):
         Binding("r", "resume", "Resume"),
         Binding("c", "cancel", "Cancel"),
         Binding("a", "answer", "Answer"),
+        Binding("o", "older", "Older steps"),
         Binding("escape", "back", "Runs"),
         Binding("q", "app.quit", "Quit"),
     ]
@@ -178,6 +181,8 @@ class RunScreen(Screen[None]):
         super().__init__()
         self.run_id = run_id
         self.view: dict[str, Any] | None = None
+        self.older: list[dict[str, Any]] = []  # steps before the view's window, read with view.page
+        self.older_start: int | None = None  # the position of the first of them
 
     def compose(self) -> ComposeResult:
         yield Static(f"{self.run_id}: waiting for its view", id="head")
@@ -188,6 +193,8 @@ class RunScreen(Screen[None]):
                 yield VerticalScroll(Static(id="transcript"))
             with TabPane("Trace", id="trace-tab"):
                 yield VerticalScroll(Static(id="trace"))
+            with TabPane("History", id="history-tab"):
+                yield VerticalScroll(Static("o: the steps before the Story tab's", id="history"))
         yield Footer()
 
     def on_mount(self) -> None:
@@ -246,6 +253,38 @@ class RunScreen(Screen[None]):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+    def action_older(self) -> None:
+        """The PAGE_STEPS steps before the oldest shown (view.page), in the History tab."""
+        view = self.view
+        first = self.older_start if self.older_start is not None else view["stepStart"] if view else 0
+        if view is None or first == 0:
+            self.query_one(TabbedContent).active = "history-tab"
+            return
+        start = max(0, first - PAGE_STEPS)
+        self.read_older(start, first - start, view["stepTotal"])
+
+    @work(thread=True, exclusive=True, group="older")
+    def read_older(self, start: int, limit: int, total: int) -> None:
+        viewer = self.app
+        assert isinstance(viewer, Viewer)
+        try:
+            with WorkflowClient(viewer.paths.state_dir, retry_for=5) as client:
+                response = client.request(
+                    "view.page", {"kind": "steps", "cursor": start, "limit": limit}, run_id=self.run_id
+                )
+        except (ClientError, OSError) as exc:
+            viewer.call_from_thread(viewer.notify, f"view.page: {exc}", severity="error")
+            return
+        if response.outcome != "accepted" or not isinstance(response.receipt, dict):
+            viewer.call_from_thread(viewer.notify, _refused("view.page", response), severity="error")
+            return
+        viewer.call_from_thread(self.show_older, start, response.receipt["items"], total)
+
+    def show_older(self, start: int, steps: list[dict[str, Any]], total: int) -> None:
+        self.older, self.older_start = steps + self.older, start
+        self.query_one("#history", Static).update("\n".join(text.history_lines(self.older, start, total)))
+        self.query_one(TabbedContent).active = "history-tab"
 
     def action_pause(self) -> None:
         self.control("run.pause", {}, "paused")

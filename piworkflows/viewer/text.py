@@ -7,6 +7,7 @@ Textual screens show the same facts). Only what the server sent is rendered.
     run_lines(view)         cli/story.py's story of the run (its view with references read back)
     trace_lines(view)       the trace window: seq, time, event type, actor
     transcript_lines(view)  the settled Pi session entries of the view's window
+    history_lines(steps, start, total)   steps older than the view's window (view.page pages)
 """
 
 from __future__ import annotations
@@ -83,3 +84,14 @@ def _role(text: str) -> str:
     if isinstance(message, dict) and isinstance(message.get("role"), str):
         return str(message["role"])
     return str(entry.get("type", "entry")) if isinstance(entry, dict) else "entry"
+
+
+def history_lines(steps: list[dict[str, Any]], start: int, total: int) -> list[str]:
+    """Steps from position ``start`` of the run's ``total``: index, node, type, status, duration."""
+    if not steps:
+        return ["no older steps: the Story tab shows them all"]
+    lines = [f"steps {start + 1}-{start + len(steps)} of {total} (o: older)"]
+    for index, step in enumerate(steps, start + 1):
+        took = story.duration(step["durationMs"])
+        lines.append(f"{index:>5}  {step['nodeId']}  {step['nodeType']}  {step['status']}  {took}")
+    return lines

@@ -105,7 +105,8 @@ def test_every_key_of_the_run_screen(server, project):
         await pilot.press("a")  # not allowed while paused
         assert isinstance(app.screen, RunScreen)
         await pilot.press("r")
-        await until(pilot, lambda: "waiting" in head(app) and not view(server, run_id)["state"]["paused"], "resumed")
+        # the status line says waiting (the current node's line says so while it is paused too)
+        await until(pilot, lambda: head(app).split()[2:3] == ["waiting"], "resumed")
         await pilot.press("a")
         assert isinstance(app.screen, Ask)
         await pilot.press(*'{"go": true}', "enter")
@@ -116,6 +117,33 @@ def test_every_key_of_the_run_screen(server, project):
         for tab in ("trace-tab", "transcript-tab"):
             app.screen.query_one("TabbedContent").active = tab
         assert "checkpoint.answered" in str(app.screen.query_one("#trace", Static).render())
+
+    drive(server, run_id, script)
+
+
+SEVENTY = """
+from piworkflows.workflows import compute, define_workflow, edge
+nodes = {f"n{i}": compute(lambda ctx, i=i: {"i": i}) for i in range(70)}
+workflow = define_workflow("seventy", "n0", nodes, [edge(f"n{i}", f"n{i + 1}") for i in range(69)])
+"""
+
+
+def test_older_steps_come_page_by_page_in_the_history_tab(server, project):
+    """A run longer than the view's window: o reads the steps before it with view.page."""
+    write(project, "seventy", SEVENTY)
+    run_id = start(server, project, "seventy")
+    shown = wait_status(server, run_id, "completed")
+    assert (shown["stepStart"], shown["stepTotal"]) == (6, 70)
+
+    async def script(app: Viewer, pilot: Any) -> None:
+        await until(pilot, lambda: "completed" in head(app), "completed")
+        await pilot.press("o")
+        history = app.screen.query_one("#history", Static)
+        await until(pilot, lambda: "steps 1-6 of 70" in str(history.render()), "the older steps")
+        lines = str(history.render()).splitlines()
+        assert [line.split()[1] for line in lines[1:]] == [f"n{i}" for i in range(6)]
+        await pilot.press("o")  # nothing older: the tab stays as it is
+        assert "steps 1-6 of 70" in str(history.render())
 
     drive(server, run_id, script)
 
