@@ -183,6 +183,7 @@ def test_run_list_pages_newest_first_and_filters_by_project(executor, clock):
         "workflowName": item["workflowName"],
         "workflowSource": item["manifest"]["workflowSource"],
         "startedAt": item["createdAt"],  # not started: its creation, as upstream
+        "finishedAt": None,
         "status": "queued",
         "traceSchema": "pi-workflows.trace-event.v1",
         "paths": {"workflow": "host", "state": "host", "trace": "host"},
@@ -241,7 +242,7 @@ def test_run_list_filters_combine_with_the_keyset_cursor(executor, clock, body, 
     run_ids = _plant(executor, clock, 60)
     listed = _all_pages(executor, body, limit=7)
     assert [item["runId"] for item in listed] == [r for n, r in reversed(list(enumerate(run_ids))) if expected(n)]
-    ended = [item for item in listed if "finishedAt" in item["manifest"]]
+    ended = [item for item in listed if item["manifest"]["finishedAt"] is not None]
     assert all(
         epoch_ms(item["manifest"]["finishedAt"]) - epoch_ms(item["piworkflows"]["startedAt"]) == 7 for item in ended
     )
@@ -250,7 +251,7 @@ def test_run_list_filters_combine_with_the_keyset_cursor(executor, clock, body, 
 def test_run_list_items_carry_when_the_run_started(executor):
     run_group(executor, run_create("run-1"))
     (item,) = read(executor, "run.list", {}).receipt["items"]
-    assert item["piworkflows"]["startedAt"] is None and "finishedAt" not in item["manifest"]
+    assert item["piworkflows"]["startedAt"] is None and item["manifest"]["finishedAt"] is None
 
 
 def _vm_steps(conn, read):

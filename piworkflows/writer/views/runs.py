@@ -216,21 +216,19 @@ def manifest(
     finished: int | None,
     status: str,
 ) -> dict[str, Any]:
-    """upstream's ``pi-workflows.run-manifest.v1``: started at its creation until it starts, no
-    ``finishedAt`` until it ends, its display status; every path is the server's ("host")."""
-    found: dict[str, Any] = {
+    """upstream's ``pi-workflows.run-manifest.v1``: started at its creation until it starts,
+    ``finishedAt`` null until it ends, its display status; every path is the server's ("host")."""
+    return {
         "schema": MANIFEST_SCHEMA,
         "runId": run_id,
         "workflowName": name,
         "workflowSource": source,
         "startedAt": iso(started if started is not None else created),
+        "finishedAt": iso_or_none(finished),
         "status": status,
         "traceSchema": TRACE_SCHEMA,
         "paths": {"workflow": "host", "state": "host", "trace": "host"},
     }
-    if finished is not None:
-        found["finishedAt"] = iso(finished)
-    return found
 
 
 def source_view(
