@@ -448,18 +448,7 @@ class ViewRunsPagePayload(RunListPayload):
     limit: int = Field(default=256, ge=1, le=256)
 
 
-class ViewRunWatchPayload(Payload):
-    """view.run.watch, the run in the envelope's runId: snapshots of its view (``run_snapshot``
-    events) now and after each change. ``subscriptionId`` names the watch (default: the requestId;
-    a reused one replaces its watch); ``revision``: the client holds this one (no snapshot until the
-    run changes). ``patches``: after the first snapshot, ``run_patch`` events with the ops of every
-    revision (from ``revision`` on, when it is still retained: no snapshot). ``pages`` is upstream's
-    and not served yet."""
-
-    subscriptionId: Id | None = None
-    revision: int | None = Field(default=None, ge=0)
-    patches: bool = False
-    pages: Any = None
+MAX_PINNED_PAGES = 8  # a run watch's pinned pages, at most
 
 
 class ViewPagePayload(Payload):
@@ -470,6 +459,32 @@ class ViewPagePayload(Payload):
     kind: Literal[PAGE_KINDS]  # type: ignore[valid-type]
     cursor: int = Field(default=0, ge=0)
     limit: int = Field(default=256, ge=1, le=256)
+
+
+class ViewRunWatchPayload(Payload):
+    """view.run.watch, the run in the envelope's runId: snapshots of its view (``run_snapshot``
+    events) now and after each change. ``subscriptionId`` names the watch (default: the requestId;
+    a reused one replaces its watch); ``revision``: the client holds this one (no snapshot until the
+    run changes). ``patches``: after the first snapshot, ``run_patch`` events with the ops of every
+    revision (from ``revision`` on, when it is still retained: no snapshot). ``pages``: pages of the
+    run's histories (view.page's kind, cursor and limit) pinned to the watch: each is sent as a
+    ``run_page`` event now and again whenever it changes."""
+
+    subscriptionId: Id | None = None
+    revision: int | None = Field(default=None, ge=0)
+    patches: bool = False
+    pages: list[ViewPagePayload] | None = Field(default=None, max_length=MAX_PINNED_PAGES)
+
+
+class ViewSessionWatchPayload(Payload):
+    """view.session.watch: the run a Pi session runs interactively (its unfinished interactive run,
+    else the newest run it started) as ``session_snapshot`` events, now and after each change.
+    ``coordinator: true`` (a session's coordinating host) is refused ``notAvailable``: interactive
+    runs in a person's Pi are not served yet, so a watch can never fence an agent host."""
+
+    subscriptionId: Id | None = None
+    sessionId: Id
+    coordinator: bool = False
 
 
 class ViewUnwatchPayload(Payload):
@@ -1000,6 +1015,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "view.run.watch": (ViewRunWatchPayload, None),  # {subscribed, subscriptionId, revision}; run_snapshot events
     "view.runs.watch": (ViewRunsWatchPayload, None),  # {subscribed, subscriptionId}; runs events
     "view.run.unwatch": (ViewUnwatchPayload, None),  # {subscribed: false, subscriptionId}
+    "view.session.watch": (ViewSessionWatchPayload, None),  # {subscribed, subscriptionId}; session_snapshot events
     "view.page": (ViewPagePayload, None),  # a pi-workflows.run-page.v1 page of one history
     "view.content": (ViewContentPayload, ContentChunkReceipt),  # a chunk of a run view's content reference
     "server.status": (EmptyPayload, ServerStatusReceipt),

@@ -269,6 +269,15 @@ class Router:
         """The run list's first page on this connection: now and after changes."""
         return await _watching(request, self.views.watch_runs(request, payload, _list_body(request, payload)))
 
+    async def view_session_watch(
+        self, request: client_v1.Request, payload: client_v1.ViewSessionWatchPayload
+    ) -> client_v1.Response:
+        """The run of a Pi session on this connection: now and after each change."""
+        if payload.coordinator:
+            why = "a coordinator's session watch needs interactive runs in a person's Pi, not served yet"
+            return refuse(request, CommandError("notAvailable", why))
+        return await _watching(request, self.views.watch_session(request, payload))
+
     async def view_run_unwatch(
         self, request: client_v1.Request, payload: client_v1.ViewUnwatchPayload
     ) -> client_v1.Response:
@@ -554,6 +563,7 @@ ROUTES: dict[str, Route] = {
     "view.run.watch": Router.view_run_watch,
     "view.runs.watch": Router.view_runs_watch,
     "view.run.unwatch": Router.view_run_unwatch,
+    "view.session.watch": Router.view_session_watch,
     "view.page": Router.view_page,
     "view.content": Router.view_content,
 }

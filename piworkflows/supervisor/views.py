@@ -2,12 +2,20 @@
 
 ::
 
-    view.run.watch {subscriptionId?, revision?}, the run in runId
+    view.run.watch {subscriptionId?, revision?, patches?}, the run in runId
         response {subscribed, subscriptionId, revision}, then run_snapshot (the run view) now and
-        after every commit that changed the run; a snapshot the watcher holds already is not sent
+        after every commit that changed the run; a snapshot the watcher holds already is not sent.
+        patches: after the first snapshot (none when the revision held is still retained),
+        run_patch events: the ops of every revision since the last one sent (view.patches).
+        pages: each pinned page (view.page's kind, cursor, limit) as a run_page event now and
+        whenever it changed
     view.runs.watch {subscriptionId?, limit?, filters of run.list}
         response {subscribed, subscriptionId}, then runs (the list's first page) now and after
         changes, at most one per LIST_INTERVAL_S (upstream's client pages on with view.runs.page)
+    view.session.watch {subscriptionId?, sessionId}
+        response {subscribed, subscriptionId}, then session_snapshot {sessionId, runId, revision,
+        run} (the run the Pi session runs, null while none) now and after changes, at most one
+        per LIST_INTERVAL_S
     view.run.unwatch {subscriptionId}    any kind; {subscribed: false}
     a deleted run: unavailable {code: runNotFound, message}, and its watches end
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +58,7 @@ SNAPSHOT_INTERVAL_S = 0.25
 RETRY_S = 0.5  # a snapshot read the writer could not answer (restarting) is tried again after this
 SERVER = {"actor_class": "server"}
 RUN_PATCH_SCHEMA = "pi-workflows.run-patch.v1"
+SESSION_SNAPSHOT_SCHEMA = "pi-workflows.session-snapshot.v1"
 _PLACEHOLDER = "subscription-placeholder"
 _MARKER = b'"subscriptionId":"' + _PLACEHOLDER.encode() + b'"'
 
@@ -80,6 +90,9 @@ class Watch:
     sent: int | str | None = None  # the revision of the last snapshot, patch or page sent
     behind: bool = False
     patches: bool = False  # run_patch events after the first snapshot
+    session_id: str | None = None  # a session watch: the run of this Pi session
+    pages: list[dict[str, Any]] = field(default_factory=list)  # pinned: view.page's kind, cursor, limit
+    page_digests: dict[int, bytes] = field(default_factory=dict)  # of each pinned page as last sent
 
 
 @dataclass
@@ -112,6 +125,9 @@ class Views:
         self.read_at: dict[str, float] = {}  # when each watched run's snapshot was last read (loop time)
         self.list_task: asyncio.Task[None] | None = None
         self.list_dirty = False
+        self.sessions: set[Watch] = set()
+        self.session_task: asyncio.Task[None] | None = None
+        self.sessions_dirty = False
         self.catching_up: dict[str, asyncio.Task[None]] = {}
 
     # --- requests ---------------------------------------------------------------------------
@@ -119,12 +135,11 @@ class Views:
     async def watch_run(self, request: client_v1.Request, payload: client_v1.ViewRunWatchPayload) -> Reply:
         """The watch's receipt, or the writer's refusal (an unknown run: notFound)."""
         conn = _current(request)
-        if payload.pages is not None:
-            raise CommandError("notAvailable", "pinned pages are not served yet")
         assert request.runId is not None
         # Watching before the read: a commit while it is read is not missed (a newer snapshot wins).
         watch = self._add(conn, payload.subscriptionId or request.requestId, request.runId)
         watch.patches = payload.patches
+        watch.pages = [page.model_dump() for page in payload.pages or ()]
         held = payload.revision if payload.patches else None
         if held:  # catch up from the revision the client holds
             body = {"actor": SERVER, "run_id": request.runId, "after": held}
@@ -148,6 +163,8 @@ class Views:
                 loop.call_soon(self._send_snapshot, watch, view)
             else:
                 watch.sent = revision
+        if watch.pages:
+            loop.call_soon(self._refresh, request.runId)  # the pinned pages follow the snapshot
         receipt = {"subscribed": True, "subscriptionId": watch.subscription_id, "revision": revision}
         return Reply(outcome="accepted", receipt=receipt)
 
@@ -162,6 +179,17 @@ class Views:
             self._remove(watch)
             return reply
         asyncio.get_running_loop().call_soon(self._send_page, watch, reply.receipt)
+        return Reply(outcome="accepted", receipt={"subscribed": True, "subscriptionId": watch.subscription_id})
+
+    async def watch_session(self, request: client_v1.Request, payload: client_v1.ViewSessionWatchPayload) -> Reply:
+        """The watch's receipt; the session's snapshot follows (its run: null while it has none)."""
+        conn = _current(request)
+        watch = self._add(conn, payload.subscriptionId or request.requestId, None, session_id=payload.sessionId)
+        reply = await self.writer.request("view.session.get", {"actor": SERVER, "session_id": payload.sessionId})
+        if reply.outcome != "accepted" or reply.receipt is None:
+            self._remove(watch)
+            return reply
+        asyncio.get_running_loop().call_soon(self._send_session, watch, reply.receipt)
         return Reply(outcome="accepted", receipt={"subscribed": True, "subscriptionId": watch.subscription_id})
 
     async def unwatch(self, request: client_v1.Request, subscription_id: str) -> Reply:
@@ -179,17 +207,24 @@ class Views:
             task.cancel()
 
     def _add(
-        self, conn: Subscriber, subscription_id: str, run_id: str | None, body: dict[str, Any] | None = None
+        self,
+        conn: Subscriber,
+        subscription_id: str,
+        run_id: str | None,
+        body: dict[str, Any] | None = None,
+        session_id: str | None = None,
     ) -> Watch:
         old = self.watches.get((conn.id, subscription_id))
         if old is not None:
             self._remove(old)  # a reused id replaces its watch
         elif len(conn.watches) >= MAX_WATCHES:
             raise CommandError("tooManyWatches", f"a connection watches at most {MAX_WATCHES} things at once")
-        watch = Watch(conn, subscription_id, run_id, body)
+        watch = Watch(conn, subscription_id, run_id, body, session_id=session_id)
         self.watches[(conn.id, subscription_id)] = watch
         conn.watches.add(subscription_id)
-        if run_id is None:
+        if session_id is not None:
+            self.sessions.add(watch)
+        elif run_id is None:
             self.lists.add(watch)
         else:
             self.by_run.setdefault(run_id, set()).add(watch)
@@ -200,6 +235,7 @@ class Views:
         watch.conn.watches.discard(watch.subscription_id)
         if watch.run_id is None:
             self.lists.discard(watch)
+            self.sessions.discard(watch)
             return
         watchers = self.by_run.get(watch.run_id)
         if watchers is not None:
@@ -218,6 +254,8 @@ class Views:
                 self._refresh(run_id)
         if self.lists:
             self._list_changed()
+        if self.sessions:
+            self._sessions_changed()
 
     def _refresh(self, run_id: str) -> None:
         read = self.reads.get(run_id)
@@ -277,7 +315,33 @@ class Views:
             line = event_line("run_snapshot", view, run_id, view["revision"])
             for watch in watches:
                 self._deliver(watch, line, view["revision"])
+        for watch in [w for w in self.by_run.get(run_id, ()) if w.pages]:
+            await self._send_pages(watch)
         return True
+
+    async def _send_pages(self, watch: Watch) -> None:
+        """Each pinned page of the watch that changed since it was last sent, as a ``run_page``."""
+        for index, page in enumerate(watch.pages):
+            body = {"actor": SERVER, "run_id": watch.run_id, "page_kind": page["kind"]}
+            reply = await self.writer.request("view.page", body | {"start": page["cursor"], "limit": page["limit"]})
+            if reply.outcome != "accepted" or reply.receipt is None:
+                continue  # a deleted run ends the watch through its view's read
+            shown = {key: value for key, value in reply.receipt.items() if key != "revision"}
+            digest = hashlib.sha256(canonical.dumps_bytes(shown)).digest()
+            if watch.page_digests.get(index) == digest:
+                continue
+            if (
+                watch.behind
+                or watch.conn.closed
+                or self.watches.get((watch.conn.id, watch.subscription_id)) is not watch
+            ):
+                return
+            payload = {**reply.receipt, "page": index}
+            line = event_line("run_page", payload, watch.run_id, reply.receipt["revision"])
+            if not watch.conn.send_event(line(watch.subscription_id)):
+                self._behind(watch)
+                return
+            watch.page_digests[index] = digest
 
     def _end_run(self, run_id: str) -> None:
         """The run is gone (deleted): its watchers are told, their watches end."""
@@ -349,6 +413,42 @@ class Views:
         finally:
             self.list_task = None
 
+    # --- sessions ---------------------------------------------------------------------------
+
+    def _send_session(self, watch: Watch, found: dict[str, Any]) -> None:
+        """A session snapshot, unless the watch holds this run at this revision already."""
+        if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:
+            payload = {"schema": SESSION_SNAPSHOT_SCHEMA, **found}
+            self._deliver(watch, event_line("session_snapshot", payload), f"{found['runId']}:{found['revision']}")
+
+    def _sessions_changed(self) -> None:
+        self.sessions_dirty = True
+        if self.session_task is None:
+            self.session_task = asyncio.create_task(self._session_snapshots(), name="view-sessions")
+
+    async def _session_snapshots(self) -> None:
+        """The session watches' snapshots while runs change (a session may start a new run), one
+        read per session, at most one round every LIST_INTERVAL_S."""
+        try:
+            while self.sessions_dirty and self.sessions:
+                self.sessions_dirty = False
+                by_session: dict[str, list[Watch]] = {}
+                for watch in self.sessions:
+                    by_session.setdefault(watch.session_id or "", []).append(watch)
+                for session_id, watches in by_session.items():
+                    body = {"actor": SERVER, "session_id": session_id}
+                    reply = await self.writer.request("view.session.get", body)
+                    if reply.outcome != "accepted" or reply.receipt is None:
+                        self.sessions_dirty = True
+                        continue
+                    for watch in watches:
+                        self._send_session(watch, reply.receipt)
+                await asyncio.sleep(LIST_INTERVAL_S)
+        except Exception as exc:
+            log.error("a session snapshot could not be sent: %s", type(exc).__name__)
+        finally:
+            self.session_task = None
+
     # --- backpressure -----------------------------------------------------------------------
 
     def _behind(self, watch: Watch) -> None:
@@ -373,7 +473,9 @@ class Views:
                 watch.behind = False
                 if not watch.patches:  # a patch watcher catches up from the revision it holds
                     watch.sent = None
-                if watch.run_id is None:
+                if watch.session_id is not None:
+                    self._sessions_changed()
+                elif watch.run_id is None:
                     self._list_changed()
                 else:
                     self._refresh(watch.run_id)

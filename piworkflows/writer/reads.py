@@ -38,7 +38,17 @@ from piworkflows.writer.health import condition_of
 log = logging.getLogger("piworkflows.writer")
 
 VIEW_READS = frozenset(
-    {"run.get", "run.list", "view.page", "view.patches", "run.logs", "run.transcript", "run.content", "view.content"}
+    {
+        "run.get",
+        "run.list",
+        "view.page",
+        "view.patches",
+        "view.session.get",
+        "run.logs",
+        "run.transcript",
+        "run.content",
+        "view.content",
+    }
 )
 assert all(REGISTRY[kind].read_only for kind in VIEW_READS), "a view read never writes"
 

@@ -8,7 +8,9 @@ connection of its own whose thread reads every event (counted, not parsed).
 
 - ``steps_per_s``: the run's node steps per second, the median of each mode's rounds;
 - ``ratio``: watched over unwatched (1.0: the watchers cost the writer nothing);
-- ``snapshots``: snapshots the watchers received in all (each at most one per change burst).
+- ``events``: events the watchers received in all: with ``--watch patches`` (the default) a
+  snapshot each, then ``run_patch`` events (the ops of every revision since the last); with
+  ``--watch snapshots`` a whole snapshot per change burst.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=200, help="compute nodes in the busy run's chain")
     parser.add_argument("--watchers", type=int, default=100, help="watchers of the run in the watched rounds")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode")
+    parser.add_argument(
+        "--watch", choices=("patches", "snapshots"), default="patches", help="what the watchers ask for"
+    )
     parser.add_argument("--dir", help="where to create the temporary state dir (a disk, not tmpfs)")
 
 
@@ -50,7 +55,7 @@ class _Watchers:
     stopped. They count event lines without parsing them: the figure is the server's cost, not
     the benchmark's JSON parsing on the same cores."""
 
-    def __init__(self, paths: StatePaths, run_id: str, count: int) -> None:
+    def __init__(self, paths: StatePaths, run_id: str, count: int, patches: bool) -> None:
         self.received = 0
         self.lock = threading.Lock()
         self.socks = []
@@ -62,7 +67,7 @@ class _Watchers:
                 clientId="bench-watcher",
                 operation="view.run.watch",
                 idempotencyKey=f"key-{n}",
-                payload={"subscriptionId": f"watch-{n}"},
+                payload={"subscriptionId": f"watch-{n}", "patches": patches},
                 runId=run_id,
             )
             sock.sendall(client_v1.encode(request))
@@ -90,16 +95,18 @@ class _Watchers:
             sock.close()
 
 
-def _round(paths: StatePaths, client: WorkflowClient, project: Path, nodes: int, watchers: int) -> tuple[float, int]:
+def _round(
+    paths: StatePaths, client: WorkflowClient, project: Path, nodes: int, watchers: int, patches: bool
+) -> tuple[float, int]:
     """One run of the chain, timed from the checkpoint's answer (its watchers are subscribed
-    while it waits): its node steps per second, and the snapshots its watchers got."""
+    while it waits): its node steps per second, and the events its watchers got."""
     response = client.request("run.start", {"projectPath": str(project), "workflowName": "busy", "input": {}})
     if response.outcome != "accepted":
         raise SystemExit(f"run.start: {response.outcome} {response.error}")
     run_id = response.receipt["runId"]
     while client.request("run.status", {}, run_id=run_id).receipt["display"]["status"] != "waiting":
         time.sleep(0.02)
-    watching = _Watchers(paths, run_id, watchers) if watchers else None
+    watching = _Watchers(paths, run_id, watchers, patches) if watchers else None
     began = time.perf_counter()
     answer = {"nodePath": "go", "answer": {}}
     if client.request("checkpoint.answer", answer, run_id=run_id).outcome != "accepted":
@@ -129,15 +136,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (project / ".pi" / "workflows" / "busy.workflow.py").write_text(WORKFLOW.format(nodes=args.nodes))
         start_server(paths)
         rates: dict[str, list[float]] = {"none": [], "watched": []}
-        snapshots = 0
+        events = 0
+        patches = args.watch == "patches"
         try:
             with WorkflowClient(paths.state_dir) as client:
-                _round(paths, client, project, args.nodes, 0)  # warm-up: the runner's imports, the page cache
+                _round(paths, client, project, args.nodes, 0, patches)  # warm-up: the runner's imports, the page cache
                 for _ in range(args.rounds):
                     for mode, watchers in (("none", 0), ("watched", args.watchers)):
-                        rate, got = _round(paths, client, project, args.nodes, watchers)
+                        rate, got = _round(paths, client, project, args.nodes, watchers, patches)
                         rates[mode].append(rate)
-                        snapshots += got
+                        events += got
         finally:
             stop_server(paths)
         fstype = filesystem_of(base)
@@ -151,8 +159,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_1m_at_start": round(load, 2),
         "nodes": args.nodes,
         "watchers": args.watchers,
+        "watch": args.watch,
         "rounds": args.rounds,
         "steps_per_s": medians,
         "ratio": round(medians["watched"] / medians["none"], 3),
-        "snapshots": snapshots,
+        "events": events,
     }

@@ -139,6 +139,69 @@ def test_a_patch_watcher_catches_up_from_a_retained_revision_without_a_snapshot(
     raw.close()
 
 
+def test_a_pinned_page_comes_as_run_page_events_when_it_changes(server, project):
+    write(project, "tenstep", TENSTEP)
+    run_id = start(server, project, "tenstep")
+    raw = Raw(server)
+    pinned = [{"kind": "steps", "cursor": 2, "limit": 3}, {"kind": "trace", "cursor": 0, "limit": 2}]
+    raw.send("view.run.watch", {"subscriptionId": "pin", "patches": True, "pages": pinned}, run_id)
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    wait_status(server, run_id, "completed")
+    final = wait_until(lambda: (v := view(server, run_id))["queue"]["status"] == "done" and v, what="settled")
+    pages: dict[int, dict] = {}
+    while (
+        len(pages) < 2 or len(pages[0]["items"]) < 3 or pages[0]["items"][-1]["finishedAt"] is None
+    ):  # the steps page fills as the run goes
+        message = raw.read()
+        if message.get("event") == "run_page":
+            pages[message["payload"]["page"]] = message["payload"]
+    steps, trace = pages[0], pages[1]
+    assert (
+        steps["kind"] == "steps" and steps["start"] == 2 and [s["nodeId"] for s in steps["items"]] == ["n2", "n3", "n4"]
+    )
+    assert steps["items"] == final["state"]["steps"][2:5]
+    assert trace["kind"] == "trace" and [event["seq"] for event in trace["items"]] == [1, 2]
+    raw.close()
+
+
+def test_a_session_watch_follows_the_run_its_session_starts(server, project):
+    """A session with no run gets a snapshot with run null; the run it then starts (interactive,
+    from that session) comes in session_snapshot events until it completes; a coordinator's watch
+    is refused and the connection stays."""
+    write(project, "ask", CHECKPOINT)
+    raw = Raw(server)
+    raw.send("view.session.watch", {"subscriptionId": "s", "sessionId": "pi-session-1", "coordinator": True})
+    refused = raw.until(lambda m: m["type"] == "response")[-1]
+    assert (refused["outcome"], refused["receipt"]["code"]) == ("rejected", "notAvailable")
+    raw.send("view.session.watch", {"subscriptionId": "s", "sessionId": "pi-session-1"})
+    assert raw.until(lambda m: m["type"] == "response")[-1]["receipt"]["subscribed"] is True
+    empty = raw.read()
+    assert empty["event"] == "session_snapshot" and empty["subscriptionId"] == "s"
+    assert empty["payload"]["schema"] == "pi-workflows.session-snapshot.v1"
+    assert (empty["payload"]["sessionId"], empty["payload"]["run"]) == ("pi-session-1", None)
+    with server.client() as client:
+        started = client.request(
+            "run.start",
+            {
+                "projectPath": str(project),
+                "workflowName": "ask",
+                "input": {},
+                "executionMode": "interactive",
+                "originSessionId": "pi-session-1",
+            },
+        )
+    assert started.outcome == "accepted", started
+    run_id = started.receipt["runId"]
+    waiting = raw.until(lambda m: (m["payload"].get("run") or {}).get("display", {}).get("status") == "waiting")
+    assert waiting[-1]["payload"]["runId"] == run_id
+    with server.client() as client:
+        client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
+    done = raw.until(lambda m: (m["payload"].get("run") or {}).get("display", {}).get("status") == "completed")
+    revisions = [m["payload"]["revision"] for m in waiting + done if m.get("event") == "session_snapshot"][1:]
+    assert revisions == sorted(set(revisions))  # in order, none twice
+    raw.close()
+
+
 def test_watch_refusals_keep_the_connection(server, project):
     write(project, "ask", CHECKPOINT)
     run_id = start(server, project, "ask")
@@ -146,9 +209,9 @@ def test_watch_refusals_keep_the_connection(server, project):
     raw.send("view.run.watch", {}, "run-unknown")
     unknown = raw.until(lambda m: m["type"] == "response")[-1]
     assert (unknown["outcome"], unknown["receipt"]["code"]) == ("notFound", "runNotFound")
-    raw.send("view.run.watch", {"pages": [{"kind": "steps", "cursor": 0}]}, run_id)
+    raw.send("view.run.watch", {"pages": [{"kind": "nope", "cursor": 0}]}, run_id)
     pages = raw.until(lambda m: m["type"] == "response")[-1]
-    assert (pages["outcome"], pages["receipt"]["code"]) == ("rejected", "notAvailable")
+    assert (pages["outcome"], pages["receipt"]["code"]) == ("rejected", "validationFailed")
     raw.send("view.run.watch", {}, None)
     no_run = raw.until(lambda m: m["type"] == "response")[-1]
     assert (no_run["outcome"], no_run["receipt"]["code"]) == ("rejected", "validationFailed")
@@ -157,24 +220,32 @@ def test_watch_refusals_keep_the_connection(server, project):
     raw.close()
 
 
-def test_a_stalled_watcher_slows_no_one_and_ends_with_a_fresh_snapshot(server, project):
+@pytest.mark.parametrize("patches", [False, True], ids=["snapshots", "patches"])
+def test_a_stalled_watcher_slows_no_one_and_ends_with_a_fresh_snapshot(server, project, patches):
     """A watcher that reads nothing while a run makes many commits: other clients and the run go
-    on; when it reads, it is caught up with the newest snapshot, never a gap shown as current."""
+    on; when it reads, it is caught up (with the newest snapshot, or with the ops since the
+    revision it holds), never a gap shown as current."""
     write(project, "tenstep", TENSTEP)
     stalled = Raw(server)
     stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     first = start(server, project, "tenstep")
-    stalled.send("view.run.watch", {"subscriptionId": "slow"}, first)
+    stalled.send("view.run.watch", {"subscriptionId": "slow", "patches": patches}, first)
     for _ in range(4):  # more runs while it reads nothing; they complete regardless
         wait_status(server, start(server, project, "tenstep"), "completed")
-    done = wait_status(server, first, "completed")
-    latest = None
+    wait_status(server, first, "completed")
+    done = wait_until(lambda: (v := view(server, first))["queue"]["status"] == "done" and v, what="settled")
+    held: Document | None = None
     stalled.sock.settimeout(5)
-    while latest is None or latest["revision"] < done["revision"]:
+    while held is None or held.revision < done["revision"]:
         message = stalled.read()
-        if message["type"] == "event":
-            latest = message
-    assert latest["payload"]["display"]["status"] == "completed" and latest["revision"] == done["revision"]
+        if message["type"] != "event":
+            continue
+        if message["event"] == "run_snapshot":
+            held = Document(message["payload"])
+        else:
+            assert patches and message["event"] == "run_patch" and held is not None
+            held.apply(message["payload"])  # strict: a skipped revision would raise
+    assert held.view == done and held.view["display"]["status"] == "completed"
     stalled.close()
 
 

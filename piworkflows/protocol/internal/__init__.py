@@ -65,7 +65,7 @@ from piworkflows.protocol.internal.runners import (
     RunnerExited,
     RunnerSpawned,
 )
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches, ViewSession
 from piworkflows.protocol.internal.server import (
     ServerCounts,
     ServerRecordStop,
@@ -104,6 +104,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunGet,
         ViewPage,
         ViewPatches,
+        ViewSession,
         # control
         RunCancel,
         RunPause,

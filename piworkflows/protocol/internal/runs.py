@@ -103,6 +103,14 @@ class ViewPatches(ReadCommand):
     after: int = Field(ge=0)
 
 
+class ViewSession(ReadCommand):
+    """The run view of the run a Pi session runs (its unfinished interactive run, else the newest
+    run it started), if any."""
+
+    kind: ClassVar[str] = "view.session.get"
+    session_id: Id
+
+
 class ViewPage(ReadCommand):
     """A page of one of the run's histories (pi-workflows.run-page.v1, writer/views/pages.py)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from piworkflows.errors import CommandError
-from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches
+from piworkflows.protocol.internal.runs import RunCreate, RunGet, RunList, ViewPage, ViewPatches, ViewSession
 from piworkflows.writer import records
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import projection, run_view
@@ -179,4 +179,29 @@ class ReadViewPatches(Handler[ViewPatches]):
         return Result(revision=view["revision"], receipt={"snapshot": view})
 
 
-HANDLERS = (CreateRun(), ListRuns(), GetRun(), ReadViewPage(), ReadViewPatches())
+class ReadViewSession(Handler[ViewSession]):
+    model = ViewSession
+    actors = READERS
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: ViewSession) -> Result:
+        """``{"sessionId", "runId", "revision", "run"}``: the session's run view, or nulls when the
+        session started no run."""
+        found = tx.conn.execute(
+            "SELECT run_id FROM runs WHERE origin_session_id = :session AND execution_mode = 'interactive' "
+            "AND status IN ('queued', 'running', 'waiting') UNION ALL "
+            "SELECT * FROM (SELECT run_id FROM runs WHERE origin_session_id = :session "
+            "ORDER BY created_at DESC, run_id DESC LIMIT 1) LIMIT 1",
+            {"session": cmd.session_id},
+        ).fetchone()
+        view = run_view.run_view(tx.conn, found[0]) if found else None
+        receipt = {
+            "sessionId": cmd.session_id,
+            "runId": view["runId"] if view else None,
+            "revision": view["revision"] if view else 0,
+            "run": view,
+        }
+        return Result(receipt=receipt)
+
+
+HANDLERS = (CreateRun(), ListRuns(), GetRun(), ReadViewPage(), ReadViewPatches(), ReadViewSession())
