@@ -153,20 +153,21 @@ def delete_trees(conn: sqlite3.Connection, roots: list[str]) -> dict[str, int]:
 
 
 def delete_unreferenced(conn: sqlite3.Connection, digests: list[bytes]) -> int:
-    """Of these blobs, delete those no row references any more (in the caller's transaction)."""
-    deleted = 0
-    for digest in digests:
-        deleted += conn.execute(f"DELETE FROM blobs WHERE digest = ? AND {_unreferenced()}", (digest,)).rowcount
-    return deleted
+    """Of these blobs, delete those no row references any more (in the caller's transaction; one
+    statement)."""
+    if not digests:
+        return 0
+    marks = ", ".join("?" for _ in digests)
+    return conn.execute(f"DELETE FROM blobs WHERE digest IN ({marks}) AND {_unreferenced()}", digests).rowcount
 
 
 @functools.cache
 def _unreferenced() -> str:
-    """SQL: no row of any table with a foreign key to blobs references ``blobs.digest``."""
+    """SQL: no row of any table with a foreign key to blobs references ``blobs.digest`` (the view
+    ops' values first: the values most often shared, so most candidates stop there)."""
+    references = sorted(_blob_references().items(), key=lambda item: item[0] != "viewer_deltas")
     return " AND ".join(
-        f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)"
-        for t, columns in _blob_references().items()
-        for c in columns
+        f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)" for t, columns in references for c in columns
     )
 
 

@@ -212,6 +212,16 @@ def put_blob(conn: sqlite3.Connection, blob: BlobValue, now: int) -> bool:
     return True
 
 
+def put_own_blobs(conn: sqlite3.Connection, blobs: dict[bytes, bytes], media_type: str, now: int) -> None:
+    """Insert values the writer encoded itself (each digest computed here from its bytes), in one
+    statement; a digest stored already is adopted without reading it back."""
+    conn.executemany(
+        "INSERT INTO blobs (digest, media_type, byte_length, bytes, created_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (digest) DO NOTHING",
+        [(digest, media_type, len(data), data, now) for digest, data in blobs.items()],
+    )
+
+
 def read_text(conn: sqlite3.Connection, digest: bytes) -> str:
     """A stored text value, read through its declared media type."""
     row = conn.execute("SELECT media_type, bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()

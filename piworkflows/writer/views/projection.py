@@ -30,13 +30,14 @@ restarted, the run was evicted, a transaction was rolled back) gets its next rev
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import sqlite3
 from dataclasses import dataclass, replace
 from typing import Any
 
 from piworkflows import canonical
-from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import prune, records
 from piworkflows.writer.views.content import RunValues
 from piworkflows.writer.views.pages import WINDOW
@@ -57,9 +58,11 @@ log = logging.getLogger("piworkflows.writer")
 RETAINED = 256  # presentation revisions whose ops are kept: a cursor below floor - 1 gets a snapshot
 KNOWN_RUNS = 256  # runs whose last recorded head the projection keeps (least recently projected go)
 CREATED = "created"  # a touched row's history: the run's viewer row was created
+APPENDED = "-1"  # a touched row's key: rows were added to the history (else: the key of a changed row)
 _FIXED = ("schema", "runId", "revision")  # top-level members a full replace leaves
 
-# (table, events, when, the run, the history changed in place, its key)
+# (table, events, when, the run, the history it adds to or changes (its window is read only then),
+#  the key of the row changed in place, or APPENDED)
 _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
     ("viewer_runs", "INSERT", "", "NEW.run_id", CREATED, "0"),
     ("runs", "UPDATE", "", "NEW.run_id", "", "0"),
@@ -69,7 +72,7 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
     ("run_queue", "DELETE", "", "OLD.run_id", "", "0"),
     ("run_workers", "INSERT", "", "NEW.run_id", "", "0"),
     ("run_workers", "UPDATE", "", "NEW.run_id", "", "0"),
-    ("run_steps", "INSERT", "", "NEW.run_id", "", "0"),
+    ("run_steps", "INSERT", "", "NEW.run_id", "steps", APPENDED),
     ("node_attempts", "INSERT", "", "NEW.run_id", "", "0"),
     (
         "node_attempts",
@@ -81,10 +84,10 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
     ),
     ("effects", "INSERT", "WHEN NEW.run_id IS NOT NULL", "NEW.run_id", "", "0"),
     ("effects", "UPDATE OF effect_status", "WHEN NEW.run_id IS NOT NULL", "NEW.run_id", "", "0"),
-    ("events", "INSERT", "", "NEW.resource_id", "", "0"),
-    ("workflow_updates", "INSERT", "", "NEW.run_id", "", "0"),
-    ("session_entries", "INSERT", "", "NEW.run_id", "", "0"),
-    ("session_events", "INSERT", "", "NEW.run_id", "", "0"),
+    ("events", "INSERT", "", "NEW.resource_id", "trace", APPENDED),
+    ("workflow_updates", "INSERT", "", "NEW.run_id", "updates", APPENDED),
+    ("session_entries", "INSERT", "", "NEW.run_id", "session_entries", APPENDED),
+    ("session_events", "INSERT", "", "NEW.run_id", "session_events", APPENDED),
     ("session_segments", "INSERT", "", "NEW.run_id", "", "0"),
     ("session_segments", "UPDATE", "", "NEW.run_id", "", "0"),
     ("attempt_entries", "INSERT", "", "NEW.run_id", "", "0"),
@@ -104,9 +107,9 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
         "0",
     ),
     ("viewer_session_checkpoints", "INSERT", "", "NEW.run_id", "", "0"),
-    ("workflow_settings", "INSERT", "", "NEW.run_id", "settings", "0"),
-    ("workflow_settings", "UPDATE", "", "NEW.run_id", "settings", "0"),
-    ("workflow_follow_ups", "INSERT", "", "NEW.run_id", "", "0"),
+    ("workflow_settings", "INSERT", "", "NEW.run_id", "settings", APPENDED),
+    ("workflow_settings", "UPDATE", "", "NEW.run_id", "settings", APPENDED),
+    ("workflow_follow_ups", "INSERT", "", "NEW.run_id", "follow_ups", APPENDED),
     ("workflow_follow_ups", "UPDATE", "", "NEW.run_id", "follow_ups", "NEW.source_order"),
 )
 
@@ -198,8 +201,11 @@ class Projection:
         values = RunValues(conn, run_id)
         parts = head(conn, run_id, values)
         assert parts is not None, "a viewer row has its run"
-        totals = tuple(window.history.total(conn, run_id) for window in WINDOWS)
         known = self.known.pop(run_id, None)
+        totals = tuple(
+            window.history.total(conn, run_id) if known is None or window.kind in changed else total
+            for window, total in zip(WINDOWS, known.totals if known else [0] * len(WINDOWS), strict=True)
+        )
         if CREATED in changed and revision == 1:
             ops, taken = [], taken_transitions(conn, run_id)
         elif known is None or known.revision != revision:
@@ -249,7 +255,7 @@ def _changes(
             taken = _taken(conn, run_id, known.taken, after - before, fetched[0] if extra else None, rows)
         ops += _tail(window, before, after, rows, values)
         start = max(0, after - WINDOW)
-        for key in sorted(changed.get(name, ())):
+        for key in sorted(key for key in changed.get(name, ()) if key != int(APPENDED)):
             row = window.history.row(conn, run_id, key)
             assert row is not None, "a changed row of a run's history is there"
             rows.append(row)
@@ -322,22 +328,26 @@ def _record(
         "WHERE run_id = ?",
         (revision, floor, now, run_id),
     )
+    values: dict[bytes, bytes] = {}
+    rows = []
     for index, op in enumerate(ops):
         digest = None
         if "value" in op:
-            blob = BlobValue.of_json(op["value"])
-            records.put_blob(conn, blob, now)
-            digest = blob.digest
-        conn.execute(
-            "INSERT INTO viewer_deltas (run_id, presentation_revision, delta_index, patch_op, target_path, "
-            "value_digest) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, revision, index, op["op"], op["path"], digest),
-        )
+            data = canonical.dumps_bytes(op["value"])
+            digest = hashlib.sha256(data).digest()
+            values[digest] = data
+        rows.append((run_id, revision, index, op["op"], op["path"], digest))
+    records.put_own_blobs(conn, values, MEDIA_JSON, now)
+    conn.executemany(
+        "INSERT INTO viewer_deltas (run_id, presentation_revision, delta_index, patch_op, target_path, "
+        "value_digest) VALUES (?, ?, ?, ?, ?, ?)",
+        rows,
+    )
     if revision > RETAINED:  # the oldest revision's ops go, and their values no other row holds
         past = "FROM viewer_deltas WHERE run_id = ? AND presentation_revision < ?"
         freed = [row[0] for row in conn.execute(f"SELECT DISTINCT value_digest {past}", (run_id, floor)) if row[0]]
         conn.execute(f"DELETE {past}", (run_id, floor))
-        prune.delete_unreferenced(conn, freed)
+        prune.delete_unreferenced(conn, [digest for digest in freed if digest not in values])
 
 
 def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:

@@ -354,16 +354,18 @@ def _current_step(conn: sqlite3.Connection, run_id: str, values: RunValues) -> d
 
 def node_results(conn: sqlite3.Connection, run_id: str, values: RunValues, node: str | None = None) -> dict[str, Any]:
     """``outputs`` (each node's latest accepted output) and ``results`` (its latest finished
-    attempt), one row per node of the graph (or of ``node`` only)."""
+    attempt: the highest visit and attempt, the node's own index walked backwards), one row per
+    node of the graph (or of ``node`` only)."""
     accepted = """(SELECT b.output_digest FROM node_attempts b WHERE b.run_id = :run AND b.node_path = n.node_path
-                   AND b.outcome = 'ok' ORDER BY b.finished_at DESC, b.visit_number DESC LIMIT 1)"""
+                   AND b.outcome = 'ok' ORDER BY b.visit_number DESC, b.attempt_number DESC LIMIT 1)"""
     columns = (
         f"attempt_id, node_path, node_kind, outcome, started_at, finished_at, output_digest, error_digest, {accepted}"
     )
     if node is None:
         rows = conn.execute(
             f"""SELECT {columns}
-                FROM (SELECT a.*, row_number() OVER (PARTITION BY a.node_path ORDER BY s.step_index DESC) AS newest
+                FROM (SELECT a.*, row_number() OVER (
+                          PARTITION BY a.node_path ORDER BY a.visit_number DESC, a.attempt_number DESC) AS newest
                       FROM run_steps s JOIN node_attempts a ON a.attempt_id = s.attempt_id
                       WHERE s.run_id = :run AND a.finished_at IS NOT NULL) n
                 WHERE newest = 1 ORDER BY node_path""",
@@ -372,9 +374,9 @@ def node_results(conn: sqlite3.Connection, run_id: str, values: RunValues, node:
     else:  # the node's own attempts (the (run, node, visit, attempt) index), not the run's
         rows = conn.execute(
             f"""SELECT {columns}
-                FROM (SELECT a.* FROM node_attempts a JOIN run_steps s ON s.attempt_id = a.attempt_id
+                FROM (SELECT a.* FROM node_attempts a
                       WHERE a.run_id = :run AND a.node_path = :node AND a.finished_at IS NOT NULL
-                      ORDER BY s.step_index DESC LIMIT 1) n""",
+                      ORDER BY a.visit_number DESC, a.attempt_number DESC LIMIT 1) n""",
             {"run": run_id, "node": node},
         ).fetchall()
     outputs: dict[str, Any] = {}
