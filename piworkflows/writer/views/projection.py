@@ -279,8 +279,25 @@ def _changes(
         elif pointer not in known.head:
             ops.append(_op("add", pointer, parts[pointer]))
         elif parts[pointer] != known.head[pointer]:
-            ops.append(_op("replace", pointer, parts[pointer]))
+            ops += _member_ops(pointer, known.head[pointer], parts[pointer])
     return ops, taken
+
+
+def _member_ops(pointer: str, was: Any, now: Any) -> list[dict[str, Any]]:
+    """A changed part of the head: its changed members when both are objects (a step's current
+    node changes, not the whole of /piworkflows), else the part."""
+    if not (isinstance(was, dict) and isinstance(now, dict)):
+        return [_op("replace", pointer, now)]
+    ops = []
+    for key in sorted(was.keys() | now.keys()):
+        member = f"{pointer}/{escape(key)}"
+        if key not in now:
+            ops.append(_op("remove", member))
+        elif key not in was:
+            ops.append(_op("add", member, now[key]))
+        elif now[key] != was[key]:
+            ops.append(_op("replace", member, now[key]))
+    return ops
 
 
 def _taken(
