@@ -43,7 +43,8 @@ from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.clock import SystemClock
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
-from piworkflows.writer import db, schema
+from piworkflows.writer import db, schema, viewer_notify
+from piworkflows.writer.views import projection
 from stress.bench.fs import bench_dir, cleanup, filesystem_of
 
 
@@ -183,14 +184,16 @@ def run_create_commands(trace: Path) -> list[list[str]]:
             if current is not None and any(s.startswith("INSERT INTO runs ") for s in current):
                 commands.append(current)
             current = None
-        elif current is not None:
-            current.append(statement)
+        elif current is not None and (not current or current[-1] != statement):
+            current.append(statement)  # a statement is traced again for each trigger it fires: once here
     return commands
 
 
 def measure_raw(paths: StatePaths, commands: list[list[str]]) -> float:
     schema.ensure_database(paths, SystemClock().now_ms())
     conn = db.connect(paths, Settings())
+    projection.install(conn)  # the writer's temporary triggers, which the statements fire there too
+    viewer_notify.install(conn)
     began = time.perf_counter()
     for statements in commands:
         conn.execute("BEGIN IMMEDIATE")
