@@ -20,6 +20,7 @@ from piworkflows.writer.db import GroupExecutor, open_database
 from piworkflows.writer.views import projection
 from piworkflows.writer.views.run_view import run_view
 from tests.support import claim_run, run_create, run_group, runner_exited, submitted, take_epoch, token_hash
+from tests.support_agents import AgentStep
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,6 +73,14 @@ def node_finish(at: int, attempt: str, output: Any, outcome: str = "ok", end: st
     if end:
         body["end_status"] = end
     return submitted("node.finish", body)
+
+
+@pytest.fixture(autouse=True)
+def projected_every_time(caplog):
+    """No run's projection failed (a failure is logged and answered by a full replace later, which
+    would keep the documents equal and hide it)."""
+    yield
+    assert not [r for r in caplog.records if "cannot be projected" in r.getMessage()]
 
 
 @pytest.fixture
@@ -333,3 +342,37 @@ def test_the_materializer_is_strict():
             }
         )
     assert held.view == {"revision": 3, "runRevision": 9, "x": 1}
+
+
+def test_an_agent_steps_revisions_patch_the_view_exactly(executor):
+    """An agent step's whole life (request, session opened, message, turn, recorded conversation,
+    rejected and accepted submissions, turn end): after every command the retained ops bring the
+    older documents to the snapshot, session members included."""
+    step = AgentStep(executor)
+    assert step.start(timeout_ms=1000).outcome == "accepted"
+    follower = Follower(executor.conn)
+    step.open()
+    follower.check()
+    step.host("agent.message_sent", workflow_message_id=step.initial_id, pi_entry_id="0a1b2c3d")
+    follower.check()
+    step.turn("started", "turn-segment-1-1")
+    follower.check()
+    entries = [
+        {"pi_entry_id": pi_id, "entry_role": role, "content": BlobValue.of_text(f"{role}: {pi_id}").model_dump()}
+        for pi_id, role in (("0a1b2c3d", "user"), ("1b2c3d4e", "assistant"))
+    ]
+    events = [{"event_type": "message_update", "event_status": "streaming"} for _ in range(3)]
+    reply = step.host("agent.record", first_event_index=0, events=events, entries=entries)
+    assert reply.outcome == "accepted", reply
+    follower.check()
+    first = step.submit({"summary": 1})
+    follower.check()
+    step.settle(first.receipt["submissionId"], error="summary: 1 is not of type 'string'")
+    follower.check()
+    second = step.submit({"summary": "fixed"}, key="submit-2")
+    step.settle(second.receipt["submissionId"], output={"summary": "fixed"})
+    follower.check()
+    step.turn("ended", "turn-segment-1-1", stop_reason="stop", elapsed_ms=450)
+    follower.check()
+    view = run_view(executor.conn, "run-1")
+    assert view is not None and view["session"]["capture"]["entryCount"] == 2

@@ -59,6 +59,8 @@ RETAINED = 256  # presentation revisions whose ops are kept: a cursor below floo
 KNOWN_RUNS = 256  # runs whose last recorded head the projection keeps (least recently projected go)
 CREATED = "created"  # a touched row's history: the run's viewer row was created
 APPENDED = "-1"  # a touched row's key: rows were added to the history (else: the key of a changed row)
+SESSION = "session"  # a touched row's history: the run's Pi session rows (its /session head is read again)
+_SESSION_ROWS = {SESSION, "session_entries", "session_events"}
 _FIXED = ("schema", "runId", "revision")  # top-level members a full replace leaves
 
 # (table, events, when, the run, the history it adds to or changes (its window is read only then),
@@ -88,8 +90,8 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
     ("workflow_updates", "INSERT", "", "NEW.run_id", "updates", APPENDED),
     ("session_entries", "INSERT", "", "NEW.run_id", "session_entries", APPENDED),
     ("session_events", "INSERT", "", "NEW.run_id", "session_events", APPENDED),
-    ("session_segments", "INSERT", "", "NEW.run_id", "", "0"),
-    ("session_segments", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("session_segments", "INSERT", "", "NEW.run_id", SESSION, "0"),
+    ("session_segments", "UPDATE", "", "NEW.run_id", SESSION, "0"),
     ("attempt_entries", "INSERT", "", "NEW.run_id", "", "0"),
     ("attempt_entries", "UPDATE", "", "NEW.run_id", "", "0"),
     ("workflow_turns", "INSERT", "", "NEW.run_id", "", "0"),
@@ -106,7 +108,7 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
         "",
         "0",
     ),
-    ("viewer_session_checkpoints", "INSERT", "", "NEW.run_id", "", "0"),
+    ("viewer_session_checkpoints", "INSERT", "", "NEW.run_id", SESSION, "0"),
     ("workflow_settings", "INSERT", "", "NEW.run_id", "settings", APPENDED),
     ("workflow_settings", "UPDATE", "", "NEW.run_id", "settings", APPENDED),
     ("workflow_follow_ups", "INSERT", "", "NEW.run_id", "follow_ups", APPENDED),
@@ -199,9 +201,13 @@ class Projection:
     ) -> list[dict[str, Any]]:
         """The run's ops since ``revision`` (none: nothing shown changed), its new head remembered."""
         values = RunValues(conn, run_id)
-        parts = head(conn, run_id, values)
-        assert parts is not None, "a viewer row has its run"
         known = self.known.pop(run_id, None)
+        same_session = known is not None and not _SESSION_ROWS & changed.keys()
+        parts = head(conn, run_id, values, session=not same_session)
+        assert parts is not None, "a viewer row has its run"
+        if same_session:
+            assert known is not None
+            parts |= {pointer: value for pointer, value in known.head.items() if pointer.startswith("/session/")}
         totals = tuple(
             window.history.total(conn, run_id) if known is None or window.kind in changed else total
             for window, total in zip(WINDOWS, known.totals if known else [0] * len(WINDOWS), strict=True)

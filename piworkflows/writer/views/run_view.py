@@ -124,9 +124,11 @@ def fixed(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str,
     }
 
 
-def head(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, Any] | None:
+def head(conn: sqlite3.Connection, run_id: str, values: RunValues, session: bool = True) -> dict[str, Any] | None:
     """What a run view shows that may change with any transaction, as JSON Pointers and their values
-    (a key a run view does not have now is absent): read from indexed rows, bounded, no history."""
+    (a key a run view does not have now is absent): read from indexed rows, bounded, no history.
+    ``session=False``: without its /session members (the projection keeps them when no session row
+    changed)."""
     row = conn.execute(
         f"""SELECT r.workflow_name, r.title, p.canonical_path, r.execution_mode, r.origin_session_id, r.max_steps,
                    r.lineage, r.root_run_id, r.parent_run_id, r.restart_number, r.created_at, r.started_at,
@@ -196,7 +198,8 @@ def head(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dict[str, 
     }
     parts["/graphCursor"] = max(0, step_total - 1)
     parts |= {"/" + key: value for key, value in liveness(shown, queue_status).items()}
-    parts |= _session(conn, run_id, values)
+    if session:
+        parts |= _session(conn, run_id, values)
     parts["/piworkflows"] = {
         "title": title,
         "projectPath": project,
