@@ -29,12 +29,12 @@ CLIENT = {"actor_class": "client"}
 NODES = ("greet", "work/inner", "done~x")  # a node path with "/" and "~" is an escaped pointer token
 
 
-def claim() -> dict[str, Any]:
+def claim(generation: int = 1) -> dict[str, Any]:
     return {
         "server_epoch": 1,
         "owner_id": "server-1",
         "claim_token_hash": token_hash("tok"),
-        "lease_generation": 1,
+        "lease_generation": generation,
         "ttl_ms": 10_000,
     }
 
@@ -43,25 +43,27 @@ def revision(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT revision FROM resources WHERE resource_id = 'run-1'").fetchone()[0]
 
 
-def node_start(at: int, node: str, visit: int) -> Any:
+def node_start(at: int, node: str, visit: int, kind: str = "compute", generation: int = 1) -> Any:
     body = {
         "actor": RUNNER,
         "run_id": "run-1",
-        "claim": claim(),
+        "claim": claim(generation),
         "expected_revision": at,
         "node_path": node,
-        "node_kind": "compute",
+        "node_kind": kind,
         "visit_number": visit,
     }
     return submitted("node.start", body)
 
 
-def node_finish(at: int, attempt: str, output: Any, outcome: str = "ok", end: str | None = None) -> Any:
+def node_finish(
+    at: int, attempt: str, output: Any, outcome: str = "ok", end: str | None = None, generation: int = 1
+) -> Any:
     """A node.finish that ends the run with ``end``; its caller names the next node otherwise."""
     body: dict[str, Any] = {
         "actor": RUNNER,
         "run_id": "run-1",
-        "claim": claim(),
+        "claim": claim(generation),
         "expected_revision": at,
         "attempt_id": attempt,
         "outcome": outcome,
@@ -136,6 +138,33 @@ class Run:
         self.visits: dict[str, int] = {}
         self.open: str | None = None
 
+    def at(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        """A runner command at the run's current revision under its current claim generation."""
+        conn = self.executor.conn
+        found = conn.execute("SELECT lease_generation FROM leases WHERE resource_id = 'run-1'").fetchone()
+        return command(revision(conn), *args, generation=found[0] if found else 1, **kwargs)
+
+    def wait(self) -> None:
+        """A checkpoint node that asks and waits (the runner's claim ends with it)."""
+        self.visits["ask"] = self.visits.get("ask", 0) + 1
+        (started,) = run_group(self.executor, self.at(node_start, "ask", self.visits["ask"], kind="checkpoint"))
+        if started.outcome != "accepted":
+            return
+        wait = self.at(node_finish, started.receipt["attemptId"], None)
+        body = {key: wait.body[key] for key in ("actor", "run_id", "claim", "expected_revision", "attempt_id")}
+        body["request"] = BlobValue.of_json({"summary": "go on?"}).model_dump()
+        run_group(self.executor, submitted("node.wait", body))
+
+    def answer(self) -> None:
+        answer = BlobValue.of_json({"go": True}).model_dump()
+        body = {"actor": CLIENT, "run_id": "run-1", "node_path": "ask", "answer": answer}
+        run_group(self.executor, submitted("checkpoint.answer", body))
+
+    def reclaim(self) -> None:
+        """The runner exits (if one is live) and the server claims the run again (if it may)."""
+        self.runner_exits()
+        run_group(self.executor, claim_run(command="resume"))
+
     def _visit(self, n: int) -> tuple[str, int]:
         node = NODES[n % len(NODES)]
         self.visits[node] = self.visits.get(node, 0) + 1
@@ -145,7 +174,7 @@ class Run:
         """``count`` node visits, one command each (finishing one and starting the next in one
         command when ``together``), outputs of ``size`` characters; the last fails when ``fail``."""
         node, visit = self._visit(0)
-        (started,) = run_group(self.executor, node_start(revision(self.executor.conn), node, visit))
+        (started,) = run_group(self.executor, self.at(node_start, node, visit))
         if started.outcome != "accepted":
             return
         attempt = started.receipt["attemptId"]
@@ -153,7 +182,7 @@ class Run:
             last = n == count
             output = {"n": n, "text": "x" * size}
             next_node, visit = self._visit(n)
-            finish = node_finish(revision(self.executor.conn), attempt, output, "failed" if fail and last else "ok")
+            finish = self.at(node_finish, attempt, output, "failed" if fail and last else "ok")
             finish.body["next_node"] = next_node
             if together and not last:
                 finish.body["start_next"] = {"node_kind": "compute", "visit_number": visit}
@@ -165,20 +194,20 @@ class Run:
             if together:
                 attempt = done.receipt["nextAttemptId"]
                 continue
-            (started,) = run_group(self.executor, node_start(revision(self.executor.conn), next_node, visit))
+            (started,) = run_group(self.executor, self.at(node_start, next_node, visit))
             assert started.outcome == "accepted", started
             attempt = started.receipt["attemptId"]
 
     def start_only(self) -> None:
         node = NODES[0]
         self.visits[node] = self.visits.get(node, 0) + 1
-        (reply,) = run_group(self.executor, node_start(revision(self.executor.conn), node, self.visits[node]))
+        (reply,) = run_group(self.executor, self.at(node_start, node, self.visits[node]))
         if reply.outcome == "accepted":
             self.open = reply.receipt["attemptId"]
 
     def finish_open(self, end: str | None) -> None:
         if self.open is not None:
-            finish = node_finish(revision(self.executor.conn), self.open, {"end": end}, end=end)
+            finish = self.at(node_finish, self.open, {"end": end}, end=end)
             if end is None:
                 finish.body["next_node"] = NODES[1]
             run_group(self.executor, finish)
@@ -202,6 +231,9 @@ ACTIONS = st.one_of(
     st.tuples(st.just("finish"), st.sampled_from([None, "completed"]), st.none(), st.none()),
     st.tuples(st.just("control"), st.sampled_from(["run.pause", "run.resume", "run.cancel"]), st.none(), st.none()),
     st.tuples(st.just("exit"), st.none(), st.none(), st.none()),
+    st.tuples(st.just("wait"), st.none(), st.none(), st.none()),
+    st.tuples(st.just("answer"), st.none(), st.none(), st.none()),
+    st.tuples(st.just("reclaim"), st.none(), st.none(), st.none()),
 )
 
 
@@ -217,12 +249,18 @@ def act(run: Run, action: tuple[Any, ...]) -> None:
         run.finish_open(a)
     elif kind == "control":
         run.control(a)
+    elif kind == "wait":
+        run.wait()
+    elif kind == "answer":
+        run.answer()
+    elif kind == "reclaim":
+        run.reclaim()
     else:
         run.runner_exits()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(actions=st.lists(ACTIONS, min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(ACTIONS, min_size=1, max_size=14))
 def test_the_snapshot_equals_an_older_one_with_the_retained_ops_applied(make_executor, actions):
     """Random command sequences; after every group the follower's documents, brought forward with
     the retained ops, equal the snapshot, and every revision comes once, in order."""
