@@ -5,13 +5,15 @@ presentation revision once and writes its ordered ops to ``viewer_deltas`` befor
 ::
 
     TEMP triggers on the rows a run view reads       temp.viewer_touched: the runs a command
-      (runs, queue, runners, attempts, steps,         touched, the steps and follow-ups it
-      effects, events, updates, session rows, ...)    changed in place, settings changed
+      (runs, queue, runners, attempts, steps,         touched, the histories it added to, the
+      effects, events, updates, session rows, ...)    steps and follow-ups it changed in place,
+                                                      settings and session rows changed
     Projection.project(conn, now), before RELEASE     per touched run: its head (run_view.head,
-      of each accepted command and before COMMIT      bounded, indexed reads) against the head
-      of the local effects' transaction               the projection last recorded, and each
-                                                      window's new rows and changed rows by
-                                                      position arithmetic on their own keys
+      of each accepted command and before COMMIT      bounded, indexed reads; /session only when
+      of the local effects' transaction               a session row changed) against the head
+                                                      the projection last recorded, and the new
+                                                      and changed rows of the histories touched,
+                                                      by position arithmetic on their own keys
     no op: nothing advances (a renewal, a heartbeat)
     ops: viewer_runs + 1, floor = max(floor, revision - 255), the ops with their values as
          canonical-JSON blobs, deltas below the floor deleted
