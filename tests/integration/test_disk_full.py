@@ -139,7 +139,11 @@ def small_disk(tmp_path: Path):
     mount = tmp_path / "disk"
     mount.mkdir()
     made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+        # room for a server and a ten-step run (each commit also writes the run view's ops: a WAL
+        # of a few MB under load), which fill() then takes away
+        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
     )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
