@@ -229,7 +229,8 @@ class GroupExecutor:
         conn.execute("SAVEPOINT command")
         try:
             result = handler.run(tx, cmd)
-            self.projection.project(conn, tx.now)
+            if not handler.read_only:  # a read touches no row: nothing to project
+                self.projection.project(conn, tx.now)
             answer = records.StoredAnswer("accepted", result.revision, result.receipt, None)
             self.damage = self.damage or result.damage
         except CommandError as exc:
