@@ -102,6 +102,14 @@ class Link(_Correlator):
     def request(self, kind: str, body: dict[str, Any], timeout: float | None = None) -> Reply:
         return self.submit(kind, body).result(timeout)
 
+    def tell(self, kind: str, body: dict[str, Any]) -> None:
+        """A message that gets no reply (correlation id 0), in order with the requests around it."""
+        try:
+            with self._send_lock:
+                self._sock.sendall(frames.encode(kind, 0, body))
+        except OSError:
+            self._fail_all()
+
     def _read_loop(self) -> None:
         try:
             while data := self._sock.recv(1 << 16):
@@ -155,6 +163,14 @@ class AsyncLink(_Correlator):
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.submit(kind, body)
+
+    def tell(self, kind: str, body: dict[str, Any]) -> None:
+        """A message that gets no reply (correlation id 0), in order with the requests around it."""
+        if self._transport is None or self._closed:
+            return
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(frames.encode(kind, 0, body))
 
     def _flush(self) -> None:
         data, self._outgoing = b"".join(self._outgoing), []

@@ -38,7 +38,7 @@ from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import StatePathRefused
 from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal.writer import Reply
+from piworkflows.protocol.internal.writer import Reply, ViewerAdvanced
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.agents import AgentManager
@@ -80,7 +80,7 @@ class Supervisor:
         self.lock = HostLock(paths)
         self.registry = Registry()
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env, on_viewer=self._viewer_advanced)
-        self.views = Views(self.writer)
+        self.views = Views(self.writer, watch=self.writer.watch)
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.outbox, self.scheduler = self._pool_and_scheduler()
@@ -101,9 +101,12 @@ class Supervisor:
     def token_hash(self) -> bytes:
         return hashlib.sha256(self._token).digest()
 
-    def _viewer_advanced(self, runs: list[str] | None) -> None:
+    def _viewer_advanced(self, advanced: ViewerAdvanced | None) -> None:
         """The writer's commits changed these run views (None: it restarted); on the event loop."""
-        self.views.advanced(runs)
+        if advanced is None:
+            self.views.advanced(None)
+        else:
+            self.views.advanced(advanced.runs, advanced.patches)
 
     def request_stop(self, reason: str) -> None:
         """Only enqueues (safe from signal callbacks); the main task does the work."""

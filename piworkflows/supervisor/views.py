@@ -22,6 +22,10 @@
     writer ── viewer.advanced [run ids] ──> Views.advanced ── per watched run, one snapshot read
         (run.get) at a time and at most one per SNAPSHOT_INTERVAL_S; changes meanwhile are
         coalesced into the next read
+    Views ── viewer.watched [runs with patch watchers] ──> writer: its viewer.advanced carries
+        their committed revisions' ops, each revision encoded once here (Recent); a patch watcher
+        is sent them from the revision it holds, and reads view.patches only when they do not
+        reach back that far (it watched before they came, the writer restarted)
     one encoding per event: the line is built once and each subscriber's id spliced in
 
 Backpressure: a connection with more than EVENT_BUFFER_BYTES unsent gets no event; its watches are
@@ -33,17 +37,18 @@ and never slows the writer or another client. One still behind after CATCH_UP_S 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from piworkflows import canonical
 from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal.writer import Reply
+from piworkflows.protocol.internal.writer import Reply, RunOps
 from piworkflows.supervisor.seams import WriterRequests
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -61,6 +66,10 @@ RUN_PATCH_SCHEMA = "pi-workflows.run-patch.v1"
 SESSION_SNAPSHOT_SCHEMA = "pi-workflows.session-snapshot.v1"
 _PLACEHOLDER = "subscription-placeholder"
 _MARKER = b'"subscriptionId":"' + _PLACEHOLDER.encode() + b'"'
+_PATCHES = "patches-placeholder"
+_PATCHES_MARKER = b'"patches":"' + _PATCHES.encode() + b'"'
+RECENT_REVISIONS = 256  # a patch-watched run's newest revisions kept encoded (as many as the writer retains)
+PATCH_EVENT_BYTES = client_v1.MAX_MESSAGE_BYTES - 16 * 1024  # a run_patch's patches: its envelope fits the rest
 
 
 class Subscriber(Protocol):
@@ -96,6 +105,37 @@ class Watch:
 
 
 @dataclass
+class Recent:
+    """A patch-watched run's newest committed revisions as viewer.advanced brought them, in order
+    and without a gap: (revision, run revision, its ``{ops, revision}`` member of ``patches``
+    encoded once)."""
+
+    revisions: collections.deque[tuple[int, int, bytes]] = field(default_factory=collections.deque)
+
+    def add(self, revision: int, run_revision: int, ops: bytes) -> None:
+        """The revision's ops as the writer encoded them (RunOps)."""
+        if self.revisions and self.revisions[-1][0] != revision - 1:
+            self.revisions.clear()  # a gap (revisions committed untold): only newer ones serve
+        # canonical key order: ops, revision
+        member = b'{"ops":' + ops + b',"revision":' + str(revision).encode() + b"}"
+        self.revisions.append((revision, run_revision, member))
+        while len(self.revisions) > RECENT_REVISIONS:
+            self.revisions.popleft()
+
+    def since(self, after: int) -> list[tuple[int, int, bytes]] | None:
+        """The revisions after ``after`` (none: it is the newest), or None when they do not reach
+        back to ``after + 1``."""
+        if not self.revisions or not self.revisions[0][0] <= after + 1 <= self.revisions[-1][0] + 1:
+            return None
+        return [item for item in self.revisions if item[0] > after]
+
+    def forget_through(self, revision: int) -> None:
+        """Every watcher holds ``revision``: the revisions up to it are needed no more."""
+        while self.revisions and self.revisions[0][0] <= revision:
+            self.revisions.popleft()
+
+
+@dataclass
 class _Read:
     """A run whose snapshot is being read, and whether it changed again meanwhile."""
 
@@ -104,20 +144,58 @@ class _Read:
 
 
 def event_line(
-    event: str, payload: Any, run_id: str | None = None, revision: int | None = None
+    event: str,
+    payload: Any,
+    run_id: str | None = None,
+    revision: int | None = None,
+    splice: tuple[bytes, bytes] | None = None,
 ) -> Callable[[str], bytes]:
-    """The event's line for any subscription id: encoded once, the id spliced in per subscriber."""
+    """The event's line for any subscription id: encoded once, the id spliced in per subscriber
+    (and ``splice``'s member, encoded already, in place of its marker)."""
     line = client_v1.encode(
         client_v1.Event(subscriptionId=_PLACEHOLDER, event=event, payload=payload, runId=run_id, revision=revision)
     )
+    if splice is not None:  # a member encoded already, in place of its marker
+        marker, member = splice
+        before, found, after = line.partition(marker)
+        assert found, "the payload holds the marker"
+        line = before + member + after
     head, found, tail = line.rpartition(_MARKER)  # the envelope's members follow the payload's
     assert found, "an event line names its subscription"
     return lambda subscription_id: head + b'"subscriptionId":' + canonical.dumps_bytes(subscription_id) + tail
 
 
+def patch_lines(
+    run_id: str, after: int, revisions: list[tuple[int, int, bytes]]
+) -> list[tuple[int, int, Callable[[str], bytes]]] | None:
+    """``run_patch`` events (from, to, line) of consecutive revisions encoded already (Recent),
+    each within the protocol's message bound; None when one revision alone exceeds it."""
+    events: list[tuple[int, int, Callable[[str], bytes]]] = []
+    chunk: list[bytes] = []
+    size = 0
+    for index, (revision, run_revision, member) in enumerate(revisions):
+        if len(member) > PATCH_EVENT_BYTES:
+            return None
+        chunk.append(member)
+        size += len(member) + 1
+        following = revisions[index + 1][2] if index + 1 < len(revisions) else None
+        if following is None or size + len(following) + 1 > PATCH_EVENT_BYTES:
+            head = {"revision": revision, "runRevision": run_revision, "patches": _PATCHES}
+            patches = b'"patches":[' + b",".join(chunk) + b"]"
+            line = event_line(
+                "run_patch", _run_patch(run_id, after, head), run_id, revision, splice=(_PATCHES_MARKER, patches)
+            )
+            events.append((after, revision, line))
+            after, chunk, size = revision, [], 0
+    return events
+
+
 class Views:
-    def __init__(self, writer: WriterRequests) -> None:
+    def __init__(self, writer: WriterRequests, watch: Callable[[list[str]], None] | None = None) -> None:
         self.writer = writer
+        self.tell_watched = watch  # the runs whose ops viewer.advanced should carry (WriterChild.watch)
+        self.told: list[str] = []
+        self.recent: dict[str, Recent] = {}  # the runs in ``told``
         self.watches: dict[tuple[str, str], Watch] = {}  # (connection id, subscription id)
         self.by_run: dict[str, set[Watch]] = {}
         self.lists: set[Watch] = set()
@@ -140,6 +218,7 @@ class Views:
         watch = self._add(conn, payload.subscriptionId or request.requestId, request.runId)
         watch.patches = payload.patches
         watch.pages = [page.model_dump() for page in payload.pages or ()]
+        self._watched_changed()
         held = payload.revision if payload.patches else None
         if held:  # catch up from the revision the client holds
             body = {"actor": SERVER, "run_id": request.runId, "after": held}
@@ -243,12 +322,29 @@ class Views:
             if not watchers:
                 del self.by_run[watch.run_id]
                 self.read_at.pop(watch.run_id, None)
+        if watch.patches:
+            self._watched_changed()
+
+    def _watched_changed(self) -> None:
+        """Tell the writer when the runs with patch watchers changed (their ops come with
+        viewer.advanced from then on)."""
+        runs = sorted(run_id for run_id, watches in self.by_run.items() if any(w.patches for w in watches))
+        if runs == self.told:
+            return
+        self.recent = {run_id: self.recent.get(run_id) or Recent() for run_id in runs}
+        self.told = runs
+        if self.tell_watched is not None:
+            self.tell_watched(runs)
 
     # --- commits ----------------------------------------------------------------------------
 
-    def advanced(self, runs: list[str] | None) -> None:
+    def advanced(self, runs: list[str] | None, patches: Iterable[RunOps] = ()) -> None:
         """The writer committed changes to these runs' views (None: anything may have changed, the
-        writer restarted). Called on the event loop."""
+        writer restarted), with the ops of the runs it was told are watched. On the event loop."""
+        for ops in patches:
+            recent = self.recent.get(ops.run_id)
+            if recent is not None:
+                recent.add(ops.revision, ops.run_revision, ops.ops)
         for run_id in list(self.by_run) if runs is None else runs:
             if run_id in self.by_run:
                 self._refresh(run_id)
@@ -291,7 +387,19 @@ class Views:
         for watch in self.by_run.get(run_id, ()):
             after = watch.sent if watch.patches and isinstance(watch.sent, int) else None
             groups.setdefault(after, []).append(watch)
+        recent = self.recent.get(run_id)
         for after, watches in groups.items():
+            found = recent.since(after) if recent is not None and after is not None else None
+            if found is not None:  # the revisions viewer.advanced brought: no read
+                assert after is not None
+                events = patch_lines(run_id, after, found)
+                if events is None:  # one revision exceeds an event: a snapshot instead
+                    self._resync(run_id, watches)
+                    continue
+                for start, end, line in events:
+                    for watch in watches:
+                        self._deliver(watch, line, end, start)
+                continue
             if after is None:
                 reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": run_id})
             else:
@@ -307,7 +415,11 @@ class Views:
             if after is not None and "patch" in reply.receipt:
                 patch = reply.receipt["patch"]
                 if patch["revision"] != after:
-                    line = event_line("run_patch", _run_patch(run_id, after, patch), run_id, patch["revision"])
+                    try:
+                        line = event_line("run_patch", _run_patch(run_id, after, patch), run_id, patch["revision"])
+                    except ValueError:  # more than one event holds: a snapshot instead
+                        self._resync(run_id, watches)
+                        continue
                     for watch in watches:
                         self._deliver(watch, line, patch["revision"], after)
                 continue
@@ -315,9 +427,18 @@ class Views:
             line = event_line("run_snapshot", view, run_id, view["revision"])
             for watch in watches:
                 self._deliver(watch, line, view["revision"])
+        held = [w.sent for w in self.by_run.get(run_id, ()) if w.patches and isinstance(w.sent, int)]
+        if recent is not None and held:
+            recent.forget_through(min(held))
         for watch in [w for w in self.by_run.get(run_id, ()) if w.pages]:
             await self._send_pages(watch)
         return True
+
+    def _resync(self, run_id: str, watches: list[Watch]) -> None:
+        """These patch watchers get the run's snapshot next (their patch would not fit one event)."""
+        for watch in watches:
+            watch.sent = None
+        self.reads[run_id].again = True
 
     async def _send_pages(self, watch: Watch) -> None:
         """Each pinned page of the watch that changed since it was last sent, as a ``run_page``."""
@@ -374,10 +495,12 @@ class Views:
             return
         if isinstance(revision, int) and isinstance(watch.sent, int) and revision < watch.sent:
             return  # a newer snapshot went first (a read that started earlier ended later)
+        if watch.behind:
+            return  # its catch-up follows once its connection has read its buffer down
         if after is not None and watch.sent != after:
             self._refresh(watch.run_id or "")  # it moved meanwhile: its own read follows
             return
-        if watch.behind or not watch.conn.send_event(line(watch.subscription_id)):
+        if not watch.conn.send_event(line(watch.subscription_id)):
             self._behind(watch)
             return
         watch.sent = revision

@@ -21,7 +21,7 @@ from typing import Any
 
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol.internal.writer import Reply, WriterHealth
+from piworkflows.protocol.internal.writer import Reply, ViewerAdvanced, ViewerWatched, WriterHealth
 from piworkflows.protocol.link import AsyncLink
 from piworkflows.settings import Settings
 from piworkflows.supervisor.registry import Identity
@@ -43,10 +43,11 @@ class WriterChild:
         settings: Settings,
         on_spawn: Callable[[Identity | None], None],
         extra_env: dict[str, str] | None = None,
-        on_viewer: Callable[[list[str] | None], None] | None = None,
+        on_viewer: Callable[[ViewerAdvanced | None], None] | None = None,
     ) -> None:
         self.paths = paths
         self.on_viewer = on_viewer  # run views the commits changed (None: all may have: a new writer)
+        self.watched: list[str] = []  # the runs whose ops viewer.advanced carries (told to each new writer)
         self.settings = settings
         self.on_spawn = on_spawn  # records the child's identity in host.json (None: gone)
         self.extra_env = extra_env
@@ -84,6 +85,8 @@ class WriterChild:
         assert isinstance(proc.link, AsyncLink)
         self.health, self.start_failure = WriterHealth(code=None), None
         await proc.link.start()
+        if self.watched:
+            proc.link.tell(ViewerWatched.kind, ViewerWatched(runs=self.watched).model_dump())
         return proc
 
     @property
@@ -96,6 +99,14 @@ class WriterChild:
             return self._down_reply()
         assert isinstance(proc.link, AsyncLink)
         return await proc.link.request(kind, body)
+
+    def watch(self, runs: list[str]) -> None:
+        """The runs whose ops viewer.advanced should carry from now on (this writer and the next)."""
+        self.watched = runs
+        proc = self._proc
+        if proc is not None and not self._stopping and not proc.link.closed:
+            assert isinstance(proc.link, AsyncLink)
+            proc.link.tell(ViewerWatched.kind, ViewerWatched(runs=runs).model_dump())
 
     def unavailable_reason(self) -> dict[str, Any] | None:
         """Why nothing can be committed now (server.status ``reason``), or None when it can."""

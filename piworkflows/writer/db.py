@@ -177,9 +177,11 @@ class GroupExecutor:
             if writes:
                 faults.hit(faults.WRITER_BEFORE_COMMIT)
                 self.conn.execute("COMMIT")
+                self.projection.end(committed=True)
             else:
                 self._end_reads()
         except (sqlite3.Error, GroupFailed, faults.FaultInjected, OSError) as exc:
+            self.projection.end(committed=False)
             condition = exc.condition if isinstance(exc, GroupFailed) else condition_of(exc)
             try:
                 if self.conn.in_transaction:
@@ -246,6 +248,7 @@ class GroupExecutor:
         except Exception as exc:  # a handler bug answers this command only; not stored, so a fix can retry
             conn.execute("ROLLBACK TO command")
             conn.execute("RELEASE command")
+            self.projection.settle(kept=False)
             log.error("%s failed inside the writer: %s", handler.kind, type(exc).__name__)
             return refusal_reply(CommandError("internalError", "the server failed on this command"))
         if answer.outcome != "accepted":
@@ -253,6 +256,7 @@ class GroupExecutor:
         if key is not None and (answer.outcome == "accepted" or handler.stores_refusals):
             records.store_answer(conn, key, answer, tx.now)
         conn.execute("RELEASE command")
+        self.projection.settle(kept=answer.outcome == "accepted")
         return Reply(outcome=answer.outcome, revision=answer.revision, receipt=answer.receipt, error=answer.error)
 
 

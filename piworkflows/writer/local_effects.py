@@ -98,8 +98,11 @@ def apply_pending(conn: sqlite3.Connection, now: int, projection: Projection) ->
             new_revision = records.increment_revision(conn, effect_id, revision, now)
             records.write_event(conn, effect_id, new_revision, "effect.applied", WRITER, now, generation)
         projection.project(conn, now)
+        projection.settle(kept=True)
         conn.execute("COMMIT")
+        projection.end(committed=True)
     except Exception:
+        projection.end(committed=False)
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise

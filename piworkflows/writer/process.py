@@ -48,6 +48,7 @@ from piworkflows.protocol.internal.writer import (
     Ready,
     Reply,
     ViewerAdvanced,
+    ViewerWatched,
     WriterHealth,
 )
 from piworkflows.protocol.link import AsyncLink, Link
@@ -170,7 +171,9 @@ class WriterLoop:
             for frame in self.decoder.feed(data):
                 body = frame["b"] if isinstance(frame.get("b"), dict) else {}
                 item = Submitted(frame["id"], frame["k"], body)
-                if item.kind in VIEW_READS:
+                if item.kind == ViewerWatched.kind:  # a message: the projection's watched runs, no reply
+                    self.executor.projection.watched = frozenset(ViewerWatched.model_validate(body).runs)
+                elif item.kind in VIEW_READS:
                     self.reader.submit(item)
                 else:
                     self.queue.append(item)
@@ -214,14 +217,17 @@ class WriterLoop:
         self.sock.sendall(_encode_reply(corr_id, reply))
 
     def _tell_viewer(self) -> None:
-        """The runs whose views the commits since the last call changed (writer/viewer_notify.py)."""
+        """The runs whose views the commits since the last call changed (writer/viewer_notify.py),
+        with the ops they recorded for the watched runs."""
+        patches = self.executor.projection.take()
         try:
             runs = viewer_notify.take(self.executor.conn)
         except sqlite3.Error as exc:  # the connection is being replaced: its watchers catch up later
             log.error("changed run views not read: %s", type(exc).__name__)
             return
         if runs:
-            frames.send(self.sock, ViewerAdvanced.kind, 0, ViewerAdvanced(runs=runs).model_dump())
+            # the ops as the projection recorded them (RunOps fields): validated once, by the receiver
+            frames.send(self.sock, ViewerAdvanced.kind, 0, {"runs": runs, "patches": patches})
 
     def _run_batch(self, batch: list[Submitted]) -> None:
         refused: list[tuple[int, Reply]] = []
@@ -509,14 +515,14 @@ def spawn(
     event_loop_link: bool = False,
     on_started: Callable[[int], None] | None = None,
     on_health: Callable[[WriterHealth], None] | None = None,
-    on_viewer: Callable[[list[str]], None] | None = None,
+    on_viewer: Callable[[ViewerAdvanced], None] | None = None,
 ) -> WriterProcess:
     """Start a writer and wait until it verified the schema (or refused it).
 
     ``on_started(pid)`` runs as soon as the process exists, before the
     handshake (the supervisor records the child's identity there).
     ``on_health`` gets what the writer can do whenever that changes, ``on_viewer`` the runs whose
-    views its commits changed (ignored without it). The link
+    views its commits changed, with the ops of the watched runs (ignored without it). The link
     is a thread-read ``Link``, or with ``event_loop_link`` an ``AsyncLink``
     that the caller starts on its event loop.
     """
@@ -565,7 +571,7 @@ def spawn(
                 on_health(WriterHealth.model_validate(frame["b"]))
         elif frame["k"] == ViewerAdvanced.kind:
             if on_viewer is not None:
-                on_viewer(ViewerAdvanced.model_validate(frame["b"]).runs)
+                on_viewer(ViewerAdvanced.model_validate(frame["b"]))
         else:
             _relay_log(frame)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -17,10 +18,12 @@ import pytest
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.protocol.internal.writer import ViewerAdvanced, ViewerWatched
 from piworkflows.settings import Settings
 from piworkflows.writer import schema
 from piworkflows.writer.process import spawn
-from tests.support import client_receipt, effect_request, take_epoch
+from piworkflows.writer.views import projection
+from tests.support import claim_run, client_receipt, effect_request, run_create, take_epoch
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -333,3 +336,27 @@ def test_a_refused_backup_or_prune_is_not_stored_so_the_same_key_is_checked_agai
     finally:
         assert writer.stop() == 0
     assert sorted(p.name for p in folder.iterdir()) == ["b.sqlite", "p.sqlite"]
+
+
+def test_viewer_advanced_carries_the_ops_of_the_watched_runs_once_committed(paths: StatePaths):
+    """After viewer.watched names run-1, each viewer.advanced brings run-1's committed revisions in
+    order, their ops as the retained ones; a run not named brings none."""
+    told: list[ViewerAdvanced] = []
+    writer = spawn(paths.state_dir, Settings(), on_viewer=told.append)
+    try:
+        writer.link.tell(ViewerWatched.kind, ViewerWatched(runs=["run-1"]).model_dump())
+        for item in (take_epoch(), run_create("run-1"), run_create("run-2"), claim_run()):
+            assert writer.link.request(item.kind, item.body, timeout=30).outcome == "accepted"
+        wait_until(lambda: any(ops.revision == 2 for advanced in told for ops in advanced.patches))
+    finally:
+        assert writer.stop() == 0
+    assert {run for advanced in told for run in advanced.runs} == {"run-1", "run-2"}
+    patches = [ops for advanced in told for ops in advanced.patches]
+    assert [(ops.run_id, ops.revision) for ops in patches] == [("run-1", 2)]  # its first revision is the view made
+    conn = sqlite3.connect(paths.database)
+    try:
+        retained = projection.patches(conn, "run-1", 1)
+    finally:
+        conn.close()
+    assert retained is not None and patches[0].run_revision == retained["runRevision"]
+    assert json.loads(patches[0].ops) == retained["patches"][0]["ops"]

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from piworkflows import canonical, faults
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.views.materialize import Document, Gap, apply_op
-from piworkflows.writer.db import GroupExecutor, open_database
+from piworkflows.writer.db import GroupExecutor, GroupFailed, open_database
 from piworkflows.writer.views import projection
 from piworkflows.writer.views.run_view import run_view
 from tests.support import claim_run, run_create, run_group, runner_exited, submitted, take_epoch, token_hash
@@ -102,13 +103,31 @@ def make_executor(tmp_path_factory, settings, clock):
 
 class Follower:
     """Every revision of run-1 the way a patch watcher sees it: a snapshot kept at each revision it
-    checked, brought forward with the retained ops and compared with the snapshot then."""
+    checked, brought forward with the retained ops and compared with the snapshot then. With a
+    ``told`` projection watching run-1, the revisions it staged for viewer.advanced are checked too:
+    every committed one once, in order, its ops the canonical encoding of the retained ones."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, told: projection.Projection | None = None) -> None:
         self.conn = conn
+        self.told = told
         view = run_view(conn, "run-1")
         assert view is not None
         self.held = [Document(view)]  # documents at earlier revisions (each brought forward too)
+        self.taken = view["revision"]  # the newest revision ``told`` staged and this checked
+        if told is not None:
+            self.check_told()
+
+    def check_told(self) -> None:
+        assert self.told is not None
+        staged = self.told.take()
+        assert [item["revision"] for item in staged] == list(range(self.taken + 1, self.taken + 1 + len(staged)))
+        for item in staged:
+            assert item["run_id"] == "run-1"
+            patch = projection.patches(self.conn, "run-1", item["revision"] - 1)
+            if patch is None:  # retention moved past it already
+                continue
+            assert item["ops"] == canonical.dumps_bytes(patch["patches"][0]["ops"])
+            self.taken = item["revision"]
 
     def check(self) -> None:
         now = run_view(self.conn, "run-1")
@@ -124,6 +143,9 @@ class Follower:
             document.apply({"fromRevision": document.revision, **patch})
             assert document.view == now
         self.held = [Document(copy.deepcopy(now))] + self.held[:2]
+        if self.told is not None:
+            self.check_told()
+            assert self.taken == now["revision"]  # every committed revision was staged
 
 
 class Run:
@@ -131,10 +153,12 @@ class Run:
 
     def __init__(self, executor) -> None:
         self.executor = executor
+        executor.projection.watched = frozenset({"run-1"})  # as viewer.watched tells it
         run_group(executor, take_epoch(), run_create("run-1"))
         executor.conn.execute("UPDATE runs SET max_steps = 100000")  # long runs; shown from the claim on
         run_group(executor, claim_run())
-        self.follower = Follower(executor.conn)
+        executor.projection.take()
+        self.follower = Follower(executor.conn, executor.projection)
         self.visits: dict[str, int] = {}
         self.open: str | None = None
 
@@ -300,7 +324,10 @@ def test_a_restarted_writer_replaces_every_member_once(executor):
     """The projection's memory is gone: its first revision replaces each member, then patches resume."""
     run = Run(executor)
     run.steps(2, 4)
+    run.follower.check()
     executor.projection = projection.Projection()  # as after a writer restart
+    executor.projection.watched = run.follower.told.watched  # told again
+    run.follower.told = executor.projection
     run.steps(1, 4)
     conn = executor.conn
     (at,) = conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone()
@@ -309,6 +336,23 @@ def test_a_restarted_writer_replaces_every_member_once(executor):
     paths = [op["path"] for op in first["patches"][0]["ops"]]
     assert "/state" in paths and "/display" in paths and all(path.count("/") == 1 for path in paths)
     assert "/state" not in [op["path"] for op in first["patches"][1]["ops"]]  # then patches again
+    run.follower.check()
+
+
+def test_a_group_that_does_not_commit_stages_no_ops(executor):
+    """viewer.advanced carries only committed revisions: a group whose COMMIT fails stages none, and
+    the next committed revision (a full replace: the memory is ahead of the database) is told."""
+    run = Run(executor)
+    run.steps(1, 4)
+    run.follower.check()
+    faults.configure(f"{faults.WRITER_BEFORE_COMMIT}=raise")
+    try:
+        with pytest.raises(GroupFailed):
+            run.steps(1, 4)
+    finally:
+        faults.configure("")
+    assert executor.projection.take() == []
+    run.steps(1, 4)
     run.follower.check()
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
-from piworkflows.protocol.internal.writer import Reply
+from piworkflows.protocol.internal.writer import Reply, RunOps
 from piworkflows.supervisor import views as hub
-from piworkflows.supervisor.views import MAX_WATCHES, Views, event_line, subscriber
+from piworkflows.supervisor.views import MAX_WATCHES, Recent, Views, event_line, patch_lines, subscriber
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -38,6 +38,8 @@ class Writer:
         if run not in self.revision:
             return Reply(outcome="notFound", receipt={"code": "runNotFound", "runId": run}, error="no such run")
         view = {"schema": "pi-workflows.run-view.v1", "runId": run, "revision": self.revision[run]}
+        if kind == "view.patches":  # as when the revisions are past retention
+            return Reply(outcome="accepted", receipt={"snapshot": view})
         return Reply(outcome="accepted", receipt=view)
 
 
@@ -74,9 +76,11 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def watching(views: Views, conn: Conn, subscription: str = "s1", revision: int | None = None) -> Reply:
+async def watching(
+    views: Views, conn: Conn, subscription: str = "s1", revision: int | None = None, patches: bool = False
+) -> Reply:
     subscriber.set(conn)
-    payload = client_v1.ViewRunWatchPayload(subscriptionId=subscription, revision=revision)
+    payload = client_v1.ViewRunWatchPayload(subscriptionId=subscription, revision=revision, patches=patches)
     reply = await views.watch_run(request("view.run.watch"), payload)
     await settle()
     return reply
@@ -226,5 +230,102 @@ def test_a_connection_watches_a_bounded_number_and_a_reused_id_replaces():
         subscriber.set(conn)
         await views.unwatch(request("view.run.unwatch"), "s1")
         assert len(conn.watches) == MAX_WATCHES - 1
+
+    asyncio.run(scenario())
+
+
+def ops(revision: int, value: str = "v") -> RunOps:
+    """run-1's revision as the writer tells it in viewer.advanced (run revision ten ahead)."""
+    encoded = b'[{"op":"replace","path":"/x","value":' + json.dumps(value).encode() + b"}]"
+    return RunOps(run_id="run-1", revision=revision, run_revision=revision + 10, ops=encoded)
+
+
+def test_recent_keeps_the_newest_revisions_without_a_gap(monkeypatch):
+    monkeypatch.setattr(hub, "RECENT_REVISIONS", 3)
+    recent = Recent()
+    for revision in (2, 3, 4, 5):
+        told = ops(revision)
+        recent.add(told.revision, told.run_revision, told.ops)
+    assert [item[0] for item in recent.revisions] == [3, 4, 5]  # the oldest went
+    assert recent.since(1) is None  # revision 2 is no longer here
+    assert [item[0] for item in recent.since(2) or ()] == [3, 4, 5]
+    assert recent.since(5) == [] and recent.since(6) is None
+    member = json.loads(recent.revisions[0][2])
+    assert member == {"ops": [{"op": "replace", "path": "/x", "value": "v"}], "revision": 3}
+    recent.add(7, 17, ops(7).ops)  # revision 6 was committed untold (a writer restart)
+    assert [item[0] for item in recent.revisions] == [7] and recent.since(5) is None
+    recent.forget_through(7)
+    assert recent.since(7) is None
+
+
+def test_patch_lines_split_a_backlog_into_events_within_the_bound(monkeypatch):
+    recent = Recent()
+    for revision in range(2, 8):
+        recent.add(revision, revision + 10, ops(revision, "x" * 40).ops)
+    size = len(recent.revisions[0][2])
+    monkeypatch.setattr(hub, "PATCH_EVENT_BYTES", 2 * size + 2)  # two revisions to an event
+    events = patch_lines("run-1", 1, recent.since(1) or [])
+    assert events is not None and [(start, end) for start, end, _ in events] == [(1, 3), (3, 5), (5, 7)]
+    for start, end, line in events:
+        message = json.loads(line("s1"))
+        payload = message["payload"]
+        assert message["event"] == "run_patch" and message["subscriptionId"] == "s1" and message["revision"] == end
+        assert (payload["fromRevision"], payload["revision"], payload["runRevision"]) == (start, end, end + 10)
+        assert [patch["revision"] for patch in payload["patches"]] == [start + 1, end]
+        expected = client_v1.Event(subscriptionId="s1", event="run_patch", payload=payload, runId="run-1", revision=end)
+        assert line("s1") == client_v1.encode(expected)  # exactly the canonical line
+    monkeypatch.setattr(hub, "PATCH_EVENT_BYTES", size - 1)
+    assert patch_lines("run-1", 1, recent.since(1) or []) is None  # one revision alone is too big
+
+
+def test_a_patch_watcher_is_sent_the_told_ops_without_a_read(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+
+    async def scenario() -> None:
+        writer, conn, told = Writer(), Conn(), []
+        views = Views(writer, watch=told.append)
+        await watching(views, conn, patches=True)
+        assert told == [["run-1"]]  # the writer is told to bring run-1's ops from now on
+        reads = writer.reads
+        for revision in (2, 3):
+            writer.revision["run-1"] = revision
+            views.advanced(["run-1"], [ops(revision)])
+            await settle()
+        assert writer.reads == reads  # no read: the ops came with viewer.advanced
+        assert [(line["event"], line["revision"]) for line in conn.lines] == [
+            ("run_snapshot", 1),
+            ("run_patch", 2),
+            ("run_patch", 3),
+        ]
+        assert conn.lines[-1]["payload"]["patches"] == [
+            {"revision": 3, "ops": [{"op": "replace", "path": "/x", "value": "v"}]}
+        ]
+        writer.revision["run-1"] = 5  # revision 4 was committed untold (a writer restart)
+        views.advanced(["run-1"], [ops(5)])
+        await settle()
+        assert writer.reads == reads + 1 and conn.lines[-1]["event"] == "run_snapshot"  # read, not skipped
+        subscriber.set(conn)
+        await views.unwatch(request("view.run.unwatch"), "s1")
+        assert told == [["run-1"], []] and views.recent == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_patch_too_big_for_one_event_becomes_a_snapshot(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+    monkeypatch.setattr(hub, "PATCH_EVENT_BYTES", 200)
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, watch=lambda runs: None)
+        await watching(views, conn, patches=True)
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"], [ops(2, "x" * 300)])
+        await settle()
+        assert [(line["event"], line["revision"]) for line in conn.lines] == [("run_snapshot", 1), ("run_snapshot", 2)]
+        writer.revision["run-1"] = 3
+        views.advanced(["run-1"], [ops(3)])  # patches again from the snapshot's revision
+        await settle()
+        assert [line["event"] for line in conn.lines][-1] == "run_patch"
 
     asyncio.run(scenario())

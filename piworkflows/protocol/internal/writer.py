@@ -7,7 +7,9 @@ records and health.
     writer ── reply Reply ──> supervisor                     (each command's answer, after its commit)
     writer ── log LogRecord ──> supervisor                   (written to the server log)
     writer ── health WriterHealth ──> supervisor             (its ability to commit changed)
-    writer ── viewer.advanced ViewerAdvanced ──> supervisor  (run views a commit changed, after it)
+    writer ── viewer.advanced ViewerAdvanced ──> supervisor  (run views a commit changed, after it,
+                                                              with the ops of the watched runs)
+    supervisor ── viewer.watched ViewerWatched ──> writer    (the runs whose ops it wants; no reply)
 
 ``Reply`` is also the body of every ``reply`` frame a supervisor sends a child
 (a runner's or an outbox worker's request, relayed or answered).
@@ -19,7 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from piworkflows.protocol.internal.base import Frame
+from piworkflows.protocol.internal.base import Frame, Model
 from piworkflows.protocol.internal.values import Outcome, WriterHealthCode, WriterStartFailure
 
 
@@ -72,9 +74,29 @@ class LogRecord(Frame):
     message: str = Field(max_length=4096)
 
 
+class RunOps(Model):
+    """One committed presentation revision of a watched run (views/projection.py): its ops in order
+    as canonical JSON (an array of ``{op, path, value}``), encoded once, by the writer."""
+
+    run_id: str
+    revision: int
+    run_revision: int
+    ops: bytes
+
+
 class ViewerAdvanced(Frame):
     """Runs whose views the last commits changed (created, advanced or deleted), sent after the
-    commit (writer/viewer_notify.py); the supervisor refreshes their watchers."""
+    commit (writer/viewer_notify.py); the supervisor refreshes their watchers. ``patches``: the
+    revisions those commits recorded for the runs last named by ``viewer.watched``, in commit order."""
 
     kind: ClassVar[str] = "viewer.advanced"
+    runs: list[str]
+    patches: list[RunOps] = []
+
+
+class ViewerWatched(Frame):
+    """The runs whose ops the supervisor wants in ``viewer.advanced`` from now on (it has patch
+    watchers of them): the whole set each time. A message, not a command: no reply."""
+
+    kind: ClassVar[str] = "viewer.watched"
     runs: list[str]

@@ -168,9 +168,32 @@ class Projection:
 
     def __init__(self) -> None:
         self.known: collections.OrderedDict[str, Known] = collections.OrderedDict()
+        self.watched: frozenset[str] = frozenset()  # runs whose ops the supervisor wants (viewer.watched)
+        self._staged: list[dict[str, Any]] = []  # the ops of watched runs the current command recorded
+        self._transaction: list[dict[str, Any]] = []  # ... the commands of the open transaction kept
+        self._committed: list[dict[str, Any]] = []  # ... committed transactions, not yet taken
+
+    def settle(self, kept: bool) -> None:
+        """The command that called ``project`` last was kept (its savepoint released) or rolled back."""
+        if kept:
+            self._transaction += self._staged
+        self._staged = []
+
+    def end(self, committed: bool) -> None:
+        """The transaction committed or rolled back."""
+        if committed:
+            self._committed += self._transaction
+        self._staged, self._transaction = [], []
+
+    def take(self) -> list[dict[str, Any]]:
+        """The committed revisions of watched runs since the last call (viewer.advanced's RunOps), in
+        commit order."""
+        taken, self._committed = self._committed, []
+        return taken
 
     def project(self, conn: sqlite3.Connection, now: int) -> None:
-        """Record the ops of every run the transaction touched since the last call."""
+        """Record the ops of every run the transaction touched since the last call (those of the
+        watched runs are also staged for ``viewer.advanced``, see settle, end and take)."""
         touched = conn.execute("SELECT run_id, history, key FROM temp.viewer_touched").fetchall()
         if not touched:
             return
@@ -180,7 +203,9 @@ class Projection:
             runs.setdefault(run_id, {}).setdefault(history, set()).add(key)
         for run_id, changed in runs.items():
             found = conn.execute(
-                "SELECT presentation_revision, retained_revision_floor FROM viewer_runs WHERE run_id = ?", (run_id,)
+                "SELECT v.presentation_revision, v.retained_revision_floor, r.revision FROM viewer_runs v "
+                "JOIN resources r ON r.resource_id = v.run_id WHERE v.run_id = ?",
+                (run_id,),
             ).fetchone()
             if found is None:  # not a run, or deleted
                 self.known.pop(run_id, None)
@@ -195,8 +220,11 @@ class Projection:
                 continue
             if ops:
                 revision = found[0] + 1
-                _record(conn, run_id, revision, max(found[1], revision - RETAINED + 1), ops, now)
+                encoded = _record(conn, run_id, revision, max(found[1], revision - RETAINED + 1), ops, now)
                 self.known[run_id] = replace(self.known[run_id], revision=revision)
+                if run_id in self.watched:
+                    staged = {"run_id": run_id, "revision": revision, "run_revision": found[2], "ops": encoded}
+                    self._staged.append(staged)
 
     def _ops(
         self, conn: sqlite3.Connection, run_id: str, revision: int, changed: dict[str, set[int]]
@@ -346,8 +374,10 @@ def _tail(
 
 def _record(
     conn: sqlite3.Connection, run_id: str, revision: int, floor: int, ops: list[dict[str, Any]], now: int
-) -> None:
-    """The revision's ops, each value a canonical-JSON blob; the retained revisions move on."""
+) -> bytes:
+    """The revision's ops, each value a canonical-JSON blob; the retained revisions move on.
+    Returns the canonical JSON of the ops (the array ``patches`` shows for this revision), built
+    from the values' encodings."""
     conn.execute(
         "UPDATE viewer_runs SET presentation_revision = ?, retained_revision_floor = ?, updated_at = ? "
         "WHERE run_id = ?",
@@ -355,12 +385,17 @@ def _record(
     )
     values: dict[bytes, bytes] = {}
     rows = []
+    encoded = []
     for index, op in enumerate(ops):
         digest = None
+        # canonical key order: op, path, value
+        member = b'{"op":"' + op["op"].encode() + b'","path":' + canonical.dumps_bytes(op["path"])
         if "value" in op:
             data = canonical.dumps_bytes(op["value"])
             digest = hashlib.sha256(data).digest()
             values[digest] = data
+            member += b',"value":' + data
+        encoded.append(member + b"}")
         rows.append((run_id, revision, index, op["op"], op["path"], digest))
     records.put_own_blobs(conn, values, MEDIA_JSON, now)
     conn.executemany(
@@ -373,6 +408,7 @@ def _record(
         freed = [row[0] for row in conn.execute(f"SELECT DISTINCT value_digest {past}", (run_id, floor)) if row[0]]
         conn.execute(f"DELETE {past}", (run_id, floor))
         prune.delete_unreferenced(conn, [digest for digest in freed if digest not in values])
+    return b"[" + b",".join(encoded) + b"]"
 
 
 def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:
