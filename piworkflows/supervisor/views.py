@@ -60,6 +60,7 @@ LIST_INTERVAL_S = 0.25  # at most four run-list pages a second
 # At most one snapshot read of a run per this interval: a busy run's watchers get its newest state
 # this often, and the writer spends a bounded share of its time on them (BENCHMARKS.md, views).
 SNAPSHOT_INTERVAL_S = 0.25
+FAN_OUT_BATCH = 16  # watchers sent an event between two turns of the event loop
 RETRY_S = 0.5  # a snapshot read the writer could not answer (restarting) is tried again after this
 SERVER = {"actor_class": "server"}
 RUN_PATCH_SCHEMA = "pi-workflows.run-patch.v1"
@@ -70,6 +71,9 @@ _PATCHES = "patches-placeholder"
 _PATCHES_MARKER = b'"patches":"' + _PATCHES.encode() + b'"'
 RECENT_REVISIONS = 256  # a patch-watched run's newest revisions kept encoded (as many as the writer retains)
 PATCH_EVENT_BYTES = client_v1.MAX_MESSAGE_BYTES - 16 * 1024  # a run_patch's patches: its envelope fits the rest
+
+
+_Event = tuple[Callable[[str], bytes], int, int | None]  # a line, its revision, the revision it patches from
 
 
 class Subscriber(Protocol):
@@ -396,9 +400,7 @@ class Views:
                 if events is None:  # one revision exceeds an event: a snapshot instead
                     self._resync(run_id, watches)
                     continue
-                for start, end, line in events:
-                    for watch in watches:
-                        self._deliver(watch, line, end, start)
+                await self._fan_out(watches, [(line, end, start) for start, end, line in events])
                 continue
             if after is None:
                 reply = await self.writer.request("run.get", {"actor": SERVER, "run_id": run_id})
@@ -420,19 +422,28 @@ class Views:
                     except ValueError:  # more than one event holds: a snapshot instead
                         self._resync(run_id, watches)
                         continue
-                    for watch in watches:
-                        self._deliver(watch, line, patch["revision"], after)
+                    await self._fan_out(watches, [(line, patch["revision"], after)])
                 continue
             view = reply.receipt.get("snapshot", reply.receipt) if after is not None else reply.receipt
             line = event_line("run_snapshot", view, run_id, view["revision"])
-            for watch in watches:
-                self._deliver(watch, line, view["revision"])
+            await self._fan_out(watches, [(line, view["revision"], None)])
         held = [w.sent for w in self.by_run.get(run_id, ()) if w.patches and isinstance(w.sent, int)]
         if recent is not None and held:
             recent.forget_through(min(held))
         for watch in [w for w in self.by_run.get(run_id, ()) if w.pages]:
             await self._send_pages(watch)
         return True
+
+    async def _fan_out(self, watches: list[Watch], events: list[_Event]) -> None:
+        """The events (line, revision, from revision) to each watch still registered, in order; the
+        loop serves other work (a runner's command) between every FAN_OUT_BATCH watchers."""
+        for index, watch in enumerate(watches):
+            if self.watches.get((watch.conn.id, watch.subscription_id)) is not watch:
+                continue  # unwatched or its connection closed meanwhile
+            for line, revision, after in events:
+                self._deliver(watch, line, revision, after)
+            if index % FAN_OUT_BATCH == FAN_OUT_BATCH - 1:
+                await asyncio.sleep(0)
 
     def _resync(self, run_id: str, watches: list[Watch]) -> None:
         """These patch watchers get the run's snapshot next (their patch would not fit one event)."""

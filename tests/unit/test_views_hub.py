@@ -329,3 +329,37 @@ def test_a_patch_too_big_for_one_event_becomes_a_snapshot(monkeypatch):
         assert [line["event"] for line in conn.lines][-1] == "run_patch"
 
     asyncio.run(scenario())
+
+
+def test_a_fan_out_lets_the_loop_run_between_batches_and_skips_a_watch_gone_meanwhile(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+    monkeypatch.setattr(hub, "FAN_OUT_BATCH", 1)
+    order: list[str] = []
+    forgotten: list[Conn] = []
+    armed: list[bool] = []
+
+    class Noting(Conn):
+        def send_event(self, line: bytes) -> bool:
+            if armed and not order:  # the fan-out's first send: other work is ready meanwhile
+                waiting = next(conn for conn in conns if conn is not self)
+                asyncio.get_running_loop().call_soon(lambda: (order.append("other"), views.forget(waiting)))
+                forgotten.append(waiting)
+            order.append(self.id)
+            return super().send_event(line)
+
+    writer = Writer()
+    views = Views(writer)
+    conns = [Noting(f"conn-{n}") for n in range(3)]
+
+    async def scenario() -> None:
+        for conn in conns:
+            await watching(views, conn)
+        order.clear()
+        armed.append(True)
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"])
+        await settle()
+        assert len(order) == 3 and order[1] == "other"  # the loop ran between the two sends
+        assert forgotten[0].id not in order and [line["revision"] for line in forgotten[0].lines] == [1]
+
+    asyncio.run(scenario())
