@@ -37,7 +37,16 @@ MEDIA_TYPES = frozenset({MEDIA_JSON, MEDIA_TEXT})
 RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled"})
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
 # The run's histories a view.page reads (writer/views/pages.py), in the order of the run view.
-PAGE_KINDS = ("steps", "trace", "updates", "session_entries", "session_events", "settings", "follow_ups")
+PAGE_KINDS = (
+    "steps",
+    "trace",
+    "updates",
+    "session_entries",
+    "session_events",
+    "settings",
+    "follow_ups",
+    "workflow_messages",
+)
 QUEUE_STATUSES = frozenset({"queued", "starting", "running", "parked", "done", "failed", "cancelled"})
 PARK_REASONS = frozenset(
     {"shutdown", "paused", "runnerNoProgress", "workflowSourceChanged", "effectAmbiguous", "agentNoProgress"}

@@ -85,9 +85,25 @@ def test_the_view_shows_the_waiting_step_then_its_turn_its_conversation_and_its_
     assert request["submissions"] == {"items": [], "start": 0, "total": 0}
     assert request["activeTime"] == {"usedMs": 0, "timeoutMs": 1000, "leftMs": 1000}
     assert request["transcript"] == {"items": [], "start": 0, "total": 0}
+    (message,) = shown["workflowMessages"]  # what the run adds to the agent's Pi session
+    assert (shown["workflowMessageStart"], shown["workflowMessageTotal"]) == (0, 1)
+    assert (message["workflowMessageId"], message["kind"], message["sourceKind"]) == (
+        step.initial_id,
+        "step",
+        "interactive_request",
+    )
+    assert (message["targetSessionId"], message["sessionOrder"]) == (step.session_id, 1)
+    assert (message["state"], message["piEntryId"]) == ("pending", None)
+    path = message["content"]["$artifact"]["path"]  # above an item's inline bytes: read by reference
+    chunk = read(executor, "view.content", {"run_id": "run-1", "path": path, "offset": 0})
+    assert chunk.outcome == "accepted" and b"Fix the failing test." in chunk.receipt["data"]
 
     step.open()
     step.host("agent.message_sent", workflow_message_id=step.initial_id, pi_entry_id=PI_IDS[0])
+    (sent,) = view(executor)["workflowMessages"]
+    assert (sent["state"], sent["piEntryId"]) == ("sent", PI_IDS[0])
+    page = read(executor, "view.page", {"run_id": "run-1", "page_kind": "workflow_messages", "start": 0, "limit": 10})
+    assert page.receipt["items"] == [sent] and page.receipt["total"] == 1
     step.turn("started", "turn-segment-1-1")
     record(step, 0, [entry(PI_IDS[0], "user", "the step"), entry(PI_IDS[1])], sample={"elapsed_ms": 400})
     working = view(executor)

@@ -50,6 +50,9 @@ TOP_LEVEL = {
     "followUpQueue",
     "followUpStart",
     "followUpTotal",
+    "workflowMessages",
+    "workflowMessageStart",
+    "workflowMessageTotal",
     "live",
     "possiblyInterrupted",
     "piworkflows",
@@ -295,7 +298,7 @@ def test_view_page_reads_any_part_of_a_history_and_agrees_with_the_window(execut
     assert tail["items"] == view["state"]["steps"] and tail["revision"] == view["revision"]
     trace = page_of(executor, "trace", 0, 1).receipt
     assert trace["items"][0]["type"] == "run.queued" and trace["total"] == view["runRevision"]
-    for kind in ("updates", "session_entries", "session_events", "settings", "follow_ups"):
+    for kind in ("updates", "session_entries", "session_events", "settings", "follow_ups", "workflow_messages"):
         empty = page_of(executor, kind).receipt
         assert (empty["items"], empty["total"], empty["cursor"]) == ([], 0, None), kind
     unknown = page_of(executor, "steps", run_id="nope")

@@ -51,6 +51,7 @@ _OWNERS = (
     ("workflow_settings", "value_digest", "run_id"),
     ("workflow_follow_ups", "prompt_digest", "run_id"),
     ("session_entries", "content_digest", "run_id"),
+    ("workflow_messages", "content_digest", "run_id"),
     ("interactive_requests", "contract_digest", "run_id"),
     ("viewer_session_checkpoints", "state_digest", "run_id"),
 )

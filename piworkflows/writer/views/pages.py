@@ -183,6 +183,26 @@ def _follow_up(row: tuple[Any, ...], values: RunValues) -> dict[str, Any]:
     }
 
 
+def _workflow_message(row: tuple[Any, ...], values: RunValues) -> dict[str, Any]:
+    """What the run added to a Pi session (workflow_messages): its kind, source, delivery state and
+    the Pi entry that confirmed it."""
+    _, message, kind, source_kind, source, session, order, state, entry, stop, digest, created, updated = row
+    return {
+        "workflowMessageId": message,
+        "kind": kind,
+        "sourceKind": source_kind,
+        "sourceId": source,
+        "targetSessionId": session,
+        "sessionOrder": order,
+        "state": state,
+        "piEntryId": entry,
+        "recoveryStop": stop,
+        "content": values.value(digest, REFERENCE_BYTES),
+        "createdAt": iso(created),
+        "updatedAt": iso(updated),
+    }
+
+
 HISTORIES: dict[str, History] = {  # one per states.PAGE_KINDS
     "steps": History(
         "SELECT count(*) FROM run_steps WHERE run_id = :run", STEP_SELECT, "s.run_id = :run", "s.step_index", step
@@ -233,6 +253,15 @@ HISTORIES: dict[str, History] = {  # one per states.PAGE_KINDS
         "run_id = :run",
         "source_order",
         _follow_up,
+    ),
+    "workflow_messages": History(  # in the order added (a vacuum renumbers rowids, in the same order)
+        "SELECT count(*) FROM workflow_messages WHERE run_id = :run",
+        "SELECT m.rowid, m.workflow_message_id, m.message_kind, m.source_kind, m.source_id, m.target_session_id, "
+        "m.session_order, m.message_state, m.pi_entry_id, m.recovery_stop, m.content_digest, m.created_at, "
+        "m.updated_at FROM workflow_messages m",
+        "m.run_id = :run",
+        "m.rowid",
+        _workflow_message,
     ),
 }
 assert tuple(HISTORIES) == PAGE_KINDS

@@ -98,8 +98,8 @@ _TOUCHES: tuple[tuple[str, str, str, str, str, str], ...] = (
     ("attempt_entries", "UPDATE", "", "NEW.run_id", "", "0"),
     ("workflow_turns", "INSERT", "", "NEW.run_id", "", "0"),
     ("workflow_turns", "UPDATE", "", "NEW.run_id", "", "0"),
-    ("workflow_messages", "INSERT", "", "NEW.run_id", "", "0"),
-    ("workflow_messages", "UPDATE", "", "NEW.run_id", "", "0"),
+    ("workflow_messages", "INSERT", "", "NEW.run_id", "workflow_messages", APPENDED),
+    ("workflow_messages", "UPDATE", "", "NEW.run_id", "workflow_messages", "NEW.rowid"),
     ("interactive_requests", "INSERT", "", "NEW.run_id", "", "0"),
     ("interactive_requests", "UPDATE", "", "NEW.run_id", "", "0"),
     (

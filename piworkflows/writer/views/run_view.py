@@ -312,6 +312,12 @@ WINDOWS = (
         ("/followUpTotal",),
         holder="/followUpQueue",
     ),
+    Window(
+        "workflow_messages",
+        (("/workflowMessages", HISTORIES["workflow_messages"].item),),
+        ("/workflowMessageStart",),
+        ("/workflowMessageTotal",),
+    ),
 )
 
 
