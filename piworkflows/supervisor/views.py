@@ -19,13 +19,14 @@
     view.run.unwatch {subscriptionId}    any kind; {subscribed: false}
     a deleted run: unavailable {code: runNotFound, message}, and its watches end
 
-    writer ── viewer.advanced [run ids] ──> Views.advanced ── per watched run, one snapshot read
-        (run.get) at a time and at most one per SNAPSHOT_INTERVAL_S; changes meanwhile are
-        coalesced into the next read
-    Views ── viewer.watched [runs with patch watchers] ──> writer: its viewer.advanced carries
-        their committed revisions' ops, each revision encoded once here (Recent); a patch watcher
-        is sent them from the revision it holds, and reads view.patches only when they do not
-        reach back that far (it watched before they came, the writer restarted)
+    Views ── viewer.watched [the watched runs] ──> writer: from then on its viewer.advanced
+        carries their committed revisions' ops, kept here as it encoded them (Recent)
+    writer ── viewer.advanced [run ids, ops] ──> Views.advanced ── per watched run, at most one
+        send per SNAPSHOT_INTERVAL_S (changes meanwhile go with the next):
+          patch watchers: the ops from the revision each holds (view.patches read only when
+            Recent does not reach back that far: it watched before they came, the writer restarted)
+          snapshot watchers: the run view kept here (documents, up to MATERIALIZED_RUNS), brought
+            forward with the ops; read (run.get) only when none is kept or its ops do not follow
     one encoding per event: the line is built once and each subscriber's id spliced in
 
 Backpressure: a connection with more than EVENT_BUFFER_BYTES unsent gets no event; its watches are
@@ -50,6 +51,7 @@ from piworkflows.errors import CommandError
 from piworkflows.protocol import client_v1
 from piworkflows.protocol.internal.writer import Reply, RunOps
 from piworkflows.supervisor.seams import WriterRequests
+from piworkflows.views.materialize import Gap, apply_op
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -69,7 +71,8 @@ _PLACEHOLDER = "subscription-placeholder"
 _MARKER = b'"subscriptionId":"' + _PLACEHOLDER.encode() + b'"'
 _PATCHES = "patches-placeholder"
 _PATCHES_MARKER = b'"patches":"' + _PATCHES.encode() + b'"'
-RECENT_REVISIONS = 256  # a patch-watched run's newest revisions kept encoded (as many as the writer retains)
+RECENT_REVISIONS = 256  # a watched run's newest revisions kept encoded (as many as the writer retains)
+MATERIALIZED_RUNS = 64  # watched runs whose view is kept current here from their ops (least recently used go)
 PATCH_EVENT_BYTES = client_v1.MAX_MESSAGE_BYTES - 16 * 1024  # a run_patch's patches: its envelope fits the rest
 
 
@@ -110,33 +113,48 @@ class Watch:
 
 @dataclass
 class Recent:
-    """A patch-watched run's newest committed revisions as viewer.advanced brought them, in order
-    and without a gap: (revision, run revision, its ``{ops, revision}`` member of ``patches``
-    encoded once)."""
+    """A watched run's newest committed revisions as viewer.advanced brought them, in order and
+    without a gap: (revision, run revision, its ``{ops, revision}`` member of ``patches`` encoded
+    once). Made when the writer is told to bring the run's ops (or anew after a writer restart),
+    so every revision committed since comes; ``covered``: every revision after it is here (or was
+    forgotten, needed no more). None until a read or the first told revision shows where that
+    starts."""
 
     revisions: collections.deque[tuple[int, int, bytes]] = field(default_factory=collections.deque)
+    covered: int | None = None
 
     def add(self, revision: int, run_revision: int, ops: bytes) -> None:
         """The revision's ops as the writer encoded them (RunOps)."""
-        if self.revisions and self.revisions[-1][0] != revision - 1:
-            self.revisions.clear()  # a gap (revisions committed untold): only newer ones serve
+        last = self.revisions[-1][0] if self.revisions else self.covered
+        if last is not None and revision <= last:
+            return  # a read showed it already
+        if last is not None and revision > last + 1:
+            self.revisions.clear()  # a revision committed untold (its notice lost): only newer ones serve
+            self.covered = revision - 1
+        elif self.covered is None:
+            self.covered = revision - 1  # the first committed since the writer was told
         # canonical key order: ops, revision
         member = b'{"ops":' + ops + b',"revision":' + str(revision).encode() + b"}"
         self.revisions.append((revision, run_revision, member))
         while len(self.revisions) > RECENT_REVISIONS:
-            self.revisions.popleft()
+            self.covered = self.revisions.popleft()[0]
+
+    def read(self, revision: int) -> None:
+        """A read made after this Recent found the run at ``revision``: every later one comes here."""
+        if self.covered is None:
+            self.covered = revision
 
     def since(self, after: int) -> list[tuple[int, int, bytes]] | None:
-        """The revisions after ``after`` (none: it is the newest), or None when they do not reach
-        back to ``after + 1``."""
-        if not self.revisions or not self.revisions[0][0] <= after + 1 <= self.revisions[-1][0] + 1:
+        """The revisions after ``after`` (none: nothing newer came), or None when not all of them
+        are here."""
+        if self.covered is None or after < self.covered:
             return None
         return [item for item in self.revisions if item[0] > after]
 
     def forget_through(self, revision: int) -> None:
         """Every watcher holds ``revision``: the revisions up to it are needed no more."""
         while self.revisions and self.revisions[0][0] <= revision:
-            self.revisions.popleft()
+            self.covered = self.revisions.popleft()[0]
 
 
 @dataclass
@@ -200,6 +218,8 @@ class Views:
         self.tell_watched = watch  # the runs whose ops viewer.advanced should carry (WriterChild.watch)
         self.told: list[str] = []
         self.recent: dict[str, Recent] = {}  # the runs in ``told``
+        # run views kept current from the ops in ``recent``: snapshots without a read
+        self.documents: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self.watches: dict[tuple[str, str], Watch] = {}  # (connection id, subscription id)
         self.by_run: dict[str, set[Watch]] = {}
         self.lists: set[Watch] = set()
@@ -224,7 +244,11 @@ class Views:
         watch.pages = [page.model_dump() for page in payload.pages or ()]
         self._watched_changed()
         held = payload.revision if payload.patches else None
-        if held:  # catch up from the revision the client holds
+        recent = self.recent.get(request.runId)
+        view = None if held else self._document(request.runId)
+        if view is not None:  # kept current here: no read
+            reply = Reply(outcome="accepted", receipt=view)
+        elif held:  # catch up from the revision the client holds
             body = {"actor": SERVER, "run_id": request.runId, "after": held}
             reply = await self.writer.request("view.patches", body)
         else:
@@ -243,9 +267,13 @@ class Views:
             view = reply.receipt.get("snapshot", reply.receipt)
             revision = view["revision"]
             if payload.revision != revision:  # the client's own is current: nothing to send
-                loop.call_soon(self._send_snapshot, watch, view)
+                line = event_line("run_snapshot", view, request.runId, revision)  # now: a kept view changes
+                loop.call_soon(self._send_line, watch, line, revision)
             else:
                 watch.sent = revision
+            self._keep(request.runId, recent, view)
+        if recent is not None and self.recent.get(request.runId) is recent:
+            recent.read(revision)
         if watch.pages:
             loop.call_soon(self._refresh, request.runId)  # the pinned pages follow the snapshot
         receipt = {"subscribed": True, "subscriptionId": watch.subscription_id, "revision": revision}
@@ -326,25 +354,69 @@ class Views:
             if not watchers:
                 del self.by_run[watch.run_id]
                 self.read_at.pop(watch.run_id, None)
-        if watch.patches:
-            self._watched_changed()
+                self._watched_changed()
 
     def _watched_changed(self) -> None:
-        """Tell the writer when the runs with patch watchers changed (their ops come with
-        viewer.advanced from then on)."""
-        runs = sorted(run_id for run_id, watches in self.by_run.items() if any(w.patches for w in watches))
-        if runs == self.told:
+        """Tell the writer when the watched runs changed (their ops come with viewer.advanced from
+        then on); a run no longer watched keeps neither its ops nor its view here."""
+        runs = sorted(self.by_run)
+        if runs == self.told or self.tell_watched is None:  # None: no writer to tell, every change read
             return
         self.recent = {run_id: self.recent.get(run_id) or Recent() for run_id in runs}
+        for run_id in [run_id for run_id in self.documents if run_id not in self.recent]:
+            del self.documents[run_id]
         self.told = runs
         if self.tell_watched is not None:
             self.tell_watched(runs)
+
+    def _keep(self, run_id: str, recent: Recent | None, view: dict[str, Any]) -> None:
+        """A view read after ``recent`` was made: kept and brought forward with its ops from now on
+        (the least recently used beyond MATERIALIZED_RUNS go)."""
+        if recent is None or self.recent.get(run_id) is not recent:
+            return  # not watched, or the writer restarted meanwhile
+        recent.read(view["revision"])
+        self.documents[run_id] = view
+        self.documents.move_to_end(run_id)
+        while len(self.documents) > MATERIALIZED_RUNS:
+            self.documents.popitem(last=False)
+
+    def _document(self, run_id: str) -> dict[str, Any] | None:
+        """The run's view kept here, brought to the newest revision told (None: none kept, or its
+        revisions are not all here)."""
+        view, recent = self.documents.get(run_id), self.recent.get(run_id)
+        if view is None or recent is None:
+            return None
+        found = recent.since(view["revision"])
+        try:
+            if found is None:
+                raise Gap(f"revisions after {view['revision']} are not kept")
+            for revision, run_revision, member in found:
+                for op in canonical.loads(member)["ops"]:
+                    apply_op(view, op)
+                view["revision"], view["runRevision"] = revision, run_revision
+        except Gap as gap:  # read again (an op that does not apply would be a projection bug: logged)
+            del self.documents[run_id]
+            if found is not None:
+                log.error("a kept run view could not be brought forward: %s", gap)
+            return None
+        self.documents.move_to_end(run_id)
+        return view
 
     # --- commits ----------------------------------------------------------------------------
 
     def advanced(self, runs: list[str] | None, patches: Iterable[RunOps] = ()) -> None:
         """The writer committed changes to these runs' views (None: anything may have changed, the
         writer restarted), with the ops of the runs it was told are watched. On the event loop."""
+        patches = list(patches)
+        if runs is None:  # the lost writer may have committed revisions it never told
+            self.recent = {run_id: Recent() for run_id in self.told}
+            self.documents.clear()
+        else:
+            with_ops = {ops.run_id for ops in patches}
+            for run_id in runs:
+                if run_id in self.recent and run_id not in with_ops:  # deleted (or made anew): read
+                    self.recent[run_id] = Recent()
+                    self.documents.pop(run_id, None)
         for ops in patches:
             recent = self.recent.get(ops.run_id)
             if recent is not None:
@@ -393,6 +465,11 @@ class Views:
             groups.setdefault(after, []).append(watch)
         recent = self.recent.get(run_id)
         for after, watches in groups.items():
+            view = self._document(run_id) if after is None else None
+            if view is not None:  # kept current here: no read
+                line = event_line("run_snapshot", view, run_id, view["revision"])
+                await self._fan_out(watches, [(line, view["revision"], None)])
+                continue
             found = recent.since(after) if recent is not None and after is not None else None
             if found is not None:  # the revisions viewer.advanced brought: no read
                 assert after is not None
@@ -416,6 +493,8 @@ class Views:
                 return True
             if after is not None and "patch" in reply.receipt:
                 patch = reply.receipt["patch"]
+                if recent is not None and self.recent.get(run_id) is recent:
+                    recent.read(patch["revision"])
                 if patch["revision"] != after:
                     try:
                         line = event_line("run_patch", _run_patch(run_id, after, patch), run_id, patch["revision"])
@@ -426,9 +505,10 @@ class Views:
                 continue
             view = reply.receipt.get("snapshot", reply.receipt) if after is not None else reply.receipt
             line = event_line("run_snapshot", view, run_id, view["revision"])
+            self._keep(run_id, recent, view)
             await self._fan_out(watches, [(line, view["revision"], None)])
         held = [w.sent for w in self.by_run.get(run_id, ()) if w.patches and isinstance(w.sent, int)]
-        if recent is not None and held:
+        if recent is not None and held:  # a kept view left behind (no snapshot watcher) is read again
             recent.forget_through(min(held))
         for watch in [w for w in self.by_run.get(run_id, ()) if w.pages]:
             await self._send_pages(watch)
@@ -482,9 +562,9 @@ class Views:
             watch.conn.send_event(line(watch.subscription_id))
             self._remove(watch)
 
-    def _send_snapshot(self, watch: Watch, view: dict[str, Any]) -> None:
+    def _send_line(self, watch: Watch, line: Callable[[str], bytes], revision: int) -> None:
         if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:
-            self._deliver(watch, event_line("run_snapshot", view, watch.run_id, view["revision"]), view["revision"])
+            self._deliver(watch, line, revision)
 
     def _send_patch(self, watch: Watch, after: int, patch: dict[str, Any]) -> None:
         if self.watches.get((watch.conn.id, watch.subscription_id)) is watch:

@@ -119,6 +119,45 @@ def test_a_patch_watcher_sees_every_revision_once_in_order_and_ends_at_the_snaps
     raw.close()
 
 
+# A checkpoint, then 80 node visits: the step, graph and trace windows slide past their 64 rows.
+LONG_CHAIN = """
+from piworkflows.workflows import checkpoint, compute, define_workflow, edge
+nodes = {f"n{i}": compute(lambda ctx, i=i: {"i": i, "text": "x" * 300}) for i in range(80)}
+nodes["go"] = checkpoint(summary="go?")
+edges = [edge("go", "n0")] + [edge(f"n{i}", f"n{i + 1}") for i in range(79)]
+workflow = define_workflow("longchain", "go", nodes, edges, max_steps=100)
+"""
+
+
+def test_a_snapshot_watcher_is_sent_the_view_kept_current_and_ends_at_the_writers_snapshot(server, project):
+    """Snapshot watchers get the view the server keeps current with each commit's ops (windows
+    sliding, outputs added): in order, and the last equals a fresh read by the writer, member for
+    member."""
+    write(project, "longchain", LONG_CHAIN)
+    run_id = start(server, project, "longchain")
+    wait_status(server, run_id, "waiting")
+    raw = Raw(server)
+    raw.send("view.run.watch", {"subscriptionId": "s"}, run_id)
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    last = raw.read()["payload"]
+    with server.client() as client:
+        answered = client.request("checkpoint.answer", {"nodePath": "go", "answer": {}}, run_id=run_id)
+    assert answered.outcome == "accepted"
+    wait_status(server, run_id, "completed")
+    final = view(server, run_id)
+    seen = [last["revision"]]
+    while last["revision"] != final["revision"]:
+        event = raw.read()
+        assert event["event"] == "run_snapshot" and event["revision"] > seen[-1]  # in order, none twice
+        last = event["payload"]
+        seen.append(last["revision"])
+        if last["revision"] >= final["revision"]:
+            final = view(server, run_id)  # anything after it (the queue settled) comes too
+    assert len(seen) > 2 and last == final
+    assert final["stepTotal"] == 81 and len(final["state"]["steps"]) == 64
+    raw.close()
+
+
 def test_a_patch_watcher_catches_up_from_a_retained_revision_without_a_snapshot(server, project):
     write(project, "ask", CHECKPOINT)
     run_id = start(server, project, "ask")
@@ -295,12 +334,13 @@ def test_a_watcher_goes_on_after_the_writer_was_killed(server, project):
         assert done["state"]["outputs"]["yes"] == {"answered": True}
 
 
-def test_deleting_a_watched_run_ends_its_watch(server, project):
+@pytest.mark.parametrize("patches", [False, True], ids=["snapshots", "patches"])
+def test_deleting_a_watched_run_ends_its_watch(server, project, patches):
     write(project, "tenstep", TENSTEP)
     run_id = start(server, project, "tenstep")
     wait_status(server, run_id, "completed")
     raw = Raw(server)
-    raw.send("view.run.watch", {"subscriptionId": "gone"}, run_id)
+    raw.send("view.run.watch", {"subscriptionId": "gone", "patches": patches}, run_id)
     assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
     with server.client() as client:
         assert client.request("run.delete", {}, run_id=run_id).outcome == "accepted"

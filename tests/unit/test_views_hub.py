@@ -38,6 +38,7 @@ class Writer:
         if run not in self.revision:
             return Reply(outcome="notFound", receipt={"code": "runNotFound", "runId": run}, error="no such run")
         view = {"schema": "pi-workflows.run-view.v1", "runId": run, "revision": self.revision[run]}
+        view |= {"runRevision": self.revision[run] + 10, "x": f"read at {self.revision[run]}"}
         if kind == "view.patches":  # as when the revisions are past retention
             return Reply(outcome="accepted", receipt={"snapshot": view})
         return Reply(outcome="accepted", receipt=view)
@@ -243,19 +244,26 @@ def ops(revision: int, value: str = "v") -> RunOps:
 def test_recent_keeps_the_newest_revisions_without_a_gap(monkeypatch):
     monkeypatch.setattr(hub, "RECENT_REVISIONS", 3)
     recent = Recent()
+    assert recent.since(0) is None  # nothing shows yet where its revisions start
     for revision in (2, 3, 4, 5):
         told = ops(revision)
         recent.add(told.revision, told.run_revision, told.ops)
     assert [item[0] for item in recent.revisions] == [3, 4, 5]  # the oldest went
     assert recent.since(1) is None  # revision 2 is no longer here
     assert [item[0] for item in recent.since(2) or ()] == [3, 4, 5]
-    assert recent.since(5) == [] and recent.since(6) is None
+    assert recent.since(5) == [] and recent.since(6) == []  # nothing newer came
     member = json.loads(recent.revisions[0][2])
     assert member == {"ops": [{"op": "replace", "path": "/x", "value": "v"}], "revision": 3}
-    recent.add(7, 17, ops(7).ops)  # revision 6 was committed untold (a writer restart)
+    recent.add(7, 17, ops(7).ops)  # revision 6 was committed untold (its notice lost)
     assert [item[0] for item in recent.revisions] == [7] and recent.since(5) is None
+    assert [item[0] for item in recent.since(6) or ()] == [7]
     recent.forget_through(7)
-    assert recent.since(7) is None
+    assert recent.since(7) == [] and recent.since(6) is None
+    read = Recent()  # a read made after it found the run at revision 10: every later one comes
+    read.read(10)
+    read.add(10, 20, ops(10).ops)  # told after the read had shown it: not kept twice
+    read.add(11, 21, ops(11).ops)
+    assert [item[0] for item in read.since(10) or ()] == [11] and read.since(9) is None
 
 
 def test_patch_lines_split_a_backlog_into_events_within_the_bound(monkeypatch):
@@ -361,5 +369,89 @@ def test_a_fan_out_lets_the_loop_run_between_batches_and_skips_a_watch_gone_mean
         await settle()
         assert len(order) == 3 and order[1] == "other"  # the loop ran between the two sends
         assert forgotten[0].id not in order and [line["revision"] for line in forgotten[0].lines] == [1]
+
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_watcher_is_sent_the_view_kept_current_from_the_ops(monkeypatch, caplog):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+
+    async def scenario() -> None:
+        writer, conn, told = Writer(), Conn(), []
+        views = Views(writer, watch=told.append)
+        await watching(views, conn)
+        assert told == [["run-1"]]  # snapshot watchers' runs bring their ops too
+        reads = writer.reads
+        for revision, value in ((2, "a"), (3, "b")):
+            writer.revision["run-1"] = revision
+            views.advanced(["run-1"], [ops(revision, value)])
+            await settle()
+        assert writer.reads == reads  # the view kept here, brought forward with the ops
+        assert [(line["revision"], line["payload"]["x"], line["payload"]["runRevision"]) for line in conn.lines] == [
+            (1, "read at 1", 11),
+            (2, "a", 12),
+            (3, "b", 13),
+        ]
+        other = Conn("conn-2")
+        await watching(views, other)  # a new watcher's first snapshot: the kept view
+        assert writer.reads == reads and other.lines[-1]["payload"]["x"] == "b"
+        views.advanced(None)  # a new writer: what the lost one committed may not have been told
+        writer.revision["run-1"] = 5
+        views.advanced(["run-1"], [ops(5, "c")])
+        await settle()
+        assert writer.reads == reads + 1 and conn.lines[-1]["payload"]["x"] == "read at 5"
+        writer.revision["run-1"] = 6
+        views.advanced(["run-1"], [ops(6, "d")])
+        await settle()
+        assert writer.reads == reads + 1 and conn.lines[-1]["payload"]["x"] == "d"
+        writer.revision["run-1"] = 7
+        views.advanced(
+            ["run-1"], [RunOps(run_id="run-1", revision=7, run_revision=17, ops=b'[{"op":"remove","path":"/nope"}]')]
+        )
+        await settle()  # an op that does not apply: logged, and the view read again
+        assert writer.reads == reads + 2 and conn.lines[-1]["payload"]["x"] == "read at 7"
+
+    caplog.set_level(logging.ERROR)
+    asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if "kept run view" in r.getMessage()]
+
+
+def test_at_most_materialized_runs_views_are_kept(monkeypatch):
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+    monkeypatch.setattr(hub, "MATERIALIZED_RUNS", 1)
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        writer.revision["run-2"] = 1
+        views = Views(writer, watch=lambda runs: None)
+        await watching(views, conn, "s1")
+        subscriber.set(conn)
+        payload = client_v1.ViewRunWatchPayload(subscriptionId="s2")
+        await views.watch_run(request("view.run.watch", "run-2"), payload)
+        await settle()
+        assert list(views.documents) == ["run-2"]  # the least recently used went
+        subscriber.set(conn)
+        await views.unwatch(request("view.run.unwatch"), "s2")
+        assert views.documents == {} and list(views.recent) == ["run-1"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("patches", [False, True], ids=["snapshots", "patches"])
+def test_a_deleted_run_with_its_ops_told_ends_its_watches(monkeypatch, patches):
+    """A notice without ops for a run whose ops come (it was deleted) is read, not trusted."""
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, watch=lambda runs: None)
+        await watching(views, conn, patches=patches)
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"], [ops(2)])
+        await settle()
+        del writer.revision["run-1"]
+        views.advanced(["run-1"])
+        await settle()
+        assert conn.lines[-1]["event"] == "unavailable" and conn.watches == set() and views.recent == {}
 
     asyncio.run(scenario())
