@@ -41,6 +41,7 @@ CODES: dict[str, Outcome] = {
     "runNotFound": "notFound",
     "nothingDue": "notFound",
     "workflowNotFound": "notFound",
+    "decisionNotFound": "notFound",
     # claimLost
     "claimExpired": "claimLost",
     "claimTokenMismatch": "claimLost",
@@ -67,6 +68,9 @@ CODES: dict[str, Outcome] = {
     "responseTooLarge": "rejected",
     "deletionBlocked": "rejected",  # run.delete: a blocker of prune's selection keeps the tree
     "databaseCorrupt": "rejected",  # a client must not retry it: every write is refused until an operator acts
+    "modelAnswerRefused": "rejected",  # a model never answers a protected human decision
+    "humanAnswerRequired": "rejected",  # a client that did not declare a human (or operator) source
+    "humanDecisionProtected": "rejected",  # checkpoint.answer on a human decision: decision.answer answers it
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",

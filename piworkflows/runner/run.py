@@ -40,6 +40,7 @@ from piworkflows.performers import shell as shell_performer
 from piworkflows.protocol import frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import BlobValue, Frame
+from piworkflows.protocol.internal.decisions import DecisionAsk
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.nodes import (
     NodeEffectReserveFrame,
@@ -61,6 +62,7 @@ from piworkflows.workflows.nodes import (
     CheckpointNode,
     ComputeNode,
     HttpNode,
+    HumanDecisionNode,
     NotifyNode,
     ShellNode,
 )
@@ -263,6 +265,27 @@ def ask(channel: Channel, node: CheckpointNode, ctx: NodeContext, attempt_id: st
     return None
 
 
+def ask_human(channel: Channel, node: HumanDecisionNode, ctx: NodeContext, attempt_id: str) -> Ended | None:
+    """A human decision: its request (``request(ctx)`` and the choices) and node.wait with who may
+    answer and its deadline, then None (the run waits with no runner); its own code failing fails it."""
+    try:
+        asked = node.request(ctx) if callable(node.request) else dict(node.request or {})
+        if not isinstance(asked, dict):
+            raise TypeError(f"request= returned {type(asked).__name__}, not a dict ({{title, summary, ...}})")
+        value = BlobValue.of_json({"request": asked, "choices": node.static()["choices"]})
+        timeout = node.on_timeout or {}
+        response = timeout.get("response")
+        decision = DecisionAsk(
+            audience=node.audience,
+            after_ms=timeout.get("after_ms"),
+            default_response=BlobValue.of_json(dict(response)) if response is not None else None,
+        )
+    except Exception as exc:
+        return "failed", None, _error_text(exc), None
+    channel.request(NodeWaitFrame(attempt_id=attempt_id, request=value, decision=decision))
+    return None
+
+
 def ask_agent(
     channel: Channel,
     node: AgentNode,
@@ -404,6 +427,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         ended: Ended | str | None
         if isinstance(node, CheckpointNode):
             ended = ask(channel, node, ctx, attempt_id)
+        elif isinstance(node, HumanDecisionNode):
+            ended = ask_human(channel, node, ctx, attempt_id)
         elif isinstance(node, AgentNode):
             attempt_number = retries.get((path, visit), 0) + 1
             ended = ask_agent(channel, node, ctx, compiled, path, attempt_id, visit, attempt_number)

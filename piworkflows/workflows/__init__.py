@@ -16,11 +16,13 @@ from piworkflows.workflows.nodes import (
     agent,
     assistant_message,
     checkpoint,
+    choice,
     command,
     compute,
     decision,
     edge,
     http,
+    human_decision,
     idempotent_effect,
     include_workflow,
     manual_effect,
@@ -28,6 +30,7 @@ from piworkflows.workflows.nodes import (
     pi,
     shell,
     switch,
+    text_input,
 )
 
 __all__ = [
@@ -39,12 +42,14 @@ __all__ = [
     "agent",
     "assistant_message",
     "checkpoint",
+    "choice",
     "command",
     "compute",
     "decision",
     "define_workflow",
     "edge",
     "http",
+    "human_decision",
     "idempotent_effect",
     "include_workflow",
     "manual_effect",
@@ -52,4 +57,5 @@ __all__ = [
     "pi",
     "shell",
     "switch",
+    "text_input",
 ]

@@ -39,12 +39,15 @@ from piworkflows.workflows.nodes import (
     ActionNode,
     AgentNode,
     AssistantMessage,
+    Choice,
     Edge,
     EffectDecl,
     ExecutorDecl,
     HttpNode,
+    HumanDecisionNode,
     IncludeNode,
     Node,
+    TextInput,
     is_pydantic_model,
 )
 
@@ -58,6 +61,10 @@ MAX_DESCRIPTION = 1000
 AGENT_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[^\s/:][^\s]*(?<!:)\Z")
 MAX_AGENT_MODEL = 256
 DECISION_ROUTE_PATHS = ("$.route", "$output.route")
+HUMAN_CHOICE_PATHS = ("$.choice", "$output.choice")
+MAX_CHOICE_LABEL = 64  # characters of a human decision's choice label (a Telegram button)
+MAX_DECISION_TEXT = 4000  # characters of a text input's prompt, and of a default response's input
+MAX_AUDIENCE = 64
 
 
 class WorkflowDefinitionError(ValueError):
@@ -155,6 +162,7 @@ def define_workflow(
             )
         _check_effect_node(node_name, node)
         _check_agent_node(node_name, node)
+        _check_human_decision(node_name, node)
     for mount, include in includes.items():
         _check_name(mount, "mount")
         if mount in nodes:
@@ -364,17 +372,82 @@ def _flatten(
     return entries[workflow.start_at]
 
 
+def _check_human_decision(node_name: str, node: Node) -> None:
+    """A human decision's audience, choices and timeout policy, checked before any state is written."""
+    if not isinstance(node, HumanDecisionNode):
+        return
+
+    def refuse(text: str) -> WorkflowDefinitionError:
+        return WorkflowDefinitionError(f"node {node_name!r}: {text}")
+
+    if not isinstance(node.audience, str) or not 1 <= len(node.audience) <= MAX_AUDIENCE:
+        raise refuse(f"audience must be a name of 1-{MAX_AUDIENCE} characters (channels.json's audiences)")
+    if not isinstance(node.choices, Mapping) or not node.choices:
+        raise refuse("choices= needs at least one choice: {'key': choice('Label')}")
+    for key, declared in node.choices.items():
+        if not isinstance(key, str) or not NAME.match(key):
+            raise refuse(f"choice key {key!r} must match [A-Za-z_][A-Za-z0-9_-]*")
+        if not isinstance(declared, Choice):
+            raise refuse(f"choice {key!r}: use choice(label, input=text_input(name, prompt))")
+        if not isinstance(declared.label, str) or not 1 <= len(declared.label) <= MAX_CHOICE_LABEL:
+            raise refuse(f"choice {key!r}: its label must be text of 1-{MAX_CHOICE_LABEL} characters")
+        if declared.input is not None:
+            asked = declared.input
+            if not isinstance(asked, TextInput) or not isinstance(asked.name, str) or not NAME.match(asked.name):
+                raise refuse(f"choice {key!r}: input= takes text_input(name, prompt), name [A-Za-z_][A-Za-z0-9_-]*")
+            if not isinstance(asked.prompt, str) or not 1 <= len(asked.prompt) <= MAX_DECISION_TEXT:
+                raise refuse(f"choice {key!r}: its input prompt must be text of 1-{MAX_DECISION_TEXT} characters")
+    if node.request is not None and not callable(node.request) and not isinstance(node.request, Mapping):
+        raise refuse("request= takes a function of ctx or a dict ({title, summary, ...})")
+    if node.on_timeout is None:
+        return
+    timeout = node.on_timeout
+    if not isinstance(timeout, Mapping) or set(timeout) - {"after_ms", "response"}:
+        raise refuse("on_timeout= takes {'after_ms': n, 'response': {'choice': key}} (no response: it expires)")
+    after = timeout.get("after_ms")
+    if not isinstance(after, int) or isinstance(after, bool) or after <= 0:
+        raise refuse("on_timeout's after_ms must be a positive integer (milliseconds)")
+    if "response" in timeout:
+        problem = response_problem(node, timeout["response"])
+        if problem is not None:
+            raise refuse(f"on_timeout's response: {problem}")
+
+
+def response_problem(node: HumanDecisionNode, response: Any) -> str | None:
+    """Why ``response`` ({choice, input?}) is not an answer the decision takes, or None."""
+    if not isinstance(response, Mapping) or set(response) - {"choice", "input"}:
+        return "it must be {'choice': key} or {'choice': key, 'input': text}"
+    key = response.get("choice")
+    if not isinstance(key, str) or key not in node.choices:
+        return f"{key!r} is not one of its choices ({', '.join(node.choices)})"
+    text = response.get("input")
+    if node.choices[key].input is None:
+        return None if text is None else f"choice {key!r} takes no input"
+    if not isinstance(text, str) or not 1 <= len(text) <= MAX_DECISION_TEXT:
+        return f"choice {key!r} needs its input: text of 1-{MAX_DECISION_TEXT} characters"
+    return None
+
+
 def _check_decision_switch(node: Node, declared: Edge, cases: set[str], workflow_name: str) -> None:
-    """A switch over a decision reads its route (or its outcome) and has a case for each choice."""
-    if not isinstance(node, AgentNode) or node.choices is None or declared.on == "$result.outcome":
+    """A switch over a decision reads its route (over a human decision: its choice), or its
+    outcome, and has a case for each choice."""
+    if declared.on == "$result.outcome":
         return
     where = f"switch from {declared.source!r} in {workflow_name!r}"
-    if declared.on not in DECISION_ROUTE_PATHS:
-        raise WorkflowDefinitionError(f"{where}: a decision's output is {{route}}: switch on $.route")
-    missing = [choice for choice in node.choices if choice not in cases]
+    if isinstance(node, HumanDecisionNode):
+        if declared.on not in HUMAN_CHOICE_PATHS:
+            raise WorkflowDefinitionError(f"{where}: a human decision's output is {{choice, ...}}: switch on $.choice")
+        choices: Mapping[str, Any] = node.choices
+    elif isinstance(node, AgentNode) and node.choices is not None:
+        if declared.on not in DECISION_ROUTE_PATHS:
+            raise WorkflowDefinitionError(f"{where}: a decision's output is {{route}}: switch on $.route")
+        choices = {choice: None for choice in node.choices}
+    else:
+        return
+    missing = [choice for choice in choices if choice not in cases]
     if missing:
         raise WorkflowDefinitionError(f"{where}: no case for the decision's choice(s) {', '.join(missing)}")
-    unknown = sorted(cases - set(node.choices))
+    unknown = sorted(cases - set(choices))
     if unknown:
         raise WorkflowDefinitionError(f"{where}: case(s) {', '.join(unknown)} are not choices of the decision")
 

@@ -102,6 +102,42 @@ class CheckpointNode(Node):
 
 
 @dataclass(frozen=True)
+class TextInput:
+    """A text a human writes with a choice (``choice(label, input=text_input(name, prompt))``)."""
+
+    name: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str
+    input: TextInput | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class HumanDecisionNode(Node):
+    """A protected checkpoint: only a verified human answers (``pi-workflows decide``); a
+    deadline with a default response (``on_timeout``) is the timeout policy, without one it
+    expires. Output ``{choice, input?, resolution}``."""
+
+    audience: str = ""
+    choices: Mapping[str, Choice] = field(default_factory=dict)
+    on_timeout: Mapping[str, Any] | None = None  # {"after_ms": n, "response"?: {"choice", "input"?}}
+    request: NodeFn | Mapping[str, Any] | None = None  # {title?, summary?, ...} shown to the human
+
+    def static(self) -> dict[str, Any]:
+        choices = {
+            key: {"label": c.label, "input": {"name": c.input.name, "prompt": c.input.prompt} if c.input else None}
+            for key, c in self.choices.items()
+        }
+        timeout = None
+        if self.on_timeout is not None:
+            timeout = {"afterMs": self.on_timeout["after_ms"], "response": self.on_timeout.get("response")}
+        return {**super().static(), "audience": self.audience, "choices": choices, "onTimeout": timeout}
+
+
+@dataclass(frozen=True)
 class IncludeNode(Node):
     """A child workflow composed into the same run (no child run, no second queue row)."""
 
@@ -149,6 +185,29 @@ def http(effect: EffectDecl, request: NodeFn | Mapping[str, Any], timeout_ms: in
 def checkpoint(summary: NodeFn | str, run: NodeFn | None = None) -> CheckpointNode:
     """Ask for input and wait (no runner, no claim); the answer is the node's output."""
     return CheckpointNode("checkpoint", summary, run)
+
+
+def text_input(name: str, prompt: str) -> TextInput:
+    """The text a choice asks for: ``name`` names it, ``prompt`` (1-4000 characters) asks for it."""
+    return TextInput(name, prompt)
+
+
+def choice(label: str, input: TextInput | None = None) -> Choice:
+    """One answer of a human decision: its label (1-64 characters) and, optionally, a text it asks for."""
+    return Choice(label, input)
+
+
+def human_decision(
+    audience: str,
+    choices: Mapping[str, Choice],
+    on_timeout: Mapping[str, Any] | None = None,
+    request: NodeFn | Mapping[str, Any] | None = None,
+) -> HumanDecisionNode:
+    """A protected decision for the humans of ``audience``; the run waits with no runner and no
+    claim until a human answers, the deadline applies ``on_timeout``'s response (``{"after_ms": n,
+    "response": {"choice": key, "input"?: text}}``), the run is cancelled, or (no response) the
+    deadline expires it (the node ends timed_out, ``decisionExpired``)."""
+    return HumanDecisionNode("human_decision", audience, dict(choices), on_timeout, request)
 
 
 def include_workflow(child: Any, input: NodeFn | None = None) -> IncludeNode:

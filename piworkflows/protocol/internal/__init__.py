@@ -7,7 +7,7 @@
 
 One module per domain, mirroring ``writer/commands/``: ``base`` (models,
 actors, claims, values, receipt keys), ``content``, ``server``, ``runs``,
-``control``, ``runners``, ``nodes``, ``effects``, ``state``, ``logs``, ``agents``; and one
+``control``, ``runners``, ``nodes``, ``decisions``, ``effects``, ``state``, ``logs``, ``agents``; and one
 per child's frames: ``runner``, ``outbox``, ``resolver``, ``writer`` (the
 writer link's handshake, replies, log records and health).
 
@@ -37,6 +37,7 @@ from piworkflows.protocol.internal.agents import (
 from piworkflows.protocol.internal.base import Command, ReadCommand
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.protocol.internal.control import RunCancel, RunPause, RunRestart, RunResume
+from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire
 from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
@@ -125,6 +126,9 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         NodeWait,
         NodeEffectReserve,
         CheckpointAnswer,
+        # decisions
+        DecisionAnswer,
+        DecisionExpire,
         # effects
         EffectReserve,
         EffectClaim,

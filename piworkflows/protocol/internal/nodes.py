@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from piworkflows import canonical
 from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Frame, Id, Model
+from piworkflows.protocol.internal.decisions import DecisionAsk
 from piworkflows.protocol.internal.values import (
     NodeEffectPerformer,
     NodeKind,
@@ -130,11 +131,13 @@ class RunFinish(UnderRunClaim, RunFinishFrame):
 
 
 class NodeWaitFrame(Frame):
-    """A checkpoint asks for input: the run waits with no runner and no claim."""
+    """A checkpoint asks for input, or a human decision for its human: the run waits with no runner
+    and no claim."""
 
     kind: ClassVar[str] = "node.wait"
     attempt_id: Id
-    request: BlobValue  # what the answerer sees (JSON: summary)
+    request: BlobValue  # what the answerer sees (JSON: a checkpoint's summary; a decision's request, choices)
+    decision: DecisionAsk | None = None  # a human_decision node's (and only its)
 
 
 class NodeWait(UnderRunClaim, NodeWaitFrame):

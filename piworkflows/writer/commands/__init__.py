@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from piworkflows.writer.commands import agents, content, control, effects, logs, nodes, runners, runs, server, state
+from piworkflows.writer.commands import (
+    agents,
+    content,
+    control,
+    decisions,
+    effects,
+    logs,
+    nodes,
+    runners,
+    runs,
+    server,
+    state,
+)
 from piworkflows.writer.contract import Handler
 
 HANDLERS: tuple[Handler[Any], ...] = (
@@ -18,6 +30,7 @@ HANDLERS: tuple[Handler[Any], ...] = (
     *control.HANDLERS,
     *runners.HANDLERS,
     *nodes.HANDLERS,
+    *decisions.HANDLERS,
     *effects.HANDLERS,
     *state.HANDLERS,
     *logs.HANDLERS,

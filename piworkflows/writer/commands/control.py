@@ -15,7 +15,8 @@ its outcome: a later pause or cancel is a conflict naming it.
     resume  paused (or parked runnerNoProgress/workflowSourceChanged)
             -> queued/queued, or waiting again for a paused waiting run or
             one parked agentNoProgress (the agent manager tries again)
-    cancel  -> cancelled/cancelled, attempts cancelled, pending effects
+    cancel  -> cancelled/cancelled, an open human decision resolved (its due deadline first, else
+            cancellation), attempts cancelled, pending effects
             cancelled, applying effects ambiguous, claim released; agent
             rows stop (agent_steps.stop_for_end)
     restart finished run -> a new child run (lineage restart, restartNumber + 1;
@@ -29,7 +30,7 @@ from typing import TypeVar
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.control import RunCancel, RunControl, RunPause, RunRestart, RunResume
 from piworkflows.states import TERMINAL_RUN_STATUSES
-from piworkflows.writer import agent_steps, local_effects, records
+from piworkflows.writer import agent_steps, decisions, local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 from piworkflows.writer.views import projection
@@ -159,6 +160,9 @@ class CancelRun(ControlHandler[RunCancel]):
         ]
 
         def apply(stamp: Stamp) -> None:
+            decision = decisions.waiting(conn, cmd.run_id)  # a due deadline first, else the cancellation wins
+            if decision is not None and not decisions.apply_deadline(conn, decision, tx.actor, now):
+                decisions.resolve(conn, decision, "cancellation", tx.actor, now)
             conn.execute(
                 "UPDATE node_attempts SET attempt_status = 'cancelled', outcome = 'cancelled', finished_at = ? "
                 "WHERE run_id = ? AND attempt_status IN ('running', 'waiting')",

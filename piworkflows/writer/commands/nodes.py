@@ -29,7 +29,7 @@ from piworkflows.protocol.internal.nodes import (
     RunFinish,
     attempt_id_of,
 )
-from piworkflows.writer import agent_steps, local_effects, records
+from piworkflows.writer import agent_steps, decisions, local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 from piworkflows.writer.views import projection
@@ -307,14 +307,25 @@ class WaitNode(RunnerTransition[NodeWait]):
             "SELECT attempt_status, node_kind FROM node_attempts WHERE attempt_id = ? AND run_id = ?",
             (cmd.attempt_id, cmd.run_id),
         ).fetchone()
-        if row is None or row != ("running", "checkpoint"):
-            raise CommandError("invalidTransition", "only a running checkpoint waits", attemptId=cmd.attempt_id)
+        kind = "human_decision" if cmd.decision is not None else "checkpoint"
+        if row is None or row != ("running", kind):
+            raise CommandError(
+                "invalidTransition", f"only a running {kind.replace('_', ' ')} waits so", attemptId=cmd.attempt_id
+            )
+        ask = cmd.decision
+        blobs = [cmd.request]
+        if ask is not None and ask.default_response is not None:
+            blobs.append(ask.default_response)
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
                 "UPDATE node_attempts SET attempt_status = 'waiting', receipt_digest = ? WHERE attempt_id = ?",
                 (cmd.request.digest, cmd.attempt_id),
             )
+            if ask is not None:
+                decisions.open_decision(
+                    conn, cmd.run_id, cmd.attempt_id, ask.audience, cmd.request, ask.after_ms, ask.default_response, now
+                )
             conn.execute("UPDATE runs SET status = 'waiting', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             conn.execute(
                 "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
@@ -325,7 +336,7 @@ class WaitNode(RunnerTransition[NodeWait]):
         return Change(
             event_type="node.waiting",
             apply=apply,
-            blobs=[cmd.request],
+            blobs=blobs,
             release_claim=True,
             receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"},
         )
@@ -417,6 +428,13 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
             (cmd.run_id, cmd.node_path),
         ).fetchone()
         if waiting is None:
+            if decisions.waiting(conn, cmd.run_id, cmd.node_path) is not None:
+                raise CommandError(
+                    "humanDecisionProtected",
+                    f"node '{cmd.node_path}' is a protected human decision: answer it with decision.answer "
+                    "(pi-workflows decide)",
+                    nodePath=cmd.node_path,
+                )
             _refuse_answer(conn, cmd)
         attempt_id = waiting[0]
 

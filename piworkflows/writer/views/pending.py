@@ -11,7 +11,12 @@ submitted and judged, the active time it used, and the tail of its conversation,
        activeTime {usedMs: the intervals' elapsed_ms, timeoutMs, leftMs (null: unlimited)},
        transcript {items, start, total}: the last TRANSCRIPT_ROWS entries of the attempt's range,
          items as run.transcript's}}
-    null when the run has no open agent request
+    or the run's open human decision ──>
+      {kind: human_decision, nodePath, decision: {decisionId, attemptId, audience, request (the
+       node's request: title, summary, ...; above PROMPT_BYTES a notice of its size), choices
+       {key: {label, input: {name, prompt} | null}}, deadline (ISO, null: none), onDeadline
+       (timeoutPolicy: the default response's choice | expiry | null)}}
+    null when the run has no open agent request or decision
 
 Values share PENDING_VALUES_BYTES, the prompt first, then the conversation newest first, then
 the submitted outputs newest first; one that does not fit (or exceeds its own bound) is only
@@ -26,8 +31,9 @@ import sqlite3
 from typing import Any
 
 from piworkflows import canonical
+from piworkflows.isotime import iso_or_none
 from piworkflows.protocol.internal.agents import AgentContract
-from piworkflows.writer import active_time, records
+from piworkflows.writer import active_time, decisions, records
 from piworkflows.writer.views.transcript import AttemptRange, entry_item, entry_rows
 from piworkflows.writer.views.values import omitted, read_json
 
@@ -61,7 +67,7 @@ def pending_view(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None
         (run_id,),
     ).fetchone()
     if row is None:
-        return None
+        return _decision(conn, run_id)
     request_id, attempt_id, session_id, status, contract_digest, node_path, node_kind = row
     contract = AgentContract.model_validate(records.read_json(conn, contract_digest))
     budget = _Budget(PENDING_VALUES_BYTES)
@@ -82,6 +88,31 @@ def pending_view(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None
         "transcript": transcript,
     }
     return {"kind": node_kind, "nodePath": node_path, "request": request}
+
+
+def _decision(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    """The run's open human decision, as the human who answers it sees it."""
+    open_decision = decisions.waiting(conn, run_id)
+    if open_decision is None:
+        return None
+    asked = open_decision.request
+    request = asked["request"]
+    data = canonical.dumps_bytes(request)
+    if len(data) > PROMPT_BYTES:
+        request = omitted(len(data), hashlib.sha256(data).digest())
+    on_deadline = None
+    if open_decision.deadline_at is not None:
+        on_deadline = decisions.deadline_winner(conn, open_decision).get("choice", "expiry")
+    shown = {
+        "decisionId": open_decision.decision_id,
+        "attemptId": open_decision.attempt_id,
+        "audience": open_decision.audience,
+        "request": request,
+        "choices": asked["choices"],
+        "deadline": iso_or_none(open_decision.deadline_at),
+        "onDeadline": on_deadline,
+    }
+    return {"kind": "human_decision", "nodePath": open_decision.node_path, "decision": shown}
 
 
 def _expected_output(contract: AgentContract, budget: _Budget) -> dict[str, Any]:
