@@ -83,6 +83,9 @@ class Settings(BaseModel):
     retention_idle_retry_ms: int = Field(default=5 * 60 * 1000, ge=10)
     # Retention vacuums only when at least this many bytes (and 20 percent of the pages) are free.
     retention_vacuum_min_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    # Protected human decisions: the deadline timer sleeps at most this long between two sweeps
+    # (a new decision wakes it sooner).
+    decision_timer_max_sleep_ms: int = Field(default=60_000, ge=10)
     # state.backup copies this many pages between two write groups.
     backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -176,6 +178,38 @@ def run_restart(paths: StatePaths, run_id: str, as_json: bool) -> None:
     response = request(paths, "run.restart", {}, run_id=run_id, expected_revision=view["runRevision"])
     receipt = accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
+
+
+@main.command("decide")
+@click.argument("run_id")
+@click.argument("node")
+@click.argument("choice")
+@click.option("--input", "text", help="The text the choice asks for (its text_input).")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as one line of JSON.")
+@click.pass_obj
+def decide(paths: StatePaths, run_id: str, node: str, choice: str, text: str | None, as_json: bool) -> None:
+    """Answer the protected human decision NODE of a waiting run with CHOICE, as its operator.
+
+    Exit 0 when the answer won (or this answer was given already), 1 when another outcome won (it is
+    named) or the run does not wait there.
+
+    Example: pi-workflows decide run-0123abcd approve replan --input "Split the change"
+    """
+    if text is not None and not 1 <= len(text) <= 4000:
+        raise click.BadParameter("--input takes 1-4000 characters", param_hint="--input")
+    view = accepted(request(paths, "run.status", {}, run_id=run_id))
+    pending = (view.get("piworkflows") or {}).get("pending") or {}
+    payload: dict[str, Any] = {"nodePath": node, "choice": choice, "source": "operator"}
+    if text is not None:
+        payload["input"] = text
+    key = None
+    if pending.get("kind") == "human_decision" and pending.get("nodePath") == node:
+        decision_id = pending["decision"]["decisionId"]
+        payload["decisionId"] = decision_id
+        answered = hashlib.sha256(canonical.dumps_bytes([choice, text])).hexdigest()[:32]
+        key = f"decide:{decision_id}:{answered}"  # the same answer again adopts its receipt
+    receipt = accepted(request(paths, "decision.answer", payload, run_id=run_id, idempotency_key=key))
+    click.echo(canonical.dumps(receipt) if as_json else f"decided {receipt['choice']}; {run_id} continues")
 
 
 @main.command("answer")

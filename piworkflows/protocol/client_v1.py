@@ -656,6 +656,29 @@ class CheckpointAnswerReceipt(BaseModel):
     status: Literal["queued"]
 
 
+class DecisionAnswerPayload(Payload):
+    """decision.answer, the run in the envelope's runId: a human's choice (and its input) for the
+    protected decision waiting at ``nodePath``. ``source`` declares who answers: ``operator`` (the
+    CLI) or ``human`` (a person's Pi) may; ``model`` (an agent's workflow tool) is refused."""
+
+    nodePath: str = Field(min_length=1, max_length=1024)
+    decisionId: str | None = Field(default=None, min_length=1, max_length=128)
+    choice: str = Field(min_length=1, max_length=128)
+    input: str | None = Field(default=None, min_length=1, max_length=4000)
+    source: Literal["operator", "human", "model"] | None = None
+    coordinatorEpoch: int | None = None  # sent by session clients; not part of the fingerprint
+
+
+class DecisionAnswerReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runId: str
+    decisionId: str
+    attemptId: str
+    resolution: Literal["human"]
+    choice: str
+    status: Literal["queued"]
+
+
 class SubmittedValue(Payload):
     """What an agent step submits: its ``output`` (any JSON; the step's contract judges it)."""
 
@@ -1005,6 +1028,7 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "run.cancel": (EmptyPayload, RunCancelReceipt),
     "run.delete": (EmptyPayload, RunDeleteReceipt),
     "checkpoint.answer": (CheckpointAnswerPayload, CheckpointAnswerReceipt),
+    "decision.answer": (DecisionAnswerPayload, DecisionAnswerReceipt),
     "interaction.submit": (InteractionSubmitPayload, InteractionSubmitReceipt),
     "interaction.update": (InteractionUpdatePayload, InteractionUpdateReceipt),
     "run.start": (RunStartPayload, RunStartReceipt),

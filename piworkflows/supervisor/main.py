@@ -42,6 +42,7 @@ from piworkflows.protocol.internal.writer import Reply, ViewerAdvanced
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.agents import AgentManager
+from piworkflows.supervisor.decision_timer import DecisionTimer
 from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
@@ -83,6 +84,7 @@ class Supervisor:
         self.views = Views(self.writer, watch=self.writer.watch)
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
+        self.decisions = DecisionTimer(self.writer, settings, self.clock)
         self.outbox, self.scheduler = self._pool_and_scheduler()
         self.agents = self._agent_manager()
         self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock, self.views)
@@ -134,6 +136,7 @@ class Supervisor:
             server_epoch=lambda: self.epoch,
             request_retention=self.retention.request,
             wake_agents=lambda: self.agents.wake(),
+            wake_decisions=self.decisions.wake,
         )
         return pool, scheduler
 
@@ -244,6 +247,7 @@ class Supervisor:
             reply = await self._take_epoch()
             if reply.outcome != "accepted":
                 raise StartupFailed(f"could not take a server epoch: {reply.error}")
+            await self.decisions.start()  # deadlines passed while the server was down, before runs are claimed
             await self.outbox.start()
             await self.scheduler.start()
             await self.agents.start()
@@ -337,6 +341,7 @@ class Supervisor:
         self.state = "stopping"
         await self.server.close()
         await self.retention.stop()
+        await self.decisions.stop()
         await self.agents.stop()
         await self.scheduler.stop()
         await self.outbox.stop()

@@ -382,6 +382,31 @@ class Router:
             self.runs.wake_scheduler()
         return from_reply(request, reply)
 
+    async def decision_answer(
+        self, request: client_v1.Request, payload: client_v1.DecisionAnswerPayload
+    ) -> client_v1.Response:
+        """A protected decision's answer; the declared source is the actor class the writer judges
+        (operator and human may answer, a model never; no source: an undeclared client)."""
+        if request.runId is None:
+            return refuse(request, CommandError("validationFailed", "decision.answer names the run in runId"))
+        actor = {"actor_class": payload.source or "client", "actor_id": request.clientId}
+        body: dict[str, Any] = {
+            "actor": actor,
+            "client_receipt": receipt_key(request),
+            "run_id": request.runId,
+            "node_path": payload.nodePath,
+            "choice": payload.choice,
+        }
+        for field, value in (("decision_id", payload.decisionId), ("input", payload.input)):
+            if value is not None:
+                body[field] = value
+        if request.expectedRevision is not None:
+            body["expected_revision"] = request.expectedRevision
+        reply = await self.writer.request("decision.answer", body)
+        if reply.outcome == "accepted":
+            self.runs.wake_scheduler()
+        return from_reply(request, reply)
+
     async def interaction_submit(
         self, request: client_v1.Request, payload: client_v1.InteractionSubmitPayload
     ) -> client_v1.Response:
@@ -534,6 +559,7 @@ Route = Callable[[Router, client_v1.Request, Any], Awaitable[client_v1.Response]
 # The route of each operation this build serves (client_v1.OPERATION_SHAPES, one to one).
 ROUTES: dict[str, Route] = {
     "checkpoint.answer": Router.checkpoint_answer,
+    "decision.answer": Router.decision_answer,
     "interaction.submit": Router.interaction_submit,
     "interaction.update": Router.interaction_update,
     "run.cancel": Router.run_cancel,

@@ -113,6 +113,7 @@ class Scheduler:
         server_epoch: Callable[[], int],
         request_retention: Callable[[], None],
         wake_agents: Callable[[], None] = lambda: None,
+        wake_decisions: Callable[[], None] = lambda: None,
     ) -> None:
         self.writer = writer
         self.recorder = recorder  # host.json: runner process groups
@@ -122,6 +123,7 @@ class Scheduler:
         self.server_epoch = server_epoch  # the epoch the scheduler's claims are taken under
         self.request_retention = request_retention  # a lifecycle trigger: a runner ended
         self.wake_agents = wake_agents  # a run may wait for an agent step now
+        self.wake_decisions = wake_decisions  # a human decision was opened: its deadline timer
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -337,6 +339,13 @@ class Scheduler:
         if frame["b"].get("timeout_ms") is None:
             frame = {**frame, "b": {**frame["b"], "timeout_ms": self.settings.agent_timeout_ms}}
         return await self._forward_run_message(handle, frame)
+
+    async def _wait_node(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """node.wait: a checkpoint's, or a human decision's (whose deadline the timer learns)."""
+        reply = await self._forward_run_message(handle, frame)
+        if reply.outcome == "accepted" and frame["b"].get("decision") is not None:
+            self.wake_decisions()
+        return reply
 
     async def _reserve_effect(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         """node.reserve_effect under the run's claim; a pending effect is then claimed for the runner
@@ -566,7 +575,7 @@ Relay = Callable[[Scheduler, RunnerHandle, dict[str, Any]], Awaitable[Reply | No
 RELAYS: dict[str, Relay] = {
     NodeStartFrame.kind: Scheduler._forward_run_message,
     NodeFinishFrame.kind: Scheduler._forward_run_message,
-    NodeWaitFrame.kind: Scheduler._forward_run_message,
+    NodeWaitFrame.kind: Scheduler._wait_node,
     RunFinishFrame.kind: Scheduler._forward_run_message,
     NodeRequestAgentFrame.kind: Scheduler._request_agent,
     NodeEffectReserveFrame.kind: Scheduler._reserve_effect,

@@ -1,0 +1,78 @@
+"""The deadline timer of protected human decisions (writer/decisions.py decides the winner).
+
+::
+
+    startup (before runs are claimed), a new decision, or its sleep ends
+      ── decision.expire: every due deadline resolved (timeout policy or expiry); the receipt
+         names the next deadline
+      ── sleep until it, at most decision_timer_max_sleep_ms (wall clock: a deadline that passed
+         while the server was down is resolved by the first sweep)
+    a sweep the writer cannot answer (restarting): tried again after the shortest sleep
+
+Outcomes follow commit time, not this timer: every command on a decision applies its due deadline
+first, so the timer only bounds how long a due decision waits without any command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from piworkflows.clock import Clock
+from piworkflows.protocol.internal.decisions import DecisionExpire
+from piworkflows.settings import Settings
+from piworkflows.supervisor.seams import WriterRequests
+
+log = logging.getLogger("piworkflows.supervisor")
+SERVER = {"actor_class": "server"}
+RETRY_MS = 500  # a sweep the writer did not answer
+
+
+class DecisionTimer:
+    def __init__(self, writer: WriterRequests, settings: Settings, clock: Clock) -> None:
+        self.writer = writer
+        self.settings = settings
+        self.clock = clock
+        self.sweeps = 0  # completed sweeps (tests wait on them)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """The first sweep now (a deadline that passed while the server was down), then the loop."""
+        await self._sweep()
+        self._task = asyncio.create_task(self._loop(), name="decision-timer")
+
+    def wake(self) -> None:
+        """A decision was opened (its deadline may come before the one slept to)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        sleep_ms = 0
+        while True:
+            await self.clock.woken(self._wake, sleep_ms)
+            self._wake.clear()
+            sleep_ms = await self._sweep()
+
+    async def _sweep(self) -> int:
+        """One decision.expire; how long to sleep until the next."""
+        longest = self.settings.decision_timer_max_sleep_ms
+        try:
+            reply = await self.writer.request(DecisionExpire.kind, {"actor": SERVER})
+        except Exception as exc:  # never the server's end: the next sweep tries again
+            log.error("the decision deadlines could not be swept: %s", type(exc).__name__)
+            return RETRY_MS
+        if reply.outcome != "accepted" or reply.receipt is None:
+            return min(RETRY_MS, longest)
+        self.sweeps += 1
+        resolved = reply.receipt["runIds"]
+        if resolved:
+            log.info("decision deadlines resolved in %d run(s)", len(resolved))
+        following = reply.receipt["nextDeadline"]
+        if following is None:
+            return longest
+        return max(0, min(longest, int(following) - self.clock.now_ms()))
