@@ -856,6 +856,7 @@ class StateCounts(BaseModel):
     runs: dict[str, int]  # by status
     controllers: int
     decisions: int
+    pendingDecisions: int  # not resolved yet
     settingsScopes: int
     pendingInteractions: int
     pendingFollowUps: int

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from piworkflows.clock import Clock
 from piworkflows.protocol.internal.decisions import DecisionExpire
@@ -29,10 +30,13 @@ RETRY_MS = 500  # a sweep the writer did not answer
 
 
 class DecisionTimer:
-    def __init__(self, writer: WriterRequests, settings: Settings, clock: Clock) -> None:
+    def __init__(
+        self, writer: WriterRequests, settings: Settings, clock: Clock, resolved: Callable[[], None] = lambda: None
+    ) -> None:
         self.writer = writer
         self.settings = settings
         self.clock = clock
+        self.resolved = resolved  # runs were requeued (the scheduler claims them now, not at its next tick)
         self.sweeps = 0  # completed sweeps (tests wait on them)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -72,6 +76,7 @@ class DecisionTimer:
         resolved = reply.receipt["runIds"]
         if resolved:
             log.info("decision deadlines resolved in %d run(s)", len(resolved))
+            self.resolved()
         following = reply.receipt["nextDeadline"]
         if following is None:
             return longest

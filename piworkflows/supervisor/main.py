@@ -84,7 +84,7 @@ class Supervisor:
         self.views = Views(self.writer, watch=self.writer.watch)
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
-        self.decisions = DecisionTimer(self.writer, settings, self.clock)
+        self.decisions = DecisionTimer(self.writer, settings, self.clock, resolved=self.wake_scheduler)
         self.outbox, self.scheduler = self._pool_and_scheduler()
         self.agents = self._agent_manager()
         self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock, self.views)

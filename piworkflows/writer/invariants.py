@@ -66,6 +66,17 @@ CHECKS: dict[str, str] = {
         SELECT m.run_id FROM workflow_messages m JOIN interactive_requests i ON i.request_id = m.request_id
         WHERE m.message_kind = 'step' AND m.message_state = 'pending'
           AND i.request_status NOT IN ('pending', 'validating')""",
+    # An accepted decision submission is its decision's one winner (a human resolution naming it).
+    "acceptedSubmissionWithoutResolution": """
+        SELECT d.run_id FROM human_decision_submissions s JOIN human_decisions d ON d.decision_id = s.decision_id
+        WHERE s.submission_outcome = 'accepted' AND NOT EXISTS (
+            SELECT 1 FROM human_decision_resolutions r WHERE r.decision_id = s.decision_id
+              AND r.resolution_kind = 'human' AND r.submission_id = s.submission_id)""",
+    # A decision's attempt waits exactly while it has no resolution (one winner ends the wait).
+    "decisionWaitMismatch": """
+        SELECT d.run_id FROM human_decisions d JOIN node_attempts a ON a.attempt_id = d.attempt_id
+        WHERE (a.attempt_status = 'waiting') = EXISTS (
+            SELECT 1 FROM human_decision_resolutions r WHERE r.decision_id = d.decision_id)""",
     # A claim or a live runner never stands beside a terminal, waiting or queued-and-idle run.
     "claimOrRunnerOfIdleRun": """
         SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id

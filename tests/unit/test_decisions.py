@@ -217,3 +217,22 @@ def test_the_view_shows_the_waiting_decision_and_its_deadline(executor, clock):
     answer(executor, "ship")
     (reply,) = run_group(executor, submitted("run.get", {"actor": {"actor_class": "client"}, "run_id": "run-1"}))
     assert reply.receipt["piworkflows"]["pending"] is None
+
+
+def test_state_counts_pending_decisions_and_verify_finds_none_violated(executor, clock):
+    from piworkflows.writer import invariants
+    from piworkflows.writer.commands.state import count
+
+    waiting(executor, after_ms=1_000)
+    assert count(executor.conn, "pendingDecisions", clock.now_ms()) == 1
+    answer(executor, "ship")
+    assert count(executor.conn, "pendingDecisions", clock.now_ms()) == 0
+    assert invariants.violations(executor.conn, clock.now_ms()) == {}
+    executor.conn.execute(
+        "UPDATE node_attempts SET attempt_status = 'waiting', outcome = NULL, finished_at = NULL "
+        "WHERE node_path = 'approve'"
+    )
+    assert invariants.violations(executor.conn, clock.now_ms())["decisionWaitMismatch"] == ["run-1"]
+    executor.conn.execute("DELETE FROM human_decision_resolutions")
+    found = invariants.violations(executor.conn, clock.now_ms())
+    assert found["acceptedSubmissionWithoutResolution"] == ["run-1"] and "decisionWaitMismatch" not in found

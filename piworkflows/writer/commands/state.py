@@ -37,6 +37,10 @@ COUNTS: dict[str, str] = {
     "resources": "SELECT count(*) FROM resources",
     "controllers": "SELECT count(*) FROM controller_resources",
     "decisions": "SELECT count(*) FROM human_decisions",
+    "pendingDecisions": (
+        "SELECT count(*) FROM human_decisions d WHERE NOT EXISTS "
+        "(SELECT 1 FROM human_decision_resolutions r WHERE r.decision_id = d.decision_id)"
+    ),
     "settingsScopes": "SELECT count(*) FROM workflow_settings",
     "pendingInteractions": (
         "SELECT count(*) FROM interactive_requests WHERE request_status IN ('pending', 'validating')"
