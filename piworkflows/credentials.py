@@ -22,6 +22,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from piworkflows import paths
@@ -42,6 +43,16 @@ def load_secret(name: str) -> str:
     if not valid_name(name):
         raise CredentialsError(f"invalid secret name {name!r}: use letters, digits, '_', '.', '-' (max 128)")
     path = paths.credentials_file()
+    secrets = _read(path)
+    if name not in secrets:
+        raise CredentialsError(f"unknown secret {name!r} (not in {path})")
+    if not secrets[name]:
+        raise CredentialsError(f"secret {name!r} is empty in {path}")
+    return secrets[name]
+
+
+def _read(path: Path) -> dict[str, str]:
+    """Every secret of the file, once it is safe (mode 0600 or stricter, the user's) and of its shape."""
     try:
         with open(path, "rb") as handle:
             info = os.fstat(handle.fileno())
@@ -62,11 +73,43 @@ def load_secret(name: str) -> str:
     secrets = document.get("secrets") if isinstance(document, dict) else None
     if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
         raise CredentialsError(f'{path} must hold {{"secrets": {{"NAME": "value"}}}} with string values')
-    if name not in secrets:
-        raise CredentialsError(f"unknown secret {name!r} (not in {path})")
-    if not secrets[name]:
-        raise CredentialsError(f"secret {name!r} is empty in {path}")
-    return secrets[name]
+    return secrets
+
+
+def store_secret(name: str, value: str) -> Path:
+    """Set secret ``name`` in ``paths.credentials_file()`` (made, with its directory 0700, when
+    missing), keeping the others: written whole to a new 0600 file, synced, renamed over the old.
+    Refuses an existing file that is unsafe or not of its shape. Returns the file's path."""
+    if not valid_name(name):
+        raise CredentialsError(f"invalid secret name {name!r}: use letters, digits, '_', '.', '-' (max 128)")
+    if not value:
+        raise CredentialsError("an empty secret is not stored")
+    path = paths.credentials_file()
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise CredentialsError(f"{directory} must be a directory of the current user with mode 0700")
+    secrets = _read(path) if path.exists() else {}
+    secrets[name] = value
+    data = json.dumps({"secrets": secrets}, indent=2, sort_keys=True).encode() + b"\n"
+    temporary = directory / f".credentials.json.{os.getpid()}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(directory_fd)
+    finally:
+        os.close(directory_fd)
+    return path
 
 
 def scrub(value: Any, secrets: Mapping[str, str]) -> Any:

@@ -11,7 +11,7 @@ moves aside.
 
 One module per command group adds its commands to the root group ``main``
 (``cli/base.py``): ``server``, ``runs``, ``logs``, ``agent_steps`` (run transcript, submit),
-``find``, ``state``, ``effects``, ``protocol``, ``view`` (the terminal viewer), ``completion``
+``find``, ``state``, ``effects``, ``secrets``, ``protocol``, ``view`` (the terminal viewer), ``completion``
 (which then gives the parameters named run_id, workflow and node of every command their
 completion from the server). ``story`` (a run view as lines for people), ``run_view`` (the parts
 of a view it renders, references read back) and ``watch`` (following a run) serve ``runs``.
@@ -26,6 +26,7 @@ from piworkflows.cli import (  # noqa: F401 (commands)
     logs,
     protocol,
     runs,
+    secrets,
     server,
     setup,
     state,

@@ -166,3 +166,37 @@ def test_drop_partial_secret_at_a_cut() -> None:
     assert drop_partial_secret("s3cr", secrets) == ""
     assert drop_partial_secret("", secrets) == ""
     assert drop_partial_secret("x pw-4", {"EMPTY": ""}) == "x pw-4"
+
+
+def test_secrets_set_stores_from_stdin_with_mode_0600_and_keeps_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from piworkflows.cli import main
+
+    directory = tmp_path / "new-config"  # made by the command, 0700
+    monkeypatch.setenv(paths.CONFIG_DIR_ENV, str(directory))
+    result = CliRunner().invoke(main, ["secrets", "set", "telegram-ops"], input=SECRET + "\n")
+    assert result.exit_code == 0, result.output
+    assert SECRET not in result.output
+    path = directory / "credentials.json"
+    assert (directory.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert load_secret("telegram-ops") == SECRET  # the trailing newline dropped
+    again = CliRunner().invoke(main, ["secrets", "set", "OTHER"], input="two")
+    assert again.exit_code == 0, again.output
+    assert (load_secret("telegram-ops"), load_secret("OTHER")) == (SECRET, "two")
+    assert [p.name for p in directory.iterdir()] == ["credentials.json"]  # no temporary file left
+
+
+def test_secrets_set_refuses_bad_input_and_an_unsafe_file(config_dir: Path) -> None:
+    from click.testing import CliRunner
+
+    from piworkflows.cli import main
+
+    assert CliRunner().invoke(main, ["secrets", "set", "TOKEN"], input="").exit_code == 2
+    assert CliRunner().invoke(main, ["secrets", "set", "bad name"], input="x").exit_code == 2
+    path = write(config_dir, {"secrets": {"KEEP": "v"}}, mode=0o644)
+    refused = CliRunner().invoke(main, ["secrets", "set", "TOKEN"], input=SECRET)
+    assert refused.exit_code == 1 and "chmod 600" in refused.output and SECRET not in refused.output
+    assert json.loads(path.read_text()) == {"secrets": {"KEEP": "v"}}
