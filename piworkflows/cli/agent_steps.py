@@ -185,7 +185,7 @@ def submit(paths: StatePaths, run_id: str, node: str, output_json: str, as_json:
         raise click.BadParameter(f'not JSON ({exc}); pass e.g. \'{{"summary": "done"}}\'') from None
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
     pending = view["piworkflows"]["pending"]
-    if pending is None or pending["kind"] == "checkpoint" or pending["nodePath"] != node:
+    if pending is None or pending["kind"] in ("checkpoint", "human_decision") or pending["nodePath"] != node:
         waits = f"it waits at {pending['nodePath']!r}" if pending else "it waits at no step"
         raise click.BadParameter(f"{run_id} does not wait at an agent step {node!r}; {waits}", param_hint="NODE")
     wanted = pending["request"]

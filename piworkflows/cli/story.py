@@ -203,6 +203,30 @@ def agent_wait(run_id: str, pending: dict[str, Any], indent: int) -> list[str]:
     return lines
 
 
+def decision_wait(run_id: str, pending: dict[str, Any], indent: int) -> list[str]:
+    """A waiting protected human decision: what it asks, its choices, its deadline and what happens
+    then, and the command that decides it."""
+    decision, node = pending["decision"], pending["nodePath"]
+    asked = decision["request"]
+    lines = block("asks", _asked(asked), indent)
+    for key, choice in decision["choices"].items():
+        needs = f" (with {choice['input']['name']}: {choice['input']['prompt']})" if choice["input"] else ""
+        lines.append(f"{' ' * indent}choice {key}: {choice['label']}{needs}")
+    if decision["deadline"] is not None:
+        then = "expires" if decision["onDeadline"] == "expiry" else f"takes {decision['onDeadline']}"
+        lines.append(f"{' ' * indent}deadline: {decision['deadline']}, then it {then}")
+    lines += command("decide it", command_line("decide", run_id, node) + " CHOICE [--input TEXT]", indent)
+    return lines
+
+
+def _asked(asked: Any) -> str:
+    """A decision's request as a line: its title and summary, else its JSON."""
+    if not isinstance(asked, dict) or "omitted" in asked:
+        return json_text(asked)
+    shown = [str(asked[key]) for key in ("title", "summary") if asked.get(key)]
+    return " - ".join(shown) if shown else json_text(asked)
+
+
 def step_details(
     run_id: str,
     step: dict[str, Any],
@@ -213,8 +237,12 @@ def step_details(
     """What happened inside a step: its output, error, question, a waiting agent step's request
     (``pending``, the view's, when it is this step's) and ambiguous effects."""
     lines: list[str] = []
-    if pending is not None and pending["kind"] != "checkpoint" and pending["request"]["attemptId"] == step["attemptId"]:
-        lines += agent_wait(run_id, pending, indent)
+    if pending is not None and pending["kind"] == "human_decision":
+        if pending["decision"]["attemptId"] == step["attemptId"]:
+            lines += decision_wait(run_id, pending, indent)
+    elif pending is not None and pending["kind"] != "checkpoint":
+        if pending["request"]["attemptId"] == step["attemptId"]:
+            lines += agent_wait(run_id, pending, indent)
     if step["nodeType"] == "checkpoint":
         lines += question(run_id, step, indent)
         if step["status"] not in ACTIVE_ATTEMPT_STATUSES and step.get("output") is not None:

@@ -3,8 +3,9 @@
 ::
 
     startup (before runs are claimed), a new decision, or its sleep ends
-      ── decision.expire: every due deadline resolved (timeout policy or expiry); the receipt
-         names the next deadline
+      ── decision.next (a read): the earliest open deadline
+      ── when it is due, decision.expire: every due deadline resolved (timeout policy or expiry);
+         the receipt names the next deadline (nothing due: nothing is committed)
       ── sleep until it, at most decision_timer_max_sleep_ms (wall clock: a deadline that passed
          while the server was down is resolved by the first sweep)
     a sweep the writer cannot answer (restarting): tried again after the shortest sleep
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from piworkflows.clock import Clock
-from piworkflows.protocol.internal.decisions import DecisionExpire
+from piworkflows.protocol.internal.decisions import DecisionExpire, DecisionNext
 from piworkflows.settings import Settings
 from piworkflows.supervisor.seams import WriterRequests
 
@@ -63,17 +64,20 @@ class DecisionTimer:
             sleep_ms = await self._sweep()
 
     async def _sweep(self) -> int:
-        """One decision.expire; how long to sleep until the next."""
+        """decision.next, and decision.expire when a deadline is due; how long to sleep until the next."""
         longest = self.settings.decision_timer_max_sleep_ms
         try:
-            reply = await self.writer.request(DecisionExpire.kind, {"actor": SERVER})
+            reply = await self.writer.request(DecisionNext.kind, {"actor": SERVER})
+            following = reply.receipt["nextDeadline"] if reply.outcome == "accepted" and reply.receipt else None
+            if following is not None and following <= self.clock.now_ms():
+                reply = await self.writer.request(DecisionExpire.kind, {"actor": SERVER})
         except Exception as exc:  # never the server's end: the next sweep tries again
             log.error("the decision deadlines could not be swept: %s", type(exc).__name__)
             return RETRY_MS
         if reply.outcome != "accepted" or reply.receipt is None:
             return min(RETRY_MS, longest)
         self.sweeps += 1
-        resolved = reply.receipt["runIds"]
+        resolved = reply.receipt.get("runIds")  # only decision.expire's
         if resolved:
             log.info("decision deadlines resolved in %d run(s)", len(resolved))
             self.resolved()

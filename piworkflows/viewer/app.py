@@ -10,7 +10,8 @@
                     Story (steps with timings, outputs, shell stdout/stderr, the question, effects,
                     controls), Transcript (settled Pi entries), Trace (events), History (steps
                     older than the view's window, read with view.page: o reads more)
-                    keys p pause, r resume, c cancel (confirmed), a answer (a form): each only
+                    keys p pause, r resume, c cancel (confirmed), a answer (a form), d decide a
+                    protected human decision (a choice and its text, as the operator): each only
                     while the view's display.controls lists it; escape: back to the list
 
 It renders only what the server sends and changes state only through the client protocol.
@@ -43,7 +44,8 @@ TICK_S = 0.5  # a worker looks whether the screen still wants it this often; the
 PAGE_STEPS = 256  # the History tab reads this many older steps a time (view.page's most)
 STATUS_FILTERS = (None, *sorted(RUN_STATUSES))
 # a key's action -> the control the view must allow for it
-CONTROLS = {"pause": "pause", "resume": "resume", "cancel": "cancel", "answer": "answer"}
+# a key's action -> the control of display.controls it needs
+CONTROLS = {"pause": "pause", "resume": "resume", "cancel": "cancel", "answer": "answer", "decide": "human-answer"}
 
 
 class Confirm(ModalScreen[bool]):
@@ -172,6 +174,7 @@ class RunScreen(Screen[None]):
         Binding("r", "resume", "Resume"),
         Binding("c", "cancel", "Cancel"),
         Binding("a", "answer", "Answer"),
+        Binding("d", "decide", "Decide"),
         Binding("o", "older", "Older steps"),
         Binding("escape", "back", "Runs"),
         Binding("q", "app.quit", "Quit"),
@@ -320,6 +323,33 @@ class RunScreen(Screen[None]):
             self.control("checkpoint.answer", {"nodePath": node, "answer": answer}, "answered", revision)
 
         self.app.push_screen(Ask(prompt, '{"continue": true}'), answered)
+
+    def action_decide(self) -> None:
+        """A protected human decision, answered by the person at this terminal (the operator): a
+        choice, and after a colon the text it asks for."""
+        view = self.view
+        pending = view["piworkflows"]["pending"] if view is not None else None
+        if view is None or not isinstance(pending, dict) or pending.get("kind") != "human_decision":
+            return
+        decision, node = pending["decision"], pending["nodePath"]
+        asked = decision["request"] if isinstance(decision["request"], dict) else {}
+        title = asked.get("title") or asked.get("summary") or node
+        lines = [f"{node} asks: {title}"]
+        for key, choice in decision["choices"].items():
+            needs = f" (then ': {choice['input']['prompt']}')" if choice["input"] else ""
+            lines.append(f"  {key}: {choice['label']}{needs}")
+        lines.append("Your choice (a key, then ': text' when it asks for one):")
+
+        def decided(value: str | None) -> None:
+            if not value:
+                return
+            choice, _, written = (part.strip() for part in value.partition(":"))
+            payload = {"nodePath": node, "choice": choice, "decisionId": decision["decisionId"], "source": "operator"}
+            if written:
+                payload["input"] = written
+            self.control("decision.answer", payload, f"decided {choice}")
+
+        self.app.push_screen(Ask("\n".join(lines), next(iter(decision["choices"]))), decided)
 
     def control(self, operation: str, payload: dict[str, Any], done: str, revision: int | None = None) -> None:
         viewer = self.app

@@ -202,3 +202,26 @@ def test_the_viewer_in_a_real_terminal_answers_a_checkpoint(server, project):
         assert view(server, run_id)["display"]["status"] == "completed"
     finally:
         subprocess.run([*tmux, "kill-server"], timeout=30)
+
+
+def test_d_decides_a_protected_human_decision(server, project):
+    from tests.integration.test_human_decisions import APPROVE
+
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    run_id = start(server, project, "approve")
+    wait_status(server, run_id, "waiting")
+
+    async def script(app: Viewer, pilot: Any) -> None:
+        await until(pilot, lambda: "waiting" in head(app), "waiting")
+        await pilot.press("a")  # a checkpoint's answer is not this run's control
+        assert isinstance(app.screen, RunScreen)
+        await pilot.press("d")
+        assert isinstance(app.screen, Ask)
+        await pilot.press(*"replan: Split the change", "enter")
+        await until(pilot, lambda: "completed" in head(app), "completed after the decision")
+        outputs = view(server, run_id)["state"]["outputs"]
+        assert outputs["approve"] == {"choice": "replan", "input": "Split the change", "resolution": "human"}
+        await pilot.press("d")  # decided: no longer a control
+        assert isinstance(app.screen, RunScreen)
+
+    drive(server, run_id, script)

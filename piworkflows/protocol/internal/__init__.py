@@ -37,7 +37,7 @@ from piworkflows.protocol.internal.agents import (
 from piworkflows.protocol.internal.base import Command, ReadCommand
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.protocol.internal.control import RunCancel, RunPause, RunRestart, RunResume
-from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire
+from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire, DecisionNext
 from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
@@ -129,6 +129,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         # decisions
         DecisionAnswer,
         DecisionExpire,
+        DecisionNext,
         # effects
         EffectReserve,
         EffectClaim,

@@ -5,6 +5,7 @@ human's answer, and the server's deadline sweep.
 
     runner ── node.wait {attempt_id, request, decision: DecisionAsk} ──> writer: a human_decisions row
     operator / human ── decision.answer {run, node_path, choice, input?} ──> one winner (or its name)
+    server ── decision.next {} ──> the earliest deadline of a decision still open (a read)
     server ── decision.expire {} ──> every due deadline: its timeout policy, or expiry
 """
 
@@ -14,7 +15,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from piworkflows.protocol.internal.base import BlobValue, Command, Id, Model
+from piworkflows.protocol.internal.base import BlobValue, Command, Id, Model, ReadCommand
 
 MAX_DECISION_TEXT = 4000  # characters of a text input (workflows/compiler.py checks the default's)
 
@@ -38,6 +39,13 @@ class DecisionAnswer(Command):
     decision_id: Id | None = None
     choice: str = Field(min_length=1, max_length=128)
     input: str | None = Field(default=None, min_length=1, max_length=MAX_DECISION_TEXT)
+
+
+class DecisionNext(ReadCommand):
+    """When the server's deadline timer must sweep next: the earliest open deadline (a read, so a
+    timer with nothing due commits nothing)."""
+
+    kind: ClassVar[str] = "decision.next"
 
 
 class DecisionExpire(Command):

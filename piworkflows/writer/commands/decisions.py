@@ -6,7 +6,7 @@ import hashlib
 
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.base import BlobValue
-from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire
+from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire, DecisionNext
 from piworkflows.writer import decisions, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
@@ -102,4 +102,15 @@ class ExpireDecisions(Handler[DecisionExpire]):
         return Result(receipt={"runIds": resolved, "nextDeadline": decisions.next_deadline(conn)})
 
 
-HANDLERS = (AnswerDecision(), ExpireDecisions())
+class NextDeadline(Handler[DecisionNext]):
+    """The earliest deadline of a decision still open (null: none)."""
+
+    model = DecisionNext
+    actors = frozenset({"server"})
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: DecisionNext) -> Result:
+        return Result(receipt={"nextDeadline": decisions.next_deadline(tx.conn)})
+
+
+HANDLERS = (AnswerDecision(), ExpireDecisions(), NextDeadline())
