@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from piworkflows import paths
+from piworkflows.errors import StatePathRefused
 
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
 
@@ -93,22 +94,10 @@ def store_secret(name: str, value: str) -> Path:
     secrets = _read(path) if path.exists() else {}
     secrets[name] = value
     data = json.dumps({"secrets": secrets}, indent=2, sort_keys=True).encode() + b"\n"
-    temporary = directory / f".credentials.json.{os.getpid()}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)
-    finally:
-        os.close(directory_fd)
+        paths.write_private(path, data)
+    except (OSError, StatePathRefused) as exc:
+        raise CredentialsError(f"{path} cannot be written: {exc}") from None
     return path
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +155,26 @@ def open_private(path: Path, flags: int, create: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def write_private(path: Path, data: bytes, before_write: Callable[[], None] = lambda: None) -> None:
+    """Replace ``path`` whole with ``data`` (0600, never through a link): a new file written and
+    synced, renamed over the old, its directory synced. Raises OSError (or StatePathRefused) and
+    leaves the old file as it was."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # one a crash left behind (unlinking a link removes the link only)
+    fd = open_private(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            before_write()
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync(path.parent)
 
 
 def check_private_file(path: Path) -> None:

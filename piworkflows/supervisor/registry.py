@@ -33,7 +33,7 @@ import psutil
 
 from piworkflows import faults
 from piworkflows.errors import StatePathRefused
-from piworkflows.paths import fsync, open_private
+from piworkflows.paths import open_private, write_private
 
 
 class ChildNotRecorded(OSError):
@@ -99,21 +99,8 @@ class Registry:
 
     def save(self, path: Path) -> None:
         """Replace host.json whole, or raise OSError and leave it as it was."""
-        tmp = path.with_name(path.name + ".tmp")
         data = json.dumps(asdict(self), sort_keys=True).encode()
-        tmp.unlink(missing_ok=True)  # one a crash left behind (unlinking a link removes the link only)
-        fd = open_private(tmp, os.O_WRONLY | os.O_EXCL, create=True)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                faults.hit(faults.SUPERVISOR_REGISTRY_SAVE)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync(path.parent)
+        write_private(path, data, before_write=lambda: faults.hit(faults.SUPERVISOR_REGISTRY_SAVE))
 
 
 def end_process(identity: Identity, grace_s: float) -> bool:
