@@ -44,8 +44,8 @@ class DecisionTimer:
 
     async def start(self) -> None:
         """The first sweep now (a deadline that passed while the server was down), then the loop."""
-        await self._sweep()
-        self._task = asyncio.create_task(self._loop(), name="decision-timer")
+        first_sleep_ms = await self._sweep()
+        self._task = asyncio.create_task(self._loop(first_sleep_ms), name="decision-timer")
 
     def wake(self) -> None:
         """A decision was opened (its deadline may come before the one slept to)."""
@@ -56,8 +56,7 @@ class DecisionTimer:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _loop(self) -> None:
-        sleep_ms = 0
+    async def _loop(self, sleep_ms: int) -> None:
         while True:
             await self.clock.woken(self._wake, sleep_ms)
             self._wake.clear()
