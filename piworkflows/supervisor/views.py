@@ -504,6 +504,9 @@ class Views:
                     await self._fan_out(watches, [(line, patch["revision"], after)])
                 continue
             view = reply.receipt.get("snapshot", reply.receipt) if after is not None else reply.receipt
+            if after is not None:  # their revision is no longer retained: they start again from a snapshot
+                for watch in watches:
+                    watch.sent = None
             line = event_line("run_snapshot", view, run_id, view["revision"])
             self._keep(run_id, recent, view)
             await self._fan_out(watches, [(line, view["revision"], None)])
@@ -588,6 +591,11 @@ class Views:
             return  # a newer snapshot went first (a read that started earlier ended later)
         if watch.behind:
             return  # its catch-up follows once its connection has read its buffer down
+        if after is None and watch.patches and isinstance(watch.sent, int):
+            # a patch watcher holding a document gets patches (a resync clears ``sent`` first): a
+            # snapshot meant for the snapshot group it was in when its first snapshot was pending
+            self._refresh(watch.run_id or "")
+            return
         if after is not None and watch.sent != after:
             self._refresh(watch.run_id or "")  # it moved meanwhile: its own read follows
             return

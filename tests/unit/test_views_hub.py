@@ -455,3 +455,28 @@ def test_a_deleted_run_with_its_ops_told_ends_its_watches(monkeypatch, patches):
         assert conn.lines[-1]["event"] == "unavailable" and conn.watches == set() and views.recent == {}
 
     asyncio.run(scenario())
+
+
+def test_a_patch_watcher_holding_a_document_gets_patches_not_a_stray_snapshot(monkeypatch):
+    """A snapshot fan-out that grouped a patch watcher while its first snapshot was pending reaches
+    it after it holds that one: it is sent the patches from its revision instead."""
+    monkeypatch.setattr(hub, "SNAPSHOT_INTERVAL_S", 0)
+
+    async def scenario() -> None:
+        writer, conn = Writer(), Conn()
+        views = Views(writer, watch=lambda runs: None)
+        await watching(views, conn, patches=True)
+        (watch,) = views.by_run["run-1"]
+        writer.revision["run-1"] = 2
+        views.advanced(["run-1"], [ops(2)])
+        await settle()
+        assert [line["event"] for line in conn.lines] == ["run_snapshot", "run_patch"] and watch.sent == 2
+        writer.revision["run-1"] = 3
+        views.recent["run-1"].add(3, 13, ops(3).ops)
+        stray = event_line("run_snapshot", {"revision": 3}, "run-1", 3)
+        views._deliver(watch, stray, 3)
+        await settle()
+        assert [line["event"] for line in conn.lines] == ["run_snapshot", "run_patch", "run_patch"]
+        assert conn.lines[-1]["payload"]["fromRevision"] == 2 and watch.sent == 3
+
+    asyncio.run(scenario())
