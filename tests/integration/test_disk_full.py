@@ -139,9 +139,10 @@ def small_disk(tmp_path: Path):
     mount = tmp_path / "disk"
     mount.mkdir()
     made = subprocess.run(
-        # room for a server and a ten-step run (each commit also writes the run view's ops: a WAL
-        # of a few MB under load), which fill() then takes away
-        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)],
+        # room for a server and a ten-step run, which fill() then takes away: each commit also
+        # writes the run view's ops, and the WAL grows past its autocheckpoint size while readers
+        # hold it (32 MB were once full before fill() ran)
+        ["mount", "-t", "tmpfs", "-o", "size=128m,mode=0700", "tmpfs", str(mount)],
         capture_output=True,
         text=True,
     )
