@@ -42,12 +42,14 @@ CODES: dict[str, Outcome] = {
     "nothingDue": "notFound",
     "workflowNotFound": "notFound",
     "decisionNotFound": "notFound",
+    "channelNotFound": "notFound",
     # claimLost
     "claimExpired": "claimLost",
     "claimTokenMismatch": "claimLost",
     "staleGeneration": "claimLost",
     "notClaimed": "claimLost",
     "staleServerEpoch": "claimLost",
+    "staleCursor": "claimLost",  # channel.updates from another offset than the durable cursor
     # rejected
     "invalidTransition": "rejected",
     "wrongRequestKind": "rejected",  # an assistant-message step takes no workflow-tool submission
@@ -71,6 +73,10 @@ CODES: dict[str, Outcome] = {
     "modelAnswerRefused": "rejected",  # a model never answers a protected human decision
     "humanAnswerRequired": "rejected",  # a client that did not declare a human (or operator) source
     "humanDecisionProtected": "rejected",  # checkpoint.answer on a human decision: decision.answer answers it
+    "channelConfigInvalid": "rejected",  # channels.json or its credentials do not validate (paths named)
+    "configUnsafe": "rejected",  # the config directory or a file is not private to the user
+    "channelBotChanged": "rejected",  # a profile's token names another bot than its cursor's
+    "useChannelRecover": "rejected",  # effect.confirm/retry of a channel effect: channel.recover settles it
     # unavailable
     "unavailable": "unavailable",
     "writerRestarting": "unavailable",

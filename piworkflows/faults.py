@@ -56,6 +56,14 @@ TOOL_AFTER_SUBMIT_SENT = "tool.after_submit_sent"
 # (a resolver child), the verdict reached and not yet answered.
 SUPERVISOR_AFTER_SUBMISSION_RECORDED = "supervisor.after_submission_recorded"
 VALIDATOR_BEFORE_VERDICT = "validator.before_verdict"
+# In a Telegram adapter child (piworkflows/channels/adapter.py): a getUpdates batch received and
+# not yet handed to the manager; its commit confirmed (the ack) and the offset not yet advanced;
+# an effect's attempt handed over (recorded) and nothing sent yet; its request sent, the answer
+# not read yet.
+CHANNEL_AFTER_UPDATES_RECEIVED = "channel.after_updates_received"
+CHANNEL_AFTER_UPDATES_COMMITTED = "channel.after_updates_committed"
+CHANNEL_AFTER_ATTEMPT_RECORDED = "channel.after_attempt_recorded"
+CHANNEL_AFTER_REQUEST_SENT = "channel.after_request_sent"
 
 POINTS = frozenset(
     {
@@ -79,6 +87,10 @@ POINTS = frozenset(
         TOOL_AFTER_SUBMIT_SENT,
         SUPERVISOR_AFTER_SUBMISSION_RECORDED,
         VALIDATOR_BEFORE_VERDICT,
+        CHANNEL_AFTER_UPDATES_RECEIVED,
+        CHANNEL_AFTER_UPDATES_COMMITTED,
+        CHANNEL_AFTER_ATTEMPT_RECORDED,
+        CHANNEL_AFTER_REQUEST_SENT,
     }
 )
 ACTIONS = ("crash", "raise", "sleep", "enospc", "eio")

@@ -86,6 +86,12 @@ class Settings(BaseModel):
     # Protected human decisions: the deadline timer sleeps at most this long between two sweeps
     # (a new decision wakes it sooner).
     decision_timer_max_sleep_ms: int = Field(default=60_000, ge=10)
+    # The Telegram channel (DECISIONS.md): getUpdates long-poll seconds, one Bot API request's
+    # bound, and the adapter child's restart delay (doubling from min to max).
+    telegram_poll_timeout_s: int = Field(default=25, ge=0, le=50)
+    telegram_request_timeout_ms: int = Field(default=30_000, ge=100)
+    channel_restart_min_ms: int = Field(default=1_000, ge=1)
+    channel_restart_max_ms: int = Field(default=60_000, ge=1)
     # state.backup copies this many pages between two write groups.
     backup_step_pages: int = Field(default=256, ge=1)
     # Benchmarks only: append every SQL statement the writer runs to this file.

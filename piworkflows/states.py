@@ -77,7 +77,10 @@ EFFECT_CLASSES = frozenset({"local", "external"})
 # Who applies an effect: the writer (local effects), the runner (an action node's own code),
 # or an outbox worker through the performer of that name (POOL_PERFORMERS).
 POOL_PERFORMERS = frozenset({"shell.exec", "http.request"})
-EFFECT_PERFORMERS = frozenset({"writer", "runner"}) | POOL_PERFORMERS
+# A channel's adapter child performs the channel's effects (scope 'channel'), claimed by the
+# supervisor's channel manager of that channel.
+CHANNEL_PERFORMER = "telegram.api"
+EFFECT_PERFORMERS = frozenset({"writer", "runner", CHANNEL_PERFORMER}) | POOL_PERFORMERS
 # Who may perform a node's effect (node.reserve_effect): its action body in the runner, or the pool.
 NODE_EFFECT_PERFORMERS = frozenset({"runner"}) | POOL_PERFORMERS
 # How a performer reports an attempt ended (effect.settle): applied, rejected or ambiguous as the
@@ -153,3 +156,28 @@ SERVER_STATES = ("running", "unavailable", "refusing", "stopping")  # refusing: 
 WRITER_HEALTH_CODES = ("diskFull", "ioError", "databaseCorrupt")
 WRITER_START_FAILURES = (*WRITER_HEALTH_CODES, "stateIncompatible", "statePathRefused", "cannotOpen")
 UNAVAILABLE_REASONS = (*WRITER_START_FAILURES, "writerRestarting")
+
+# The Telegram channel's effects (DECISIONS.md, Effects): effect type -> recovery policy. A send is
+# manual (an uncertain send is never repeated without an operator: channel.recover); an answer to a
+# button press and an edit are idempotent (repeating one is harmless).
+TELEGRAM_EFFECT_POLICIES: dict[str, str] = {
+    "telegram.deliver": "manual",
+    "telegram.prompt": "manual",
+    "telegram.reply": "manual",
+    "telegram.notify": "manual",
+    "telegram.answerCallback": "idempotent",
+    "telegram.settle": "idempotent",
+}
+TELEGRAM_MAX_ATTEMPTS = 6
+CHANNEL_KINDS = frozenset({"telegram"})
+CHANNEL_RECORD_KINDS = frozenset({"delivery", "settlement"})
+# A channel's adapter child, as the manager reports it (supervisord's states).
+CHANNEL_STATES = frozenset({"starting", "running", "backoff", "stopped", "fatal"})
+# What an adapter hands its manager: an update's kind, the Bot API methods it calls for effects,
+# how a call ended, and a polling fault.
+TELEGRAM_UPDATE_KINDS = frozenset({"callback", "message"})
+TELEGRAM_METHODS = frozenset({"sendMessage", "editMessageText", "editMessageReplyMarkup", "answerCallbackQuery"})
+TELEGRAM_CALL_OUTCOMES = frozenset({"applied", "rejected", "failed", "uncertain"})
+CHANNEL_FAULTS = frozenset({"unauthorized", "pollConflict", "floodWait", "network"})
+# An operator's evidence about an ambiguous channel message (channel.recover).
+CHANNEL_RECOVER_ACTIONS = frozenset({"confirm", "retry"})

@@ -25,7 +25,7 @@ from typing import Any
 
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.base import Actor, BlobValue
-from piworkflows.writer import records
+from piworkflows.writer import channel_effects, records
 from piworkflows.writer.views import projection
 
 EXPIRED = "decisionExpired"  # the error code of a node whose decision expired without a default
@@ -151,6 +151,7 @@ def resolve(
     assert revision is not None
     new_revision = records.increment_revision(conn, decision.decision_id, revision.revision, now)
     records.write_event(conn, decision.decision_id, new_revision, f"decision.{kind}", actor, now)
+    channel_effects.resolved(conn, decision.decision_id, actor, now)
     if kind == "cancellation":
         return
     if kind == "expiry":

@@ -283,8 +283,8 @@ def insert_effect(
     conn.execute(
         "INSERT INTO effects (effect_id, source_resource_id, source_revision, effect_type, idempotency_key, "
         "request_fingerprint, payload_digest, effect_class, performer, recovery_policy, owner_scope, run_id, "
-        "effect_status, available_at, attempt_count, max_attempts, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?)",
+        "channel_id, effect_status, available_at, attempt_count, max_attempts, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?)",
         (
             effect_id,
             source_resource_id,
@@ -298,6 +298,7 @@ def insert_effect(
             request.recovery_policy,
             request.owner_scope,
             request.run_id,
+            request.channel_id,
             now,
             request.max_attempts,
             now,
@@ -393,7 +394,7 @@ def cancel_pending_effects(conn: sqlite3.Connection, run_id: str, actor: Actor, 
     """A run ended: its external effects that never started never will (each effect's revision advances)."""
     rows = conn.execute(
         "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
-        "WHERE e.run_id = ? AND e.effect_class = 'external' AND e.effect_status = 'pending'",
+        "WHERE e.run_id = ? AND e.effect_class = 'external' AND e.channel_id IS NULL AND e.effect_status = 'pending'",
         (run_id,),
     ).fetchall()
     for effect_id, revision in rows:
@@ -419,7 +420,8 @@ def stale_applying_effects(conn: sqlite3.Connection, run_id: str, now: int) -> l
     """Applying effects of a run whose claim is dead: expired, released, or of an older server epoch."""
     rows = conn.execute(
         "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
-        f"WHERE e.run_id = ? AND e.effect_status = 'applying' AND {_DEAD_CLAIM} ORDER BY e.effect_id",
+        f"WHERE e.run_id = ? AND e.channel_id IS NULL AND e.effect_status = 'applying' AND {_DEAD_CLAIM} "
+        "ORDER BY e.effect_id",
         (run_id, now, _owner_now(conn)),
     ).fetchall()
     return [row[0] for row in rows]

@@ -527,10 +527,12 @@ CREATE TABLE effects (
   request_fingerprint BLOB NOT NULL CHECK (length(request_fingerprint) = 32),
   payload_digest BLOB NOT NULL REFERENCES blobs (digest),
   effect_class TEXT NOT NULL CHECK (effect_class IN ('local', 'external')),
-  performer TEXT NOT NULL CHECK (performer IN ('writer', 'runner', 'shell.exec', 'http.request')),
+  performer TEXT NOT NULL CHECK (performer IN ('writer', 'runner', 'shell.exec', 'http.request', 'telegram.api')),
   recovery_policy TEXT NOT NULL CHECK (recovery_policy IN ('idempotent', 'manual')),
   owner_scope TEXT NOT NULL CHECK (owner_scope IN ('server', 'run', 'resource_manager', 'channel')),
   run_id TEXT REFERENCES runs (run_id) ON DELETE CASCADE,
+  -- the channel whose adapter performs it: set exactly for channel-scoped effects
+  channel_id TEXT REFERENCES channels (channel_id),
   effect_status TEXT NOT NULL CHECK (effect_status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous', 'cancelled')),
   available_at INTEGER NOT NULL,
   attempt_count INTEGER NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
@@ -544,12 +546,15 @@ CREATE TABLE effects (
   updated_at INTEGER NOT NULL,
   CHECK ((effect_status IN ('applied', 'rejected', 'cancelled')) = (settled_at IS NOT NULL)),
   CHECK (attempt_count <= max_attempts),
-  CHECK ((effect_class = 'local') = (performer = 'writer'))
+  CHECK ((effect_class = 'local') = (performer = 'writer')),
+  CHECK ((owner_scope = 'channel') = (channel_id IS NOT NULL)),
+  CHECK ((performer = 'telegram.api') = (owner_scope = 'channel'))
 ) STRICT;
 CREATE UNIQUE INDEX effects_one_deterministic_key ON effects (effect_type, idempotency_key);
 CREATE INDEX effects_due ON effects (performer, effect_status, available_at) WHERE effect_status IN ('pending', 'applying');
 CREATE INDEX effects_by_run ON effects (run_id, effect_status) WHERE run_id IS NOT NULL;
 CREATE INDEX effects_by_source ON effects (source_resource_id);
+CREATE INDEX effects_channel_due ON effects (channel_id, effect_status, available_at) WHERE channel_id IS NOT NULL;
 
 CREATE TABLE effect_attempts (
   effect_id TEXT NOT NULL REFERENCES effects (effect_id) ON DELETE CASCADE,

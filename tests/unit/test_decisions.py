@@ -37,8 +37,10 @@ def revision(executor) -> int:
     return executor.conn.execute("SELECT revision FROM resources WHERE resource_id = 'run-1'").fetchone()[0]
 
 
-def waiting(executor, after_ms: int | None = None, default: dict[str, Any] | None = None) -> str:
-    """run-1 created, claimed, its node 'approve' asking: the decision's id."""
+def waiting(
+    executor, after_ms: int | None = None, default: dict[str, Any] | None = None, routes: list | None = None
+) -> str:
+    """run-1 created, claimed, its node 'approve' asking (delivered on ``routes``): the decision's id."""
     run_group(executor, take_epoch(), run_create("run-1"))
     run_group(executor, claim_run())
     start = {"actor": RUNNER, "run_id": "run-1", "claim": claim(), "expected_revision": revision(executor)}
@@ -53,7 +55,7 @@ def waiting(executor, after_ms: int | None = None, default: dict[str, Any] | Non
         ask["default_response"] = BlobValue.of_json(default).model_dump()
     request = BlobValue.of_json({"request": {"title": "Ship?"}, "choices": CHOICES}).model_dump()
     wait = {"actor": RUNNER, "run_id": "run-1", "claim": claim(), "expected_revision": revision(executor)}
-    wait |= {"attempt_id": attempt, "request": request, "decision": ask}
+    wait |= {"attempt_id": attempt, "request": request, "decision": ask, "routes": routes or []}
     (waited,) = run_group(executor, submitted("node.wait", wait))
     assert waited.outcome == "accepted", waited
     assert run_state(executor)[0] == ("waiting", "parked", False, False)  # no runner, no claim

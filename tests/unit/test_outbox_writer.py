@@ -811,7 +811,7 @@ def test_retry_of_an_effect_of_a_running_run_or_one_not_run_scoped_is_accepted(e
         effect_class="external",
         performer="http.request",
         recovery_policy="manual",
-        owner_scope="channel",
+        owner_scope="server",
         run_id="run-1",
     ).model_dump()
     (channel_effect,) = reserved(executor, outliving)

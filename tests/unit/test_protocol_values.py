@@ -26,6 +26,11 @@ pytestmark = pytest.mark.timeout(60)
 FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("base", "Actor", "actor_class"): states.ACTOR_CLASSES,
     ("base", "BlobValue", "media_type"): states.MEDIA_TYPES,
+    ("channels", "TelegramUpdate", "update_kind"): states.TELEGRAM_UPDATE_KINDS,
+    ("channels", "Perform", "method"): states.TELEGRAM_METHODS,
+    ("channels", "Performed", "outcome"): states.TELEGRAM_CALL_OUTCOMES,
+    ("channels", "Fault", "fault"): states.CHANNEL_FAULTS,
+    ("channels", "ChannelRecover", "action"): states.CHANNEL_RECOVER_ACTIONS,
     ("content", "BlobPart", "media_type"): states.MEDIA_TYPES,
     ("logs", "RunContentRead", "media_type"): states.MEDIA_TYPES,
     ("runs", "RunSource", "source_kind"): states.SOURCE_KINDS,

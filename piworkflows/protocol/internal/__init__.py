@@ -7,7 +7,7 @@
 
 One module per domain, mirroring ``writer/commands/``: ``base`` (models,
 actors, claims, values, receipt keys), ``content``, ``server``, ``runs``,
-``control``, ``runners``, ``nodes``, ``decisions``, ``effects``, ``state``, ``logs``, ``agents``; and one
+``control``, ``runners``, ``nodes``, ``decisions``, ``channels``, ``effects``, ``state``, ``logs``, ``agents``; and one
 per child's frames: ``runner``, ``outbox``, ``resolver``, ``writer`` (the
 writer link's handshake, replies, log records and health).
 
@@ -35,6 +35,14 @@ from piworkflows.protocol.internal.agents import (
     NodeRequestAgent,
 )
 from piworkflows.protocol.internal.base import Command, ReadCommand
+from piworkflows.protocol.internal.channels import (
+    ChannelClaim,
+    ChannelDeliver,
+    ChannelRecover,
+    ChannelRegister,
+    ChannelStatus,
+    ChannelUpdates,
+)
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobRead, ProjectEnsure, ReceiptFind
 from piworkflows.protocol.internal.control import RunCancel, RunPause, RunRestart, RunResume
 from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire, DecisionNext
@@ -125,6 +133,13 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         RunFinish,
         NodeWait,
         NodeEffectReserve,
+        # channels
+        ChannelRegister,
+        ChannelClaim,
+        ChannelUpdates,
+        ChannelDeliver,
+        ChannelStatus,
+        ChannelRecover,
         CheckpointAnswer,
         # decisions
         DecisionAnswer,

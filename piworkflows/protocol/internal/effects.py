@@ -18,7 +18,7 @@ from piworkflows.protocol.internal.values import (
     RecoveryPolicy,
     Settlement,
 )
-from piworkflows.states import MEDIA_JSON, MEDIA_TEXT, POOL_PERFORMERS, UNSETTLED_EFFECT_STATUSES
+from piworkflows.states import CHANNEL_PERFORMER, MEDIA_JSON, MEDIA_TEXT, POOL_PERFORMERS, UNSETTLED_EFFECT_STATUSES
 
 
 class EffectRequest(Model):
@@ -32,6 +32,7 @@ class EffectRequest(Model):
     recovery_policy: RecoveryPolicy
     owner_scope: EffectOwnerScope
     run_id: Id | None = None
+    channel_id: Id | None = None  # the channel whose adapter performs it (scope channel, only)
     max_attempts: int = Field(default=5, ge=1, le=1000)
 
     @model_validator(mode="after")
@@ -40,6 +41,10 @@ class EffectRequest(Model):
             raise ValueError("an effect payload is canonical JSON")
         if (self.effect_class == "local") != (self.performer == "writer"):
             raise ValueError("the writer performs exactly the local effects")
+        if (self.owner_scope == "channel") != (self.channel_id is not None):
+            raise ValueError("a channel effect names its channel, and only it")
+        if (self.performer == CHANNEL_PERFORMER) != (self.owner_scope == "channel"):
+            raise ValueError("a channel's adapter performs exactly the channel effects")
         return self
 
     def effect_id(self, source_resource_id: str) -> str:
@@ -71,6 +76,7 @@ class EffectClaim(Command):
     kind: ClassVar[str] = "effect.claim"
     effect_id: Id | None = None
     performers: list[PoolPerformer] = Field(default_factory=lambda: sorted(POOL_PERFORMERS), min_length=1)
+    channel_id: Id | None = None  # the next due effect of this channel instead (its manager claims)
     owner_id: Id
     claim_token_hash: Digest
     ttl_ms: int = Field(ge=1)

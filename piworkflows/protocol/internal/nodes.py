@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from piworkflows import canonical
 from piworkflows.protocol.internal.base import BlobValue, Claim, Command, Frame, Id, Model
+from piworkflows.protocol.internal.channels import ChannelRoute
 from piworkflows.protocol.internal.decisions import DecisionAsk
 from piworkflows.protocol.internal.values import (
     NodeEffectPerformer,
@@ -141,7 +142,11 @@ class NodeWaitFrame(Frame):
 
 
 class NodeWait(UnderRunClaim, NodeWaitFrame):
-    """node.wait as the writer gets it: the runner's frame under the run's claim."""
+    """node.wait as the writer gets it: the runner's frame under the run's claim, and for a human
+    decision the routes of its audience (the supervisor's channels configuration): one delivery
+    each, reserved in the same commit."""
+
+    routes: list[ChannelRoute] = Field(default_factory=list, max_length=64)
 
 
 class NodeEffectReserveFrame(Frame):

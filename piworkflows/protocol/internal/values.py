@@ -46,6 +46,13 @@ RecoveryPolicy: TypeAlias = Literal[_values(states.RECOVERY_POLICIES)]  # type: 
 EffectOwnerScope: TypeAlias = Literal[_values(states.EFFECT_OWNER_SCOPES)]  # type: ignore[valid-type]
 Settlement: TypeAlias = Literal[_values(states.EFFECT_SETTLEMENTS)]  # type: ignore[valid-type]
 
+# channels
+TelegramUpdateKind: TypeAlias = Literal[_values(states.TELEGRAM_UPDATE_KINDS)]  # type: ignore[valid-type]
+TelegramMethod: TypeAlias = Literal[_values(states.TELEGRAM_METHODS)]  # type: ignore[valid-type]
+TelegramCallOutcome: TypeAlias = Literal[_values(states.TELEGRAM_CALL_OUTCOMES)]  # type: ignore[valid-type]
+ChannelFault: TypeAlias = Literal[_values(states.CHANNEL_FAULTS)]  # type: ignore[valid-type]
+ChannelRecoverAction: TypeAlias = Literal[_values(states.CHANNEL_RECOVER_ACTIONS)]  # type: ignore[valid-type]
+
 # workflows and the writer
 WorkflowOrigin: TypeAlias = Literal[_values(states.WORKFLOW_ORIGINS)]  # type: ignore[valid-type]
 WriterStartFailure: TypeAlias = Literal[_values(states.WRITER_START_FAILURES)]  # type: ignore[valid-type]

@@ -10,6 +10,7 @@ from typing import Any
 
 from piworkflows.writer.commands import (
     agents,
+    channels,
     content,
     control,
     decisions,
@@ -31,6 +32,7 @@ HANDLERS: tuple[Handler[Any], ...] = (
     *runners.HANDLERS,
     *nodes.HANDLERS,
     *decisions.HANDLERS,
+    *channels.HANDLERS,
     *effects.HANDLERS,
     *state.HANDLERS,
     *logs.HANDLERS,

@@ -155,7 +155,8 @@ class CancelRun(ControlHandler[RunCancel]):
         applying = [
             row[0]
             for row in conn.execute(
-                "SELECT effect_id FROM effects WHERE run_id = ? AND effect_status = 'applying'", (cmd.run_id,)
+                "SELECT effect_id FROM effects WHERE run_id = ? AND channel_id IS NULL AND effect_status = 'applying'",
+                (cmd.run_id,),
             )
         ]
 

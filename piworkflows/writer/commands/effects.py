@@ -32,7 +32,7 @@ from piworkflows.states import (
     TERMINAL_EFFECT_STATUSES,
     TERMINAL_RUN_STATUSES,
 )
-from piworkflows.writer import records
+from piworkflows.writer import channel_effects, records
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
 from piworkflows.writer.views import projection
 
@@ -63,7 +63,7 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
     """Take a new claim generation on a due pending effect and record its attempt."""
 
     model = EffectClaim
-    actors = frozenset({"server", "outbox"})
+    actors = frozenset({"server", "outbox", "channel"})
 
     def target(self, tx: Tx, cmd: EffectClaim) -> Target:
         if cmd.effect_id is not None:
@@ -74,6 +74,20 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
             ).fetchone()
             if row is None:
                 raise CommandError("effectNotFound", "no such effect", effectId=cmd.effect_id)
+        elif cmd.channel_id is not None:  # its channel manager: the channel's next due effect
+            row = tx.conn.execute(
+                "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
+                "LEFT JOIN leases l ON l.resource_id = e.effect_id "
+                "WHERE e.channel_id = ? AND e.effect_status = 'pending' AND e.available_at <= ? "
+                "AND (l.owner_id IS NULL OR l.expires_at <= ?) ORDER BY e.available_at, e.effect_id LIMIT 1",
+                (cmd.channel_id, tx.now, tx.now),
+            ).fetchone()
+            if row is None:
+                (next_due,) = tx.conn.execute(
+                    "SELECT min(available_at) FROM effects WHERE channel_id = ? AND effect_status = 'pending'",
+                    (cmd.channel_id,),
+                ).fetchone()
+                raise CommandError("nothingDue", "no effect of the channel is due", nextDueAt=next_due)
         else:
             performers = sorted(set(cmd.performers))
             marks = ", ".join("?" for _ in performers)
@@ -120,7 +134,7 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
                 "runId": run_id,
             },
         )
-        if cmd.effect_id is None:  # an outbox worker performs it from the payload alone
+        if cmd.effect_id is None or cmd.channel_id is not None:  # performed from the payload alone
             change.receipt["payload"] = records.read_json(tx.conn, payload_digest)
 
         def apply(stamp: Stamp) -> None:
@@ -140,7 +154,7 @@ class SettleEffect(ResourceHandler[EffectSettle]):
     transaction (``run_view_content``), so they live as long as the run and go with it."""
 
     model = EffectSettle
-    actors = frozenset({"server", "outbox"})
+    actors = frozenset({"server", "outbox", "channel"})
     claim_required = True
 
     def target(self, tx: Tx, cmd: EffectSettle) -> Target:
@@ -148,8 +162,8 @@ class SettleEffect(ResourceHandler[EffectSettle]):
 
     def transition(self, tx: Tx, cmd: EffectSettle, resource: records.Resource | None) -> Change:
         effect_id = cmd.effect_id
-        status, policy, attempts, max_attempts, run_id = tx.conn.execute(
-            "SELECT effect_status, recovery_policy, attempt_count, max_attempts, run_id FROM effects "
+        status, policy, attempts, max_attempts, run_id, channel_id = tx.conn.execute(
+            "SELECT effect_status, recovery_policy, attempt_count, max_attempts, run_id, channel_id FROM effects "
             "WHERE effect_id = ?",
             (effect_id,),
         ).fetchone()
@@ -211,6 +225,8 @@ class SettleEffect(ResourceHandler[EffectSettle]):
                     stamp.lease_generation,
                 ),
             )
+            if channel_id is not None:  # a decision's message: its receipts, and its edit once resolved
+                channel_effects.settled(tx.conn, effect_id, new_status, tx.actor, tx.now)
 
         return Change(
             event_type=f"effect.{new_status}",
@@ -244,7 +260,7 @@ class AbandonEffect(ResourceHandler[EffectAbandon]):
     """Its claimant died while applying: a new attempt later (idempotent) or an operator (manual)."""
 
     model = EffectAbandon
-    actors = frozenset({"server"})
+    actors = frozenset({"server", "channel"})
     claim_required = True
 
     def target(self, tx: Tx, cmd: EffectAbandon) -> Target:
@@ -313,7 +329,15 @@ def _continue_parked_run(tx: Tx, effect_id: str) -> None:
 
 
 def _ambiguous(tx: Tx, effect_id: str) -> None:
-    (status,) = tx.conn.execute("SELECT effect_status FROM effects WHERE effect_id = ?", (effect_id,)).fetchone()
+    status, channel_id = tx.conn.execute(
+        "SELECT effect_status, channel_id FROM effects WHERE effect_id = ?", (effect_id,)
+    ).fetchone()
+    if channel_id is not None:
+        raise CommandError(
+            "useChannelRecover",
+            "a channel's message is recovered with channel.recover (pi-workflows channels recover)",
+            effectId=effect_id,
+        )
     if status != "ambiguous":
         code = "winnerDecided" if status in TERMINAL_EFFECT_STATUSES else "invalidTransition"
         raise CommandError(code, f"the effect is {status}, not ambiguous", effectId=effect_id, status=status)

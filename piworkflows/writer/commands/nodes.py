@@ -29,7 +29,7 @@ from piworkflows.protocol.internal.nodes import (
     RunFinish,
     attempt_id_of,
 )
-from piworkflows.writer import agent_steps, decisions, local_effects, records
+from piworkflows.writer import agent_steps, channel_effects, decisions, local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
 from piworkflows.writer.views import projection
@@ -323,9 +323,11 @@ class WaitNode(RunnerTransition[NodeWait]):
                 (cmd.request.digest, cmd.attempt_id),
             )
             if ask is not None:
-                decisions.open_decision(
+                decision_id = decisions.open_decision(
                     conn, cmd.run_id, cmd.attempt_id, ask.audience, cmd.request, ask.after_ms, ask.default_response, now
                 )
+                routes = [(route.channel_id, route.chat_id) for route in cmd.routes]
+                channel_effects.deliver(conn, decision_id, routes, tx.actor, now)
             conn.execute("UPDATE runs SET status = 'waiting', updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
             conn.execute(
                 "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)

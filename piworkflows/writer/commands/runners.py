@@ -44,7 +44,7 @@ _CLAIMABLE = """
       AND (q.queue_status = 'queued' OR (q.queue_status = 'parked' AND r.park_reason = 'shutdown'))
       AND (l.owner_id IS NULL OR l.expires_at <= :now)
       AND NOT EXISTS (SELECT 1 FROM effects e JOIN leases el ON el.resource_id = e.effect_id
-                      WHERE e.run_id = r.run_id AND e.effect_status = 'applying'
+                      WHERE e.run_id = r.run_id AND e.channel_id IS NULL AND e.effect_status = 'applying'
                         AND el.owner_id IS NOT NULL AND el.expires_at > :now)
       AND NOT EXISTS (SELECT 1 FROM session_segments s JOIN leases sl ON sl.resource_id = s.segment_id
                       WHERE s.run_id = r.run_id AND s.segment_status = 'recording'
@@ -145,7 +145,8 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         stale = records.stale_applying_effects(conn, cmd.run_id, now) if cmd.outcome == "orphaned" else []
         ambiguous = any(records.uncertain_effect_status(conn, e, False)[0] == "ambiguous" for e in stale) or bool(
             conn.execute(
-                "SELECT 1 FROM effects WHERE run_id = ? AND effect_status = 'ambiguous'", (cmd.run_id,)
+                "SELECT 1 FROM effects WHERE run_id = ? AND channel_id IS NULL AND effect_status = 'ambiguous'",
+                (cmd.run_id,),
             ).fetchone()
         )
         # Whether an effect is still ambiguous is the database's to say: an operator may have

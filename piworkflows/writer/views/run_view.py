@@ -553,8 +553,8 @@ def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
 def _ambiguous_effects(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
     """The run's effects waiting for an operator's review, each with the node visit it was reserved for."""
     rows = conn.execute(
-        "SELECT effect_id, effect_type, owner_scope, idempotency_key FROM effects "
-        "WHERE run_id = ? AND effect_status = 'ambiguous' ORDER BY created_at, effect_id LIMIT ?",
+        "SELECT effect_id, effect_type, owner_scope, idempotency_key FROM effects WHERE run_id = ? "
+        "AND channel_id IS NULL AND effect_status = 'ambiguous' ORDER BY created_at, effect_id LIMIT ?",
         (run_id, WINDOW),
     ).fetchall()
     items = []

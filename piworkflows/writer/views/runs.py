@@ -25,7 +25,8 @@ PAGE_BYTES = 256 * 1024  # a run-list page's items as compact JSON, at most (and
 # runner is live while its run_workers row is open (startup recovery ends an older server's rows).
 FACTS = """
     r.status, r.paused, r.park_reason,
-    (SELECT count(*) FROM effects e WHERE e.run_id = r.run_id AND e.effect_status = 'ambiguous'),
+    (SELECT count(*) FROM effects e WHERE e.run_id = r.run_id AND e.channel_id IS NULL
+        AND e.effect_status = 'ambiguous'),
     (SELECT a.node_kind FROM node_attempts a WHERE a.run_id = r.run_id AND a.attempt_status = 'waiting'),
     EXISTS (SELECT 1 FROM run_workers w WHERE w.run_id = r.run_id AND w.ended_at IS NULL),
     EXISTS (SELECT 1 FROM workflow_turns t WHERE t.run_id = r.run_id AND t.turn_state = 'open'),
