@@ -19,6 +19,7 @@ of a view it renders, references read back) and ``watch`` (following a run) serv
 
 from piworkflows.cli import (  # noqa: F401 (commands)
     agent_steps,
+    channels,
     completion,
     doctor,
     effects,

@@ -850,6 +850,33 @@ class EffectRecoveryReceipt(BaseModel):
     effectStatus: Literal["applied", "pending"]
 
 
+class ChannelReloadReceipt(BaseModel):
+    """channel.reload: the configuration now in force (its digest) and what changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    configDigest: str
+    added: list[str]  # channel ids
+    removed: list[str]
+    restarted: list[str]
+    deliveriesReserved: int  # deliveries of decisions that were waiting for a route
+
+
+class ChannelRecoverPayload(Payload):
+    """channel.recover: an operator's evidence about an ambiguous channel message: ``confirm`` (it
+    was sent; with its Telegram message id, a decided decision's edit reaches it) or ``retry``."""
+
+    messageId: str = Field(min_length=1, max_length=256)  # the message's effect id (channels status)
+    action: Literal["confirm", "retry"]
+    telegramMessageId: int | None = Field(default=None, ge=1)
+
+
+class ChannelRecoverReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    messageId: str
+    effectStatus: Literal["applied", "pending"]
+    settleReserved: bool
+
+
 class StateCounts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     resources: int
@@ -1055,6 +1082,11 @@ OPERATION_SHAPES: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "effect.list": (EffectListPayload, EffectListReceipt),
     "effect.confirm": (EffectConfirmPayload, EffectRecoveryReceipt),
     "effect.retry": (EffectRetryPayload, EffectRecoveryReceipt),
+    # the Telegram channel: per channel state, cursor and messages (no chat or user ids, texts
+    # or tokens); the configuration read again; an ambiguous message settled by an operator
+    "channel.status": (EmptyPayload, None),
+    "channel.reload": (EmptyPayload, ChannelReloadReceipt),
+    "channel.recover": (ChannelRecoverPayload, ChannelRecoverReceipt),
     # finding workflows (reads, answered by a resolver child)
     "workflow.list": (WorkflowListPayload, WorkflowListReceipt),
     "workflow.show": (WorkflowShowPayload, WorkflowShowReceipt),

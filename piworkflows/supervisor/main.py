@@ -42,6 +42,7 @@ from piworkflows.protocol.internal.writer import Reply, ViewerAdvanced
 from piworkflows.settings import Settings
 from piworkflows.supervisor import registry
 from piworkflows.supervisor.agents import AgentManager
+from piworkflows.supervisor.channels import Channels
 from piworkflows.supervisor.decision_timer import DecisionTimer
 from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
@@ -85,9 +86,12 @@ class Supervisor:
         self.resolvers = Resolvers(self, settings)
         self.retention = Retention(self.writer, settings, self.clock, busy=self._busy)
         self.decisions = DecisionTimer(self.writer, settings, self.clock, resolved=self.wake_scheduler)
+        self.channels = self._channels()
         self.outbox, self.scheduler = self._pool_and_scheduler()
         self.agents = self._agent_manager()
-        self.router = Router(self.writer, self.resolvers, self, self, settings, self.clock, self.views)
+        self.router = Router(
+            self.writer, self.resolvers, self, self, settings, self.clock, self.views, channels=self.channels
+        )
         self.server = ClientServer(paths.socket, settings, self.router.handle, peer_check, self.views.forget)
         self.state = "running"
         self.epoch = 0
@@ -109,6 +113,7 @@ class Supervisor:
             self.views.advanced(None)
         else:
             self.views.advanced(advanced.runs, advanced.patches)
+        self.channels.wake()  # a decision may have opened or been resolved: its messages may be due
 
     def request_stop(self, reason: str) -> None:
         """Only enqueues (safe from signal callbacks); the main task does the work."""
@@ -137,8 +142,19 @@ class Supervisor:
             request_retention=self.retention.request,
             wake_agents=lambda: self.agents.wake(),
             wake_decisions=self.decisions.wake,
+            decision_routes=self.channels.routes,
         )
         return pool, scheduler
+
+    def _channels(self) -> Channels:
+        return Channels(
+            self.writer,
+            self,
+            self.settings,
+            self.clock,
+            server_epoch=lambda: self.epoch,
+            wake_scheduler=self.wake_scheduler,
+        )
 
     def _agent_manager(self) -> AgentManager:
         return AgentManager(
@@ -251,6 +267,7 @@ class Supervisor:
             await self.outbox.start()
             await self.scheduler.start()
             await self.agents.start()
+            await self.channels.start()  # after the deadline sweep: no press competes with a passed deadline
             self.retention.start()  # after startup recovery
             await self.server.start()
             loop = asyncio.get_running_loop()
@@ -322,6 +339,7 @@ class Supervisor:
         epoch's runners and workers, take a new epoch (asked again until the writer commits), and
         start them again; their recovery reclaims what the old epoch held."""
         log.warning("the server epoch claim expired while nothing could be committed; taking a new epoch")
+        await self.channels.stop()
         await self.agents.stop()
         await self.scheduler.stop()
         await self.outbox.stop()
@@ -333,15 +351,19 @@ class Supervisor:
         log.info("serving under server epoch %d", self.epoch)
         self.outbox, self.scheduler = self._pool_and_scheduler()
         self.agents = self._agent_manager()
+        self.channels = self._channels()
+        self.router.channels = self.channels
         await self.outbox.start()
         await self.scheduler.start()
         await self.agents.start()
+        await self.channels.start()
 
     async def _shutdown(self) -> None:
         self.state = "stopping"
         await self.server.close()
         await self.retention.stop()
         await self.decisions.stop()
+        await self.channels.stop()
         await self.agents.stop()
         await self.scheduler.stop()
         await self.outbox.stop()

@@ -45,7 +45,14 @@ from piworkflows.states import MEDIA_JSON
 from piworkflows.supervisor import interactions
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
-from piworkflows.supervisor.seams import RunControl, ServerHost, WorkflowResolvers, WriterStatus, ask_while_unavailable
+from piworkflows.supervisor.seams import (
+    ChannelControl,
+    RunControl,
+    ServerHost,
+    WorkflowResolvers,
+    WriterStatus,
+    ask_while_unavailable,
+)
 from piworkflows.supervisor.views import Views
 
 log = logging.getLogger("piworkflows.supervisor")
@@ -63,8 +70,10 @@ class Router:
         settings: Settings,
         clock: Clock,
         views: Views | None = None,
+        channels: ChannelControl | None = None,
     ) -> None:
         self.writer = writer
+        self.channels = channels  # the Telegram channels (supervisor/channels.py)
         self.views = views or Views(writer)  # the live views' watches (supervisor/views.py)
         self.resolvers = resolvers
         self.host = host  # the facts the server answers from (state, epoch, load)
@@ -550,6 +559,40 @@ class Router:
             self.runs.wake_scheduler()
         return from_reply(request, reply)
 
+    async def channel_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """Each channel's state, cursor and messages, with its manager's state (no ids or texts)."""
+        if self.channels is None:
+            return refuse(request, CommandError("notAvailable", "this server runs no channels"))
+        return from_reply(request, await self.channels.status())
+
+    async def channel_reload(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
+        """channels.json and credentials.json read again; refused as a whole (the configuration in
+        force stays) when invalid, unsafe, or a profile's bot changed."""
+        if self.channels is None:
+            return refuse(request, CommandError("notAvailable", "this server runs no channels"))
+        try:
+            receipt = await self.channels.reload()
+        except CommandError as exc:
+            return refuse(request, exc)
+        return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=receipt)
+
+    async def channel_recover(
+        self, request: client_v1.Request, payload: client_v1.ChannelRecoverPayload
+    ) -> client_v1.Response:
+        """An ambiguous channel message confirmed or retried, stored with the receipt."""
+        body: dict[str, Any] = {
+            "actor": client_actor(request),
+            "client_receipt": receipt_key(request),
+            "effect_id": payload.messageId,
+            "action": payload.action,
+        }
+        if payload.telegramMessageId is not None:
+            body["telegram_message_id"] = payload.telegramMessageId
+        reply = await self.writer.request("channel.recover", body)
+        if reply.outcome == "accepted" and self.channels is not None:
+            self.channels.wake()
+        return from_reply(request, reply)
+
     async def protocol_schema(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         return client_v1.Response(requestId=request.requestId, outcome="accepted", receipt=client_v1.schema_document())
 
@@ -580,6 +623,9 @@ ROUTES: dict[str, Route] = {
     "effect.list": Router.effect_list,
     "effect.confirm": Router.effect_recovery,
     "effect.retry": Router.effect_recovery,
+    "channel.status": Router.channel_status,
+    "channel.reload": Router.channel_reload,
+    "channel.recover": Router.channel_recover,
     "workflow.list": Router.workflow_list,
     "workflow.show": Router.workflow_show,
     "run.logs": Router.run_logs,

@@ -114,6 +114,7 @@ class Scheduler:
         request_retention: Callable[[], None],
         wake_agents: Callable[[], None] = lambda: None,
         wake_decisions: Callable[[], None] = lambda: None,
+        decision_routes: Callable[[str], list[dict[str, str]]] = lambda audience: [],
     ) -> None:
         self.writer = writer
         self.recorder = recorder  # host.json: runner process groups
@@ -124,6 +125,7 @@ class Scheduler:
         self.request_retention = request_retention  # a lifecycle trigger: a runner ended
         self.wake_agents = wake_agents  # a run may wait for an agent step now
         self.wake_decisions = wake_decisions  # a human decision was opened: its deadline timer
+        self.decision_routes = decision_routes  # where an audience's decisions are delivered (channels)
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -342,8 +344,11 @@ class Scheduler:
 
     async def _wait_node(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
         """node.wait: a checkpoint's, or a human decision's (whose deadline the timer learns)."""
+        decision = frame["b"].get("decision")
+        if decision is not None:  # its deliveries are reserved with it, one per route of its audience
+            frame = {**frame, "b": {**frame["b"], "routes": self.decision_routes(str(decision.get("audience")))}}
         reply = await self._forward_run_message(handle, frame)
-        if reply.outcome == "accepted" and frame["b"].get("decision") is not None:
+        if reply.outcome == "accepted" and decision is not None:
             self.wake_decisions()
         return reply
 

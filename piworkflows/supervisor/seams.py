@@ -125,6 +125,16 @@ class RunControl(Protocol):
     def cancel_effects(self, run_id: str) -> None: ...
 
 
+class ChannelControl(Protocol):
+    """The server's channels as the router drives them (supervisor/channels.py)."""
+
+    async def status(self) -> Reply: ...
+
+    async def reload(self) -> dict[str, Any]: ...
+
+    def wake(self) -> None: ...
+
+
 def refusal(code: str, message: str, **details: Any) -> Reply:
     """A refused reply: the outcome is the code's (errors.CODES), the receipt names the code."""
     error = CommandError(code, message, **details)

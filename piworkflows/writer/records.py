@@ -23,7 +23,7 @@ from piworkflows.protocol.internal.base import (
     server_owner_id,
 )
 from piworkflows.protocol.internal.effects import EffectRequest
-from piworkflows.states import MEDIA_TEXT, POOL_PERFORMERS
+from piworkflows.states import CHANNEL_PERFORMER, MEDIA_TEXT, POOL_PERFORMERS
 
 # --- projects -----------------------------------------------------------------
 
@@ -428,8 +428,9 @@ def stale_applying_effects(conn: sqlite3.Connection, run_id: str, now: int) -> l
 
 
 def stale_pool_effects(conn: sqlite3.Connection, now: int) -> list[str]:
-    """Applying effects of the outbox pool whose claim is dead (their worker is gone)."""
-    performers = ", ".join(f"'{p}'" for p in sorted(POOL_PERFORMERS))
+    """Applying effects of the outbox pool or of a channel's adapter whose claim is dead (their
+    worker or adapter is gone)."""
+    performers = ", ".join(f"'{p}'" for p in sorted(POOL_PERFORMERS | {CHANNEL_PERFORMER}))
     rows = conn.execute(
         "SELECT e.effect_id FROM effects e LEFT JOIN leases l ON l.resource_id = e.effect_id "
         f"WHERE e.performer IN ({performers}) AND e.{UNSETTLED_WORK} AND e.effect_status = 'applying' "

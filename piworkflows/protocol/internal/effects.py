@@ -97,6 +97,9 @@ class EffectSettleFrame(Frame):
     # Stored values the result names (a shell command's streams): linked to the effect's run
     # (run_view_content) in the same transaction, so they live as long as the run.
     view_content: list[Digest] = Field(default_factory=list, max_length=16)
+    # The request surely never reached its receiver (a channel's 429, a connection never opened):
+    # a manual effect may then be retried (settlement retry) without an operator.
+    not_acted: bool = False
 
     @model_validator(mode="after")
     def _report_shape(self) -> EffectSettleFrame:

@@ -169,7 +169,7 @@ class SettleEffect(ResourceHandler[EffectSettle]):
         ).fetchone()
         error_code = cmd.error_code
         if cmd.settlement == "retry":
-            if policy == "manual":
+            if policy == "manual" and not cmd.not_acted:
                 raise CommandError(
                     "invalidTransition", "a manual effect is never repeated without an operator", effectId=effect_id
                 )
