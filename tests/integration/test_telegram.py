@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from piworkflows.testing.fake_telegram import FakeTelegram
+from piworkflows.testing.fake_telegram import FakeTelegram, TooMany
 from tests.engine_util import start, wait_status, write
 from tests.integration.test_human_decisions import APPROVE
-from tests.server_util import ServerProcess, wait_until
+from tests.server_util import SCHEDULER_TICK, ServerProcess, serving, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
 
@@ -109,3 +110,108 @@ def test_a_choice_with_input_is_answered_by_a_reply(telegram, server: ServerProc
     telegram.reply(OPS, ALICE, "Split the change", reply_to=prompt.message_id)
     finished = wait_status(server, run_id, "completed")
     assert finished["state"]["outputs"]["replanned"] == {"todo": "Split the change"}
+
+
+def status(server: ServerProcess) -> dict:
+    (channel,) = json.loads(server.cli("channels", "status", "--json").stdout)["channels"]
+    return dict(channel)
+
+
+def test_a_cancel_wins_over_a_later_press_and_the_message_says_so(telegram, server: ServerProcess, project):
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    run_id = start(server, project, "approve")
+    (private,) = delivered(telegram, OPS)
+    ship = button(private, "Ship it")  # (the message object is edited in place)
+    assert server.cli("run", "cancel", run_id).returncode == 0
+    wait_status(server, run_id, "cancelled")
+    wait_until(lambda: telegram.chat(OPS)[0].text.endswith("Cancelled: the run was cancelled"), what="the edit")
+    telegram.press(OPS, ALICE, private.message_id, ship)
+    wait_until(lambda: telegram.answered, what="the late press answered")
+    assert list(telegram.answered.values()) == ["Already decided: the run was cancelled"]
+
+
+def test_a_decision_with_no_default_expires_and_its_message_says_so(telegram, server: ServerProcess, project):
+    write(project, "approve", APPROVE.format(on_timeout={"after_ms": 1500}))
+    run_id = start(server, project, "approve")
+    delivered(telegram, OPS)
+    wait_status(server, run_id, "failed", "timed_out")
+    wait_until(
+        lambda: telegram.chat(OPS)[0].text.endswith("Expired: the deadline passed with no answer"),
+        what="the message edited to the expiry",
+    )
+
+
+@pytest.mark.server_env(PIW_FAULTS="channel.after_request_sent=crash@1")
+def test_an_adapter_killed_after_its_send_was_processed_leaves_it_ambiguous_until_recovered(
+    telegram, server: ServerProcess, project
+):
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    run_id = start(server, project, "approve")
+    wait_until(lambda: status(server)["ambiguous"], what="the interrupted send ambiguous")
+    (ambiguous,) = status(server)["ambiguous"]
+    assert ambiguous["effectType"] == "telegram.deliver" and ambiguous["attempts"] == 1
+    # the interrupted one (Telegram processed it) and, by the restarted adapter, the other chat's
+    wait_until(lambda: telegram.chat(OPS) and telegram.chat(GROUP), what="a message in each chat")
+    assert server.cli("effect", "retry", ambiguous["messageId"]).returncode == 1  # useChannelRecover
+    assert len(telegram.calls("sendMessage")) == 2  # never sent again on its own
+    # the operator finds the message in the chat and confirms it with its id
+    confirmed = server.cli("channels", "recover", ambiguous["messageId"], "confirm", "--telegram-message-id", "1")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert status(server)["ambiguous"] == []
+    assert server.cli("decide", run_id, "approve", "ship").returncode == 0
+    wait_until(
+        lambda: all(telegram.chat(c)[0].text.endswith("Decided: Ship it") for c in (OPS, GROUP)),
+        what="both messages edited, the confirmed one too",
+    )
+    assert len(telegram.calls("sendMessage")) == 2
+
+
+def test_a_429_is_honoured_before_the_next_request_of_the_bot(telegram, server: ServerProcess, project):
+    telegram.script("sendMessage", TooMany(2))
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    start(server, project, "approve")
+    first = wait_until(lambda: telegram.calls("sendMessage"), what="the first send (429)")
+    refused_at = time.monotonic()
+    assert len(first) == 1
+    wait_until(lambda: len(telegram.calls("sendMessage")) >= 2, what="the send again after retry_after")
+    assert time.monotonic() - refused_at >= 1.8  # retry_after 2 s (less the poll's 20 ms steps)
+    delivered(telegram, OPS)
+    delivered(telegram, GROUP)
+
+
+@pytest.mark.parametrize("point", ["channel.after_updates_received", "channel.after_updates_committed"])
+def test_an_adapter_killed_around_a_batch_commit_accepts_each_press_once(
+    telegram, config_dir, tmp_path, project, point
+):
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    env = {**SCHEDULER_TICK, "PI_WORKFLOWS_CONFIG_DIR": str(config_dir), "PIW_FAULTS": f"{point}=crash@1"}
+    with serving(tmp_path / "s", env) as server:
+        run_id = start(server, project, "approve")
+        (private,) = delivered(telegram, OPS)
+        telegram.press(OPS, ALICE, private.message_id, button(private, "Ship it"))
+        finished = wait_status(server, run_id, "completed")
+        assert finished["state"]["outputs"]["approve"] == {"choice": "ship", "resolution": "human"}
+        wait_until(lambda: telegram.answered, what="the press answered")
+        assert list(telegram.answered.values()) == ["Recorded: Ship it"]  # once: one submission
+        assert "adapter exited" in server.server_log()
+        state = json.loads(server.cli("state", "status", "--json").stdout)
+    assert state["counts"]["decisions"] == 1
+    # the batch's offset was confirmed at Telegram only after its commit: every confirmation came
+    # from a getUpdates whose offset the database held
+    assert telegram.confirmed and max(telegram.confirmed) == 2
+
+
+def test_the_token_is_in_no_file_of_the_state_dir_backup_or_log(telegram, server: ServerProcess, project, tmp_path):
+    write(project, "approve", APPROVE.format(on_timeout=None))
+    run_id = start(server, project, "approve")
+    (private,) = delivered(telegram, OPS)
+    telegram.press(OPS, ALICE, private.message_id, button(private, "Ship it"))
+    wait_status(server, run_id, "completed")
+    backup = tmp_path / "backup.sqlite"
+    assert server.cli("state", "backup", str(backup)).returncode == 0
+    secret = TOKEN.encode()
+    files = [p for p in server.state_dir.rglob("*") if p.is_file()] + [backup]
+    assert any(p.name.endswith("-wal") or p.suffix == ".sqlite" for p in files)
+    for path in files:
+        assert secret not in path.read_bytes(), path
+    assert TOKEN not in server.output()
