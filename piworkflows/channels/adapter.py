@@ -239,15 +239,14 @@ class Adapter:
                 batch = [u for u in document["result"] if isinstance(u, dict) and isinstance(u.get("update_id"), int)]
                 if not batch:
                     continue
-                next_offset = max(u["update_id"] for u in batch) + 1
-                items = [item for item in map(normalise, batch) if item is not None]
                 faults.hit(faults.CHANNEL_AFTER_UPDATES_RECEIVED)
-                self.send(Updates(offset=cursor, next_offset=next_offset, items=items))
-                acked = self.acks.get()  # the manager answers once the batch committed
-                if acked is None:
-                    return
-                faults.hit(faults.CHANNEL_AFTER_UPDATES_COMMITTED)
-                cursor = acked
+                for part in parts(cursor, batch):
+                    self.send(part)
+                    acked = self.acks.get()  # the manager answers once the part committed
+                    if acked is None:
+                        return
+                    faults.hit(faults.CHANNEL_AFTER_UPDATES_COMMITTED)
+                    cursor = acked
                 continue
             if answer.status == 429:
                 retry_after = _retry_after(document)
@@ -291,6 +290,25 @@ class Adapter:
         if 400 <= answer.status < 500:
             return Performed(**done, outcome="rejected", error_code=f"telegram{answer.status}", error=description)
         return Performed(**done, outcome="uncertain", error_code=f"telegram{answer.status}", error=description)
+
+
+def parts(cursor: int, batch: list[dict[str, Any]]) -> list[Updates]:
+    """A getUpdates batch as ``updates`` frames: one, or (too big for a frame: up to 100 long texts)
+    one per update, each committed and acknowledged before the next."""
+    ordered = sorted(batch, key=lambda update: int(update["update_id"]))
+    items = [item for item in map(normalise, ordered) if item is not None]
+    whole = Updates(offset=cursor, next_offset=ordered[-1]["update_id"] + 1, items=items)
+    try:
+        frames.encode(whole.kind, 0, whole.model_dump())
+        return [whole]
+    except frames.FrameError:
+        pass
+    split, offset = [], cursor
+    for update in ordered:
+        item = normalise(update)
+        split.append(Updates(offset=offset, next_offset=update["update_id"] + 1, items=[item] if item else []))
+        offset = update["update_id"] + 1
+    return split
 
 
 def _retry_after(document: dict[str, Any]) -> float:

@@ -43,10 +43,11 @@ def state_status(paths: StatePaths, as_json: bool) -> None:
     pages = f"{status['pageCount']} pages of {status['pageSize']} bytes, {status['freelistCount']} free"
     click.echo(f"database  {status['fileBytes']} bytes (+ {status['walBytes']} in the WAL); {pages}")
     counts = dict(status["counts"])
-    runs = counts.pop("runs")
+    runs, channel = counts.pop("runs"), counts.pop("channelEffects")
     click.echo("runs      " + (", ".join(f"{n} {s}" for s, n in sorted(runs.items())) or "none"))
     for name, value in counts.items():
         click.echo(f"{name:<20}{value}")
+    click.echo(f"{'channelEffects':<20}" + (", ".join(f"{n} {s}" for s, n in sorted(channel.items())) or "none"))
     _print_violations(status["violations"])
 
 

@@ -891,6 +891,7 @@ class StateCounts(BaseModel):
     expiredClaims: int
     unsettledEffects: int
     ambiguousEffects: int
+    channelEffects: dict[str, int]  # the Telegram channel's messages, by status
 
 
 class StateStatusReceipt(BaseModel):

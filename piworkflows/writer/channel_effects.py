@@ -28,6 +28,7 @@ from piworkflows.protocol.internal.base import Actor, BlobValue
 from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.states import CHANNEL_PERFORMER, TELEGRAM_EFFECT_POLICIES, TELEGRAM_MAX_ATTEMPTS
 from piworkflows.writer import records
+from piworkflows.writer.views import projection
 
 MAX_TEXT = 4096  # Telegram's bound on a message text
 DELIVER, PROMPT, REPLY = "telegram.deliver", "telegram.prompt", "telegram.reply"
@@ -294,8 +295,9 @@ def resolved(conn: sqlite3.Connection, decision_id: str, actor: Actor, now: int)
 
 
 def settled(conn: sqlite3.Connection, effect_id: str, status: str, actor: Actor, now: int) -> bool:
-    """After a channel effect's settlement (or an operator's confirm): receipts, and the edit of a
-    message sent after its decision was resolved. True if that edit was reserved."""
+    """After a channel effect's status changed (settled, abandoned, recovered, confirmed or retried by
+    an operator): the waiting view's delivery counts, the receipts, and the edit of a message sent
+    after its decision was resolved. True if that edit was reserved. Other effects: nothing."""
     effect_type, decision_id, channel_id = conn.execute(
         "SELECT e.effect_type, d.decision_id, e.channel_id FROM effects e "
         "LEFT JOIN human_decisions d ON d.decision_id = e.source_resource_id WHERE e.effect_id = ?",
@@ -308,6 +310,8 @@ def settled(conn: sqlite3.Connection, effect_id: str, status: str, actor: Actor,
         conn.execute("SELECT 1 FROM human_decision_resolutions WHERE decision_id = ?", (decision_id,)).fetchone()
         is not None
     )
+    if effect_type == DELIVER and not is_resolved:  # the waiting view counts its deliveries
+        projection.touch(conn, run_id_of(conn, decision_id))
     if effect_type in SENT_KINDS and status == "applied":
         if effect_type == DELIVER:
             _record(conn, channel_id, decision_id, "delivery", effect_id, now)
@@ -339,12 +343,23 @@ def _record(conn: sqlite3.Connection, channel_id: str, decision_id: str, kind: s
     )
 
 
+DELIVERY_STATE = {"applied": "sent", "pending": "pending", "applying": "pending", "rejected": "failed"}
+
+
+def run_id_of(conn: sqlite3.Connection, decision_id: str) -> str:
+    (run_id,) = conn.execute("SELECT run_id FROM human_decisions WHERE decision_id = ?", (decision_id,)).fetchone()
+    return str(run_id)
+
+
 def delivery_counts(conn: sqlite3.Connection, decision_id: str) -> dict[str, int]:
-    """How a decision's deliveries stand, by status (the waiting view shows it)."""
-    return dict(
-        conn.execute(
-            "SELECT effect_status, count(*) FROM effects WHERE source_resource_id = ? AND effect_type = ? "
-            "GROUP BY effect_status",
-            (decision_id, DELIVER),
-        ).fetchall()
-    )
+    """How an open decision's deliveries stand (the waiting view): sent, pending, failed, ambiguous."""
+    counts = dict.fromkeys(("sent", "pending", "failed", "ambiguous"), 0)
+    for status, number in conn.execute(
+        "SELECT effect_status, count(*) FROM effects WHERE source_resource_id = ? AND effect_type = ? "
+        "GROUP BY effect_status",
+        (decision_id, DELIVER),
+    ):
+        state = DELIVERY_STATE.get(status, status)
+        if state in counts:
+            counts[state] += number
+    return counts

@@ -175,6 +175,9 @@ def test_two_chats_press_one_winner_the_other_superseded_and_both_messages_edite
     assert [b["text"] for b in buttons] == ["Replan", "Ship it"]  # the choices by key
     assert all(len(b["callback_data"].encode()) <= 64 for b in buttons)
     send(executor, first["effectId"], 501)
+    (view,) = run_group(executor, submitted("run.get", {"actor": {"actor_class": "client"}, "run_id": "run-1"}))
+    shown = view.receipt["piworkflows"]["pending"]["decision"]["deliveries"]
+    assert shown == {"sent": 1, "pending": 1, "failed": 0, "ambiguous": 0}
     send(executor, second["effectId"], 502)
     assert records(executor) == [(CHANNEL, "delivery")]
 
@@ -374,3 +377,22 @@ def test_cancel_resolves_and_leaves_channel_effects_eligible(executor):
     assert resolution(executor) == [("cancellation",)]
     (edit,) = effects(executor, channel_effects.SETTLE)
     assert edit["status"] == "pending" and edit["payload"]["body"]["text"].endswith("Cancelled: the run was cancelled")
+
+
+def test_an_unsettled_edit_blocks_deleting_the_run_and_the_channel_outlives_it(executor, clock):
+    register(executor)
+    waiting(executor, routes=ROUTES[:1])
+    (delivery,) = effects(executor, channel_effects.DELIVER)
+    send(executor, delivery["effectId"], 5)
+    assert one(executor, "run.cancel", {"actor": OPERATOR, "run_id": "run-1"}).outcome == "accepted"
+    clock.advance(60_000)  # past the cancel (and every claim)
+    blocked = one(executor, "run.delete", {"actor": OPERATOR, "run_id": "run-1"})
+    assert blocked.outcome == "rejected" and "unsettledEffect" in json.dumps(blocked.receipt), blocked
+    (edit,) = effects(executor, channel_effects.SETTLE)
+    send(executor, edit["effectId"], 5)
+    assert records(executor) == [(CHANNEL, "delivery"), (CHANNEL, "settlement")]
+    deleted = one(executor, "run.delete", {"actor": OPERATOR, "run_id": "run-1"})
+    assert deleted.outcome == "accepted", deleted
+    assert executor.conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    assert records(executor) == []
+    assert executor.conn.execute("SELECT channel_id, cursor_position FROM channel_cursors").fetchall() == [(CHANNEL, 0)]

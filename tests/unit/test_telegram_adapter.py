@@ -123,7 +123,7 @@ def manager() -> Iterator[Manager]:
     peer.quiesce()
 
 
-def getupdates_offsets(fake: FakeTelegram) -> list[int]:
+def getupdates_offsets(fake: FakeTelegram) -> list[Any]:
     return [body.get("offset") for body in fake.calls("getUpdates")]
 
 
@@ -356,3 +356,29 @@ def test_a_refused_token_is_a_fault_then_exit_3(fake: FakeTelegram) -> None:
     assert [name for name, _ in fake.requests] == ["getUpdates"]
     for secret in (wrong, wrong.split(":", 1)[1]):
         assert secret.encode() not in out and secret.encode() not in err
+
+
+def test_a_batch_too_big_for_one_frame_goes_one_update_a_frame_each_acknowledged():
+    from piworkflows.channels.adapter import parts
+    from piworkflows.protocol.internal.base import MAX_FRAME_BYTES
+
+    quoted = {"message_id": 1, "chat": {"id": 111}, "text": "界" * 4096}
+    batch = [
+        {
+            "update_id": 10 + n,
+            "message": {
+                "message_id": 2 + n,
+                "from": {"id": 7},
+                "chat": {"id": 111},
+                "text": "界" * 4096,
+                "reply_to_message": quoted,
+            },
+        }
+        for n in range(100)
+    ]
+    split = parts(10, batch)
+    assert len(split) == 100
+    assert [(p.offset, p.next_offset) for p in split[:2]] == [(10, 11), (11, 12)] and split[-1].next_offset == 110
+    assert all(len(frames.encode(p.kind, 0, p.model_dump())) <= MAX_FRAME_BYTES for p in split)
+    small = parts(10, batch[:2])
+    assert len(small) == 1 and (small[0].offset, small[0].next_offset, len(small[0].items)) == (10, 12, 2)

@@ -420,6 +420,7 @@ class RecoverMessage(ResourceHandler[ChannelRecover]):
                     "max_attempts = max(max_attempts, attempt_count + 1), updated_at = ? WHERE effect_id = ?",
                     (now, now, cmd.effect_id),
                 )
+                channel_effects.settled(conn, cmd.effect_id, "pending", tx.actor, now)
 
             return Change(event_type="effect.retried", apply=retry, receipt=receipt)
         chat_id = records.read_json(conn, payload_digest)["body"].get("chat_id")

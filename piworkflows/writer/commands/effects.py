@@ -276,6 +276,7 @@ class AbandonEffect(ResourceHandler[EffectAbandon]):
 
         def apply(stamp: Stamp) -> None:
             records.end_uncertain_attempt(tx.conn, cmd.effect_id, new_status, error_code, tx.now, cmd.retry_at)
+            channel_effects.settled(tx.conn, cmd.effect_id, new_status, tx.actor, tx.now)
 
         return Change(
             event_type=f"effect.{new_status}",
@@ -296,6 +297,7 @@ class RecoverEffects(Handler[EffectRecover]):
         recovered = {}
         for effect_id in records.stale_pool_effects(tx.conn, tx.now):
             recovered[effect_id] = records.abandon_effect(tx.conn, effect_id, tx.actor, tx.now)
+            channel_effects.settled(tx.conn, effect_id, recovered[effect_id], tx.actor, tx.now)
         return Result(receipt={"effects": recovered})
 
 

@@ -80,6 +80,11 @@ class Status(Handler[StateStatus]):
         conn = tx.conn
         counts: dict[str, Any] = {name: count(conn, name, tx.now) for name in COUNTS}
         counts["runs"] = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+        counts["channelEffects"] = dict(  # the Telegram channel's messages, by status
+            conn.execute(
+                "SELECT effect_status, count(*) FROM effects WHERE channel_id IS NOT NULL GROUP BY effect_status"
+            ).fetchall()
+        )
         return Result(
             receipt={
                 **_database_bytes(tx),

@@ -15,7 +15,8 @@ submitted and judged, the active time it used, and the tail of its conversation,
       {kind: human_decision, nodePath, decision: {decisionId, attemptId, audience, request (the
        node's request: title, summary, ...; above PROMPT_BYTES a notice of its size), choices
        {key: {label, input: {name, prompt} | null}}, deadline (ISO, null: none), onDeadline
-       (timeoutPolicy: the default response's choice | expiry | null)}}
+       (timeoutPolicy: the default response's choice | expiry | null), deliveries (its Telegram
+       messages: {sent, pending, failed, ambiguous})}}
     null when the run has no open agent request or decision
 
 Values share PENDING_VALUES_BYTES, the prompt first, then the conversation newest first, then
@@ -33,7 +34,7 @@ from typing import Any
 from piworkflows import canonical
 from piworkflows.isotime import iso_or_none
 from piworkflows.protocol.internal.agents import AgentContract
-from piworkflows.writer import active_time, decisions, records
+from piworkflows.writer import active_time, channel_effects, decisions, records
 from piworkflows.writer.views.transcript import AttemptRange, entry_item, entry_rows
 from piworkflows.writer.views.values import omitted, read_json
 
@@ -111,6 +112,7 @@ def _decision(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
         "choices": asked["choices"],
         "deadline": iso_or_none(open_decision.deadline_at),
         "onDeadline": on_deadline,
+        "deliveries": channel_effects.delivery_counts(conn, open_decision.decision_id),
     }
     return {"kind": "human_decision", "nodePath": open_decision.node_path, "decision": shown}
 
