@@ -13,7 +13,7 @@
 
 Only an ack moves the offset, so no update is confirmed at Telegram before what it caused
 committed. A 429 closes the profile's gate for ``retry_after``: no request of this bot (poll or
-call) goes out before it. Polling: 401/404 stop until the manager restarts the adapter (a reload);
+call) goes out before it. A 401 (polling or a call) and a poll's 404 stop the adapter until a reload;
 409 (another poller) waits 30 s; other errors back off 1-60 s. When the manager is gone (end of
 file) the adapter exits at once.
 
@@ -44,6 +44,7 @@ from piworkflows.protocol import frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.channels import (
+    EXIT_UNAUTHORIZED,
     Ack,
     Configure,
     Fault,
@@ -57,7 +58,6 @@ log = logging.getLogger("piworkflows.channels")
 
 CONFLICT_WAIT_S = 30.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
-EXIT_UNAUTHORIZED = 3  # the token was refused: the manager does not restart until a reload
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,10 @@ class Adapter:
         threading.Thread(target=self.poll, args=(api,), daemon=True).start()
         while (frame := self.inbox.get()) is not None:
             if frame["k"] == Perform.kind:
-                self.send(self.perform(api, Perform.model_validate(frame["b"])))
+                performed = self.perform(api, Perform.model_validate(frame["b"]))
+                self.send(performed)
+                if performed.error_code == "telegram401":  # the token was refused: stop until a reload
+                    os._exit(EXIT_UNAUTHORIZED)
         return 0
 
     def poll(self, api: BotApi) -> None:

@@ -448,6 +448,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
                 node_outcome, error = "failed", _error_text(exc)
         if node_outcome == "ok":
             finish["outcome"] = "ok"
+            if isinstance(node, NotifyNode) and node.audience is not None:
+                finish["notify_audience"] = node.audience
             outputs[path] = results[path] = output
             route = routing.route(compiled, path, "ok", output)
         else:

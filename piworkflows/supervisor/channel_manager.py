@@ -23,17 +23,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from piworkflows import faults
-from piworkflows.channels.adapter import EXIT_UNAUTHORIZED
 from piworkflows.clock import Clock
+from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import BlobValue, Frame, new_claim
-from piworkflows.protocol.internal.channels import Ack, Configure, Fault, Perform, Performed, Updates
+from piworkflows.protocol.internal.channels import EXIT_UNAUTHORIZED, Ack, Configure, Fault, Perform, Performed, Updates
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.channel_config import Profile
@@ -57,6 +58,7 @@ class InFlight:
     claim: dict[str, Any]
     revision: int
     policy: str
+    attempt: int
     done: asyncio.Future[Performed]
 
 
@@ -80,6 +82,7 @@ class ChannelManager:
     spawns: int = 0
     stopping: bool = False
     allow: dict[str, Any] = field(default_factory=dict)  # the allow lists channel.updates carries
+    _rng: random.Random = field(default_factory=random.Random)
 
     @property
     def channel_id(self) -> str:
@@ -275,6 +278,7 @@ class ChannelManager:
                 claim,
                 reply.revision,
                 receipt["recoveryPolicy"],
+                receipt["attemptNumber"],
                 asyncio.get_running_loop().create_future(),
             )
             self._write(
@@ -305,10 +309,13 @@ class ChannelManager:
         elif performed.outcome == "rejected":
             body["settlement"] = "rejected"
         elif performed.outcome == "failed" or effect.policy == "idempotent":
-            wait = (
-                performed.retry_after_ms if performed.retry_after_ms is not None else self.settings.effect_retry_base_ms
-            )
-            body |= {"settlement": "retry", "retry_at": self.clock.now_ms() + wait, "not_acted": performed.not_acted}
+            now = self.clock.now_ms()
+            if performed.retry_after_ms is not None:  # Telegram's flood wait: exactly then
+                retry_at = now + performed.retry_after_ms
+            else:
+                base, most = self.settings.effect_retry_base_ms, self.settings.effect_retry_max_ms
+                retry_at = next_attempt_at(now, effect.attempt, base, most, self._rng)
+            body |= {"settlement": "retry", "retry_at": retry_at, "not_acted": performed.not_acted}
         else:
             body["settlement"] = "ambiguous"  # a send that may have acted: only an operator decides
         reply = await self.ask("effect.settle", body)

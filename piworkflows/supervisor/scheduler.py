@@ -125,7 +125,7 @@ class Scheduler:
         self.request_retention = request_retention  # a lifecycle trigger: a runner ended
         self.wake_agents = wake_agents  # a run may wait for an agent step now
         self.wake_decisions = wake_decisions  # a human decision was opened: its deadline timer
-        self.decision_routes = decision_routes  # where an audience's decisions are delivered (channels)
+        self.decision_routes = decision_routes  # where an audience's decisions and notices go (channels)
         self.active: dict[str, RunnerHandle] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -340,6 +340,13 @@ class Scheduler:
         the server's default, filled in here (the runner knows no server settings)."""
         if frame["b"].get("timeout_ms") is None:
             frame = {**frame, "b": {**frame["b"], "timeout_ms": self.settings.agent_timeout_ms}}
+        return await self._forward_run_message(handle, frame)
+
+    async def _finish_node(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
+        """node.finish; a notify node's audience gets its routes (its messages, reserved with it)."""
+        audience = frame["b"].get("notify_audience")
+        if audience is not None:
+            frame = {**frame, "b": {**frame["b"], "routes": self.decision_routes(str(audience))}}
         return await self._forward_run_message(handle, frame)
 
     async def _wait_node(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:
@@ -579,7 +586,7 @@ Relay = Callable[[Scheduler, RunnerHandle, dict[str, Any]], Awaitable[Reply | No
 # for the runner, or None when the runner is done with its run.
 RELAYS: dict[str, Relay] = {
     NodeStartFrame.kind: Scheduler._forward_run_message,
-    NodeFinishFrame.kind: Scheduler._forward_run_message,
+    NodeFinishFrame.kind: Scheduler._finish_node,
     NodeWaitFrame.kind: Scheduler._wait_node,
     RunFinishFrame.kind: Scheduler._forward_run_message,
     NodeRequestAgentFrame.kind: Scheduler._request_agent,

@@ -47,6 +47,7 @@ from piworkflows.workflows.nodes import (
     HumanDecisionNode,
     IncludeNode,
     Node,
+    NotifyNode,
     TextInput,
     is_pydantic_model,
 )
@@ -163,6 +164,7 @@ def define_workflow(
         _check_effect_node(node_name, node)
         _check_agent_node(node_name, node)
         _check_human_decision(node_name, node)
+        _check_notify(node_name, node)
     for mount, include in includes.items():
         _check_name(mount, "mount")
         if mount in nodes:
@@ -370,6 +372,16 @@ def _flatten(
         else:
             routes[source] = Edge(source, target_path(declared.target, text))
     return entries[workflow.start_at]
+
+
+def _check_notify(node_name: str, node: Node) -> None:
+    """A notify node's audience, if it names one."""
+    if isinstance(node, NotifyNode) and node.audience is not None:
+        if not isinstance(node.audience, str) or not 1 <= len(node.audience) <= MAX_AUDIENCE:
+            raise WorkflowDefinitionError(
+                f"node {node_name!r}: audience must be a name of 1-{MAX_AUDIENCE} characters "
+                "(channels.json's audiences)"
+            )
 
 
 def _check_human_decision(node_name: str, node: Node) -> None:

@@ -52,9 +52,11 @@ class ComputeNode(Node):
 class NotifyNode(Node):
     notify_kind: str = "progress"
     message: NodeFn | str = ""
+    audience: str | None = None  # a channels.json audience: the message is also sent there
 
     def static(self) -> dict[str, Any]:
-        return {**super().static(), "notifyKind": self.notify_kind}
+        shown = {**super().static(), "notifyKind": self.notify_kind}
+        return shown if self.audience is None else {**shown, "audience": self.audience}
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,11 @@ def compute(run: NodeFn) -> ComputeNode:
     return ComputeNode("compute", run)
 
 
-def notify(kind: str = "progress", message: NodeFn | str = "") -> NotifyNode:
-    """A durable message to the origin session; it starts no model turn."""
-    return NotifyNode("notify", kind, message)
+def notify(kind: str = "progress", message: NodeFn | str = "", audience: str | None = None) -> NotifyNode:
+    """A durable message to the origin session; it starts no model turn. With ``audience`` (a
+    channels.json audience) it is also sent to that audience's chats, through the same effects
+    (numbered attempts; an interrupted send is ambiguous, never repeated without an operator)."""
+    return NotifyNode("notify", kind, message, audience)
 
 
 def action(effect: EffectDecl, run: NodeFn) -> ActionNode:

@@ -19,6 +19,7 @@ records that a decision was delivered on a channel and that its messages were se
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
 from typing import Any
@@ -191,6 +192,32 @@ def prompt(
     key = [decision_id, channel_id, chat_id, user_id, choice]
     request = _request(PROMPT, key, {"method": "sendMessage", "body": body}, run_id, channel_id)
     return reserve(conn, request, decision_id, actor, now)
+
+
+def notify(
+    conn: sqlite3.Connection,
+    run_id: str,
+    attempt_id: str,
+    routes: list[tuple[str, str]],
+    output: BlobValue,
+    actor: Actor,
+    now: int,
+) -> list[str]:
+    """A notify node's message to its audience's chats: one send per route, keyed by the node visit."""
+    known = {row[0] for row in conn.execute("SELECT channel_id FROM channels")}
+    node_path, visit = conn.execute(
+        "SELECT node_path, visit_number FROM node_attempts WHERE attempt_id = ?", (attempt_id,)
+    ).fetchone()
+    text = _clip(str(json.loads(output.data).get("message") or node_path))
+    made = []
+    for channel_id, chat_id in routes:
+        if channel_id not in known:
+            continue
+        key = [run_id, node_path, visit, channel_id, chat_id]
+        body = {"chat_id": chat_id, "text": text}
+        request = _request(NOTIFY, key, {"method": "sendMessage", "body": body}, run_id, channel_id)
+        made.append(reserve(conn, request, run_id, actor, now))
+    return made
 
 
 def answer_callback(

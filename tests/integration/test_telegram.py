@@ -215,3 +215,22 @@ def test_the_token_is_in_no_file_of_the_state_dir_backup_or_log(telegram, server
     for path in files:
         assert secret not in path.read_bytes(), path
     assert TOKEN not in server.output()
+
+
+NOTIFY = """
+from piworkflows.workflows import compute, define_workflow, edge, notify
+nodes = {
+    "build": compute(lambda ctx: {"version": "1.2"}),
+    "tell": notify("progress", lambda ctx: f"built {ctx.outputs['build']['version']}", audience="operator"),
+}
+workflow = define_workflow("tell", "build", nodes, [edge("build", "tell")])
+"""
+
+
+def test_a_notify_with_an_audience_is_sent_to_its_chats_once(telegram, server: ServerProcess, project):
+    write(project, "tell", NOTIFY)
+    run_id = start(server, project, "tell")
+    wait_status(server, run_id, "completed")
+    wait_until(lambda: telegram.chat(OPS) and telegram.chat(GROUP), what="the notice in both chats")
+    assert [m.text for m in (*telegram.chat(OPS), *telegram.chat(GROUP))] == ["built 1.2", "built 1.2"]
+    assert status(server)["applied"] == 2

@@ -38,6 +38,7 @@ TelegramId = str  # a decimal id, as the config writes it ("-1001234567890")
 DECIMAL_ID = r"^-?[0-9]{1,20}$"
 CHANNEL_ID = r"^telegram:[a-z0-9][a-z0-9_-]{0,31}$"
 MAX_UPDATES = 100  # getUpdates answers at most 100 updates
+EXIT_UNAUTHORIZED = 3  # an adapter whose token was refused exits so: not restarted until a reload
 
 
 class ChannelRoute(Model):

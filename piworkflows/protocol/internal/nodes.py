@@ -82,6 +82,7 @@ class NodeFinishFrame(Frame):
     end_status: TerminalRunStatus | None = None
     start_next: NextAttempt | None = None  # start next_node's attempt in the same commit (one round trip)
     run_error: BlobValue | None = None
+    notify_audience: str | None = Field(default=None, min_length=1, max_length=64)  # a notify node's
 
     @model_validator(mode="after")
     def _shape(self) -> NodeFinishFrame:
@@ -101,7 +102,10 @@ class NodeFinishFrame(Frame):
 
 
 class NodeFinish(UnderRunClaim, NodeFinishFrame):
-    """node.finish as the writer gets it: the runner's frame under the run's claim."""
+    """node.finish as the writer gets it: the runner's frame under the run's claim, and for a notify
+    node with an audience that audience's routes (one telegram.notify message each)."""
+
+    routes: list[ChannelRoute] = Field(default_factory=list, max_length=64)
 
 
 class RunFinishFrame(Frame):

@@ -241,6 +241,9 @@ class FinishNode(RunnerTransition[NodeFinish]):
                 "error_code = ?, finished_at = ? WHERE attempt_id = ?",
                 (ATTEMPT_STATUS[cmd.outcome], cmd.outcome, output, node_error, node_error_code, now, cmd.attempt_id),
             )
+            if cmd.routes and cmd.outcome == "ok" and cmd.output is not None:  # a notify node's audience
+                routes = [(route.channel_id, route.chat_id) for route in cmd.routes]
+                channel_effects.notify(conn, cmd.run_id, cmd.attempt_id, routes, cmd.output, tx.actor, now)
 
         receipt: dict[str, object] = {"attemptId": cmd.attempt_id}
         if end is not None:
