@@ -110,8 +110,19 @@ def agent_demo(client: WorkflowClient, project: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m piworkflows.demo")
+    parser.add_argument(
+        "demo",
+        nargs="?",
+        choices=["main", "telegram"],
+        default="main",
+        help="telegram: a decision answered by a simulated chat user (piworkflows/demo_telegram.py)",
+    )
     parser.add_argument("--who", default="you")
     args = parser.parse_args(argv)
+    if args.demo == "telegram":
+        from piworkflows import demo_telegram
+
+        return demo_telegram.main()
     with tempfile.TemporaryDirectory(prefix="piw-demo-") as tmp:
         paths = StatePaths.resolve(Path(tmp) / "state")
         print(f"state dir: {paths.state_dir}")

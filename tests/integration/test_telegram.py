@@ -234,3 +234,22 @@ def test_a_notify_with_an_audience_is_sent_to_its_chats_once(telegram, server: S
     wait_until(lambda: telegram.chat(OPS) and telegram.chat(GROUP), what="the notice in both chats")
     assert [m.text for m in (*telegram.chat(OPS), *telegram.chat(GROUP))] == ["built 1.2", "built 1.2"]
     assert status(server)["applied"] == 2
+
+
+def test_the_telegram_demo_runs_end_to_end(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "piworkflows.demo", "telegram"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '{"held": true, "reason": "the changelog is not ready"}' in result.stdout
+    assert "Decided: Ship it" in result.stdout and "Release 1.2.1 is shipping." in result.stdout
+    assert "demo-token" not in result.stdout + result.stderr
+    assert not (tmp_path / ".pi").exists()
