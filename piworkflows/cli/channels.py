@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
 
 from piworkflows import canonical, isotime
-from piworkflows.cli.base import accepted, main, request
+from piworkflows.cli.base import EXIT_RUNTIME, accepted, main, request
 from piworkflows.paths import StatePaths
 
 
@@ -25,14 +26,20 @@ def channels_group() -> None:
 def channels_status(paths: StatePaths, as_json: bool) -> None:
     """Each channel: its adapter's state, cursor, last poll, and its messages pending, failed and
     ambiguous (an ambiguous one waits for 'pi-workflows channels recover'). No chat or user ids,
-    texts or tokens.
+    texts or tokens. Exits 1 when one needs attention: an ambiguous message, or a stopped channel.
 
     Example: pi-workflows channels status
     """
     status: dict[str, Any] = accepted(request(paths, "channel.status", {}))
     if as_json:
         click.echo(canonical.dumps(status))
-        return
+    else:
+        _show(status)
+    if any(channel["ambiguous"] or channel["state"] == "fatal" for channel in status["channels"]):
+        sys.exit(EXIT_RUNTIME)  # attention needed: an ambiguous message, or a channel stopped
+
+
+def _show(status: dict[str, Any]) -> None:
     if not status["channels"]:
         click.echo("no channels (configure channels.json, then run 'pi-workflows channels reload')")
     for channel in status["channels"]:

@@ -42,6 +42,7 @@ from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable
 from piworkflows.supervisor.spawn import signal_group, spawn_child
+from piworkflows.supervisor.stderr import exit_text
 
 log = logging.getLogger("piworkflows.supervisor")
 
@@ -176,7 +177,13 @@ class ChannelManager:
                 effects.cancel()
                 renewal.cancel()
                 await asyncio.gather(effects, renewal, return_exceptions=True)
-            return await proc.wait()
+            code = await proc.wait()
+            if not self.stopping:  # it ended by itself: how, and its last stderr lines, to server.log
+                await stderr.drained(self.settings.child_stderr_drain_ms / 1000)
+                log.warning("channel %s: %s", self.channel_id, exit_text("adapter", code))
+                for line in stderr.take():
+                    log.warning("channel %s adapter (pid %d) stderr: %s", self.channel_id, proc.pid, line)
+            return code
         finally:
             stderr.close()
 

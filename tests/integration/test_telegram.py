@@ -253,3 +253,22 @@ def test_the_telegram_demo_runs_end_to_end(tmp_path):
     assert "Decided: Ship it" in result.stdout and "Release 1.2.1 is shipping." in result.stdout
     assert "demo-token" not in result.stdout + result.stderr
     assert not (tmp_path / ".pi").exists()
+
+
+def test_a_reload_refuses_an_unsafe_file_and_another_bot_and_keeps_the_channel(telegram, server, config_dir):
+    wait_until(lambda: status(server)["state"] == "running", what="the channel running")
+    os.chmod(config_dir / "channels.json", 0o644)
+    unsafe = server.cli("channels", "reload")
+    assert unsafe.returncode == 1 and "configUnsafe" in unsafe.stderr and "chmod 600" in unsafe.stderr
+    os.chmod(config_dir / "channels.json", 0o600)
+    other = config_dir / "credentials.json"
+    other.write_text(json.dumps({"secrets": {"telegram-ops": "999999:another-bot"}}))
+    changed = server.cli("channels", "reload")
+    assert changed.returncode == 1 and "channelBotChanged" in changed.stderr
+    assert "another-bot" not in changed.stderr + server.server_log()
+    other.write_text(json.dumps({"secrets": {"telegram-ops": TOKEN}}))
+    again = server.cli("channels", "reload")
+    assert again.returncode == 0 and "added 0, removed 0, restarted 0" in again.stdout, again.stderr
+    assert status(server)["state"] == "running"
+    shown = server.cli("channels", "status")
+    assert shown.returncode == 0 and "telegram:ops  running" in shown.stdout
