@@ -1,8 +1,9 @@
 """``python -m stress.crash``: run the crash-recovery stress harness and report.
 
 Exit code 0 only when nothing acknowledged was lost, no effect was duplicated, no invariant
-was violated and no run is stuck; 1 otherwise (the state dir is kept and the command that
-repeats the run is printed); 2 for bad arguments.
+was violated and no run is stuck (with --telegram, presses, Telegram messages, the channel's
+cursor and the decision runs are judged in the same four classes); 1 otherwise (the state dir
+is kept and the command that repeats the run is printed); 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from typing import Any
 
 from piworkflows import faults
 from stress.crash import agents
-from stress.crash.harness import AGENT_POINTS, AGENT_TARGETS, CRASH_POINTS, FAULT_KINDS, TARGETS, Harness, Options
+from stress.crash.harness import (
+    AGENT_POINTS,
+    AGENT_TARGETS,
+    CRASH_POINTS,
+    FAULT_KINDS,
+    TARGETS,
+    TELEGRAM_POINTS,
+    TELEGRAM_TARGETS,
+    Harness,
+    Options,
+)
 
 
 def _names(known: frozenset[str] | tuple[str, ...], what: str):
@@ -48,7 +59,17 @@ def parser() -> argparse.ArgumentParser:
         "targets or fault points",
     )
     p.add_argument(
-        "--targets", type=_names(TARGETS, "target"), default=None, help=f"{','.join(TARGETS)} (default: all)"
+        "--telegram",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decision runs answered by simulated users through a fake Telegram Bot API on loopback, the "
+        "adapter (channel) a kill target and its fault points armed (default: on); --no-telegram: none of it",
+    )
+    p.add_argument(
+        "--targets",
+        type=_names(TARGETS, "target"),
+        default=None,
+        help=f"{','.join(TARGETS)} (default: all that the load has)",
     )
     p.add_argument(
         "--faults",
@@ -94,6 +115,7 @@ def human(report: dict[str, Any]) -> str:
         ("violations", report["violations"]),
         ("stuck runs", report["stuck"]),
         ("agent runs", _agents(report["agents"])),
+        ("telegram", _telegram(report.get("telegram"))),
         (
             "latency outside crash windows",
             f"p50 {report['latencyMs']['p50']} ms, p99 {report['latencyMs']['p99']} ms "
@@ -121,6 +143,21 @@ def _agents(counts: dict[str, Any] | None) -> str:
     )
 
 
+def _telegram(counts: dict[str, Any] | None) -> str:
+    if counts is None:
+        return "none (--no-telegram)"
+    ended = ", ".join(f"{k} {v}" for k, v in counts["ended"].items())
+    return (
+        f"{counts['decisionRuns']} decision runs (ended: {ended}); {counts['presses']} presses, submissions "
+        + ", ".join(f"{k} {v}" for k, v in counts["submissions"].items())
+        + f"; {counts['operatorAnswers']} answered by the operator; {counts['sendMessages']} sendMessage, "
+        + "deliveries "
+        + ", ".join(f"{k} {v}" for k, v in counts["deliveries"].items())
+        + f"; {counts['ambiguousMessages']} ambiguous messages (never retried); cursor {counts['cursor']} "
+        + f"(last update {counts['lastUpdate']})"
+    )
+
+
 def _used(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
@@ -130,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.clients < 1 or args.kill_every < 50 or not 0 <= args.agents <= args.clients:
         parser().error("--seconds must be > 0, --clients >= 1, --kill-every >= 50 ms and --agents 0 to --clients")
     agent_only = set(AGENT_TARGETS) | set(AGENT_POINTS)
-    targets = args.targets or tuple(t for t in TARGETS if args.agents or t not in agent_only)
-    fault_points = args.faults or tuple(p for p in CRASH_POINTS if args.agents or p not in agent_only)
+    telegram_only = set(TELEGRAM_TARGETS) | set(TELEGRAM_POINTS)
+    left_out = (agent_only if not args.agents else set()) | (telegram_only if not args.telegram else set())
+    targets = args.targets or tuple(t for t in TARGETS if t not in left_out)
+    fault_points = args.faults or tuple(p for p in CRASH_POINTS if p not in left_out)
     if not args.agents and agent_only & {*targets, *fault_points}:
         parser().error(f"{', '.join(sorted(agent_only & {*targets, *fault_points}))} need agent runs: --agents > 0")
+    if not args.telegram and telegram_only & {*targets, *fault_points}:
+        parser().error(f"{', '.join(sorted(telegram_only & {*targets, *fault_points}))} need --telegram")
     if args.state_dir is not None and (
         _used(args.state_dir) or _used(args.state_dir.parent / f"{args.state_dir.name}.crash")
     ):
@@ -159,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_s=args.quiet_seconds,
         agents=args.agents,
         pi=pi,
+        telegram=args.telegram,
     )
     report = Harness(options).run()
     print(json.dumps(report, sort_keys=True) if args.json else human(report), flush=True)

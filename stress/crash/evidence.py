@@ -30,7 +30,7 @@ class EvidenceLog:
 
 def load(path: Path) -> list[dict[str, Any]]:
     """Every whole record of one log (a torn last line is skipped)."""
-    records = []
+    records: list[dict[str, Any]] = []
     if not path.exists():
         return records
     for line in path.read_text(encoding="utf-8").splitlines():

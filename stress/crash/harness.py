@@ -4,11 +4,13 @@
 
     ledger process (HTTP, scripted answers, every request fsynced with its key and answer)
     scripted model (agents.py, in this process) <── Pi of the agent steps
+    fake Bot API and chat users (telegram.py, in this process) <── the server's Telegram adapter
     server (detached, short durations) <── N client processes (workload.py, seeded)
       ├─ every --kill-every ms: SIGKILL one target, drawn from the seed:
       │    supervisor | group (the supervisor's process group) -> restart the server
       │    writer | outbox | runner                            -> its supervisor restarts it
       │    agent (an agent host) | pi (its Pi)                 -> the step resumes in a new host
+      │    channel (the Telegram adapter)                      -> its manager restarts it
       │  a restart may arm one fault of a --fault-kinds kind for that server's life:
       │    crash: a --faults point kills its process at the Nth hit
       │    enospc | eio: hits N to N+K of a disk write site fail as on a full or failing disk
@@ -16,8 +18,9 @@
       ├─ a server that stopped by itself (epoch claim lost) is restarted and counted
       ├─ after every restart: state.verify (integrity, foreign keys, the spec's invariants)
     end: clients stop; a kill-free quiet period; every unanswered command retried with its key;
-         paused or parked agent runs resumed until each ends; the server stops; no host or Pi
-         left; the database and Pi's session files are read; oracles.judge; the report
+         paused or parked agent and decision runs resumed until each ends, a decision nobody
+         can press any more answered by the operator; the server stops; no host or Pi left; the
+         database and Pi's session files are read; oracles.judge; the report
 
 The evidence (client logs, harness log, ledger) lives in the work directory beside the
 state dir; a failed run keeps both and prints the command that repeats it.
@@ -45,10 +48,11 @@ from piworkflows import faults
 from piworkflows.client import ClientError, WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
 from piworkflows.supervisor.registry import Registry
-from stress.crash import agents, evidence, oracles, snapshot, workload
+from stress.crash import agents, evidence, oracles, snapshot, telegram, workload
 
 AGENT_TARGETS = ("agent", "pi")
-TARGETS = ("supervisor", "writer", "outbox", "runner", "group", *AGENT_TARGETS)
+TELEGRAM_TARGETS = ("channel",)  # the Telegram adapter child (host.json role "channel")
+TARGETS = ("supervisor", "writer", "outbox", "runner", "group", *AGENT_TARGETS, *TELEGRAM_TARGETS)
 # Every point the load reaches: the harness makes no backups. Agent runs alone reach the agent
 # host's points, the workflow tool's (in Pi) and the submission's (recorded, judged); each is hit
 # once or twice in the process it fires in (a host, a Pi, a server's few submissions).
@@ -67,6 +71,18 @@ AGENT_POINTS = tuple(
             faults.TOOL_AFTER_SUBMIT_SENT,
             faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED,
             faults.VALIDATOR_BEFORE_VERDICT,
+        }
+    )
+)
+# The Telegram adapter's points: reached only with --telegram, a few times in an adapter's life (a
+# restarted adapter runs without fault rules): early hits too.
+TELEGRAM_POINTS = tuple(
+    sorted(
+        {
+            faults.CHANNEL_AFTER_UPDATES_RECEIVED,
+            faults.CHANNEL_AFTER_UPDATES_COMMITTED,
+            faults.CHANNEL_AFTER_ATTEMPT_RECORDED,
+            faults.CHANNEL_AFTER_REQUEST_SENT,
         }
     )
 )
@@ -111,6 +127,7 @@ class Options:
     pace_ms: int = 100
     agents: int = 2  # clients keeping an agent run going (the server's max_agents); 0: no agent load
     pi: str | None = None  # the Pi command the servers run (agents > 0)
+    telegram: bool = True  # decision runs answered through the fake Bot API; the adapter a target
 
     def command(self) -> str:
         """The command that repeats this run's schedule."""
@@ -128,6 +145,7 @@ class Options:
             str(self.kill_every_ms),
             "--agents",
             str(self.agents),
+            "--telegram" if self.telegram else "--no-telegram",
             "--targets",
             ",".join(self.targets),
         ]
@@ -161,12 +179,13 @@ class Harness:
         self.paths = StatePaths.resolve(state_dir)
         self.evidence_dir = self.work / "evidence"
         self.project = self.work / "project"
-        self.log = None
+        self.log: evidence.EvidenceLog | None = None
         self.tally = Tally()
         self.checks: list[dict[str, Any]] = []
         self.ledger: subprocess.Popen[str] | None = None
         self.agents: agents.AgentSide | None = None
         self.agent_runs: dict[str, str] = {}  # agent run -> its status at the end of the quiet period
+        self.telegram: telegram.TelegramSide | None = None
 
     # --- the run -------------------------------------------------------------
 
@@ -181,9 +200,14 @@ class Harness:
             os.environ.update(self.agents.env())
         else:
             os.environ["PI_WORKFLOWS_MAX_AGENTS"] = "0"
+        if self.options.telegram:
+            self.telegram = telegram.TelegramSide(self.work, self.options.seed, self.evidence_dir)
+            os.environ.update(self.telegram.env())
         ledger_url = self._start_ledger()
         try:
             self._start_server(arm=False)
+            if self.telegram is not None:
+                self.telegram.users.start()
             stop, procs = self._start_clients(ledger_url)
             began = time.monotonic()
             next_kill = began + self._kill_delay()
@@ -205,9 +229,13 @@ class Harness:
                 self._stop_server()
                 self._start_server(arm=False)
             self._quiet()
+            if self.telegram is not None:
+                self.telegram.users.stop()
             evidence_now = self._evidence()
             self._stop_server()
             evidence_now.update(self.agents.evidence() if self.agents is not None else {})
+            if self.telegram is not None:
+                evidence_now["telegram"] = self.telegram.evidence()
             state = snapshot.read(self.paths.database, int(time.time() * 1000))
         finally:
             self._stop_ledger()
@@ -215,8 +243,13 @@ class Harness:
             if self.agents is not None:
                 self.agents.kill_leftovers()
                 self.agents.close()
+            if self.telegram is not None:
+                self.telegram.close()
         agent_workflow = workload.AGENT_WORKFLOW if self.agents is not None else None
-        findings = oracles.judge(evidence_now, state, frozenset({workload.MANUAL_PATH}), agent_workflow)
+        decision_workflow = workload.DECISION_WORKFLOW if self.telegram is not None else None
+        findings = oracles.judge(
+            evidence_now, state, frozenset({workload.MANUAL_PATH}), agent_workflow, decision_workflow
+        )
         report = self._report(evidence_now, state, findings)
         if report["ok"] and self.options.state_dir is None:
             shutil.rmtree(self.work, ignore_errors=True)  # a passing run leaves nothing behind
@@ -302,6 +335,8 @@ class Harness:
                 os.environ[faults.ENV] = fault
                 self.tally.faults_armed[kind] += 1
                 self._record({"t": "arm", "fault": fault, "at": time.time()})
+        if self.telegram is not None:
+            self.telegram.write_config()  # what the server reads at startup
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -323,6 +358,8 @@ class Harness:
             point = self.fault_rng.choice(self.options.faults)
             if point in AGENT_POINTS:  # a host's, a Pi's, a server life's few submissions: early hits
                 first = self.fault_rng.randint(1, 2)
+            elif point in TELEGRAM_POINTS:  # an adapter's few batches and calls before its next kill
+                first = self.fault_rng.randint(1, 3)
             return f"{point}=crash@{first}"
         point = self.fault_rng.choice(DISK_POINTS)
         return f"{point}={kind}@{first}-{first + self.fault_rng.randint(0, 20)}"
@@ -419,7 +456,7 @@ class Harness:
             self.options.pace_ms,
         )
         procs = [
-            ctx.Process(target=workload.client_main, args=(i, *common, i < self.options.agents))
+            ctx.Process(target=workload.client_main, args=(i, *common, i < self.options.agents, self.options.telegram))
             for i in range(self.options.clients)
         ]
         for proc in procs:
@@ -439,9 +476,11 @@ class Harness:
         )
         try:
             found = self._evidence()
+            own = final.client.client_id
             for sent in oracles.unanswered_commands(found["sent"], found["acks"]):
                 final.client.client_id = sent["clientId"]  # the same client and key: it must converge
                 final.send(sent["op"], sent["payload"], sent["runId"], sent["revision"], key=sent["key"])
+            final.client.client_id = own
             found = self._evidence()
             self.agent_runs = {run_id: "unknown" for run_id in workload.agent_runs(found["sent"], found["acks"])}
             deadline = time.monotonic() + self.options.quiet_s
@@ -450,8 +489,10 @@ class Harness:
                 self._restart_if_gone(arm=False)
                 try:
                     left = agents.resume_unended(final, self.agent_runs) + self._moving(final)
+                    left += self.telegram.settle(final) if self.telegram is not None else 0
                 except (ClientError, OSError, ConnectionError):
-                    continue  # it stopped by itself: restarted above on the next turn
+                    time.sleep(WATCH_S)  # not answered now (its writer restarting), or it stopped by itself:
+                    continue  # restarted above on the next turn
                 if left == 0:
                     break
                 if fewest is None or left < fewest:  # progress: a slow backlog is not stuck
@@ -529,6 +570,7 @@ class Harness:
             "violations": len(findings["violations"]),
             "stuck": len(findings["stuck"]),
             "agents": agents.counts(found, state) if self.agents is not None else None,
+            "telegram": telegram.counts(found, state) if "telegram" in found else None,
             "latencyMs": _percentiles(calm),
             "findings": {name: items[:20] for name, items in findings.items() if items},
             "stateDir": str(self.paths.state_dir) if not ok else None,

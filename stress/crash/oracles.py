@@ -3,6 +3,7 @@
 Pure functions of the evidence (client logs, the ledger, the checks made after each
 restart) and of the final ``snapshot.State``; each returns a list of findings (empty: held).
 ``judge`` groups them into the report's four classes: lost, duplicated, violations, stuck.
+The agent runs' oracles are in ``agent_oracles.py``, the Telegram side's in ``telegram_oracles.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from stress.crash import agent_oracles
+from stress.crash import agent_oracles, telegram_oracles
 from stress.crash.snapshot import State
 
 # Client operations whose answers the writer stores with the client's key (host_commands).
@@ -118,10 +119,16 @@ def stuck_runs(state: State) -> list[str]:
 
 
 def judge(
-    evidence: dict[str, Any], state: State, manual_paths: frozenset[str], agent_workflow: str | None = None
+    evidence: dict[str, Any],
+    state: State,
+    manual_paths: frozenset[str],
+    agent_workflow: str | None = None,
+    decision_workflow: str | None = None,
 ) -> dict[str, list[str]]:
     """The findings by class; the run passes only when every class is empty. ``agent_workflow``:
-    the workflow of the agent runs (``agent_oracles``), if the load had any."""
+    the workflow of the agent runs (``agent_oracles``), if the load had any; ``decision_workflow``:
+    the workflow of the decision runs answered through Telegram (``telegram_oracles``, judging
+    ``evidence["telegram"]``), if the load had any."""
     acks, ledger = evidence["acks"], evidence["ledger"]
     found = {
         "lost": acknowledged_missing(acks, state) + unanswered(evidence["sent"], acks),
@@ -131,5 +138,8 @@ def judge(
     }
     if agent_workflow is not None:
         for name, items in agent_oracles.judge(evidence, state, agent_workflow).items():
+            found[name] += items
+    if decision_workflow is not None:
+        for name, items in telegram_oracles.judge(evidence["telegram"], state, decision_workflow).items():
             found[name] += items
     return found

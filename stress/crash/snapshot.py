@@ -2,7 +2,8 @@
 
 Only the facts the oracles compare: the stored receipts, the runs (with the harness tag of
 their input), the effects by idempotency key, the agent steps' requests, submissions and step
-messages (with the count of their ``workflow_message.sent`` events) and Pi session files, and
+messages (with the count of their ``workflow_message.sent`` events) and Pi session files, the
+human decisions with their submissions and resolutions, the channel messages and cursors, and
 the spec's invariants with the integrity and foreign-key checks (``writer/invariants.py``).
 """
 
@@ -27,6 +28,10 @@ class State:
     submissions: list[dict[str, Any]] = field(default_factory=list)  # requestId, submissionId, outcome
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)  # step message id -> state, entry, sentEvents
     session_files: dict[str, set[str]] = field(default_factory=dict)  # runId -> its segments' Pi session files
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)  # decisionId -> runId, resolutions, kind
+    decision_submissions: list[dict[str, Any]] = field(default_factory=list)  # decisionId, key, outcome, actor
+    channel_effects: dict[str, dict[str, Any]] = field(default_factory=dict)  # effectId -> type, status, channel
+    cursors: dict[str, int] = field(default_factory=dict)  # channelId -> its durable cursor
     violations: dict[str, list[str]] = field(default_factory=dict)
     integrity: list[str] = field(default_factory=list)
 
@@ -59,6 +64,7 @@ def read(database: Path, now_ms: int) -> State:
         for key, status, policy in conn.execute("SELECT idempotency_key, effect_status, recovery_policy FROM effects"):
             state.effects[key] = {"status": status, "policy": policy}
         _agent_rows(conn, state)
+        _decision_rows(conn, state)
         state.violations = invariants.violations(conn, now_ms)
         state.integrity = invariants.integrity(conn)
     finally:
@@ -91,3 +97,37 @@ def _agent_rows(conn: sqlite3.Connection, state: State) -> None:
         "SELECT DISTINCT run_id, pi_session_file FROM session_segments WHERE pi_session_file IS NOT NULL"
     ):
         state.session_files.setdefault(run_id, set()).add(path)
+
+
+def _decision_rows(conn: sqlite3.Connection, state: State) -> None:
+    for decision_id, run_id, resolutions, kind in conn.execute(
+        "SELECT d.decision_id, d.run_id, (SELECT count(*) FROM human_decision_resolutions r "
+        "WHERE r.decision_id = d.decision_id), (SELECT r.resolution_kind FROM human_decision_resolutions r "
+        "WHERE r.decision_id = d.decision_id LIMIT 1) FROM human_decisions d"
+    ):
+        state.decisions[decision_id] = {"runId": run_id, "resolutions": resolutions, "resolution": kind}
+    for decision_id, key, outcome, actor_class, channel_id in conn.execute(
+        "SELECT decision_id, idempotency_key, submission_outcome, actor_class, channel_id "
+        "FROM human_decision_submissions"
+    ):
+        state.decision_submissions.append(
+            {
+                "decisionId": decision_id,
+                "key": key,
+                "outcome": outcome,
+                "actorClass": actor_class,
+                "channelId": channel_id,
+            }
+        )
+    for effect_id, effect_type, status, channel_id, attempts in conn.execute(
+        "SELECT effect_id, effect_type, effect_status, channel_id, attempt_count FROM effects "
+        "WHERE channel_id IS NOT NULL"
+    ):
+        state.channel_effects[effect_id] = {
+            "type": effect_type,
+            "status": status,
+            "channelId": channel_id,
+            "attempts": attempts,
+        }
+    for channel_id, cursor in conn.execute("SELECT channel_id, cursor_position FROM channel_cursors"):
+        state.cursors[channel_id] = cursor

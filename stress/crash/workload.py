@@ -12,6 +12,11 @@ A client with agents keeps at most one ``crash-agent`` run going (one not yet en
 parked): the clients with agents bound the Pi processes the load starts. Agent runs are
 paused, resumed and cancelled like the others, never restarted (a restart would start one more
 beyond that bound).
+
+With decisions (``--telegram``), a share of the starts is a ``crash-decision`` run: a protected
+human decision for the audience ``operator`` (two choices, no input, no deadline), answered by the
+harness's chat users through the fake Bot API (telegram.py), then a compute node. Decision runs
+are paused, resumed, cancelled and restarted like the others; a client never answers them.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from stress.crash.evidence import EvidenceLog
 
 WORKFLOW = "crash-mix"
 AGENT_WORKFLOW = "crash-agent"
+DECISION_WORKFLOW = "crash-decision"
 AGENT_SHARE = 0.5  # of a client's run starts, when its agent run has ended
+DECISION_SHARE = 0.2  # of a client's other run starts, with decisions
 TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
 MANUAL_PATH, IDEMPOTENT_PATH = "/manual", "/idempotent"
 SOURCE = """
@@ -109,11 +116,34 @@ workflow = define_workflow(
 """
 
 
+# A protected decision for the audience the harness's channels.json routes to both chats: no
+# input choice and no deadline, so that every press is one submission and only a press, a cancel or
+# the operator resolves it.
+DECISION_SOURCE = """
+from piworkflows.workflows import choice, compute, define_workflow, edge, human_decision
+
+workflow = define_workflow(
+    name="crash-decision",
+    start_at="decide",
+    nodes={
+        "decide": human_decision(
+            audience="operator",
+            choices={"ship": choice("Ship it"), "hold": choice("Hold")},
+            request=lambda ctx: {"title": f"Release {ctx.input['tag']}?", "summary": "crash harness"},
+        ),
+        "done": compute(run=lambda ctx: {"choice": ctx.outputs["decide"]["choice"], "tag": ctx.input["tag"]}),
+    },
+    edges=[edge("decide", "done")],
+)
+"""
+
+
 def write_project(project: Path) -> None:
     workflows = project / ".pi" / "workflows"
     workflows.mkdir(parents=True, exist_ok=True)
     (workflows / f"{WORKFLOW}.workflow.py").write_text(SOURCE, encoding="utf-8")
     (workflows / f"{AGENT_WORKFLOW}.workflow.py").write_text(AGENT_SOURCE, encoding="utf-8")
+    (workflows / f"{DECISION_WORKFLOW}.workflow.py").write_text(DECISION_SOURCE, encoding="utf-8")
 
 
 def agent_runs(sent: list[dict[str, Any]], acks: list[dict[str, Any]]) -> set[str]:
@@ -147,6 +177,7 @@ class Client:
         evidence: Path,
         retry_for: float,
         agents: bool = False,
+        decisions: bool = False,
     ) -> None:
         self.rng = random.Random(f"{seed}:{index}")
         self.prefix = f"s{seed}-c{index}"
@@ -158,6 +189,8 @@ class Client:
         self.agents = agents  # this client keeps one agent run going
         self.agent_runs: set[str] = set()
         self.agent_run: str | None = None  # its latest
+        self.decisions = decisions  # some of its starts are decision runs
+        self.decision_runs: set[str] = set()  # never answered by a client (checkpoint.answer is refused there)
 
     def send(
         self,
@@ -196,22 +229,34 @@ class Client:
         if roll < 0.5 or not self.runs:
             tag = f"{self.prefix}-{self.sent}"
             ask, agent = self.rng.random() < 0.3, self.rng.random() < AGENT_SHARE
+            decision = False
             if agent and self.agents and self._agent_ended():
                 payload = {"projectPath": str(self.project), "workflowName": AGENT_WORKFLOW, "input": {"tag": tag}}
             else:
                 agent = False
-                run_input = {"n": self.sent, "tag": tag, "ledger": self.ledger_url, "ask": ask}
-                payload = {"projectPath": str(self.project), "workflowName": WORKFLOW, "input": run_input}
+                decision = self.decisions and self.rng.random() < DECISION_SHARE  # no draw without decisions
+                if decision:
+                    payload = {
+                        "projectPath": str(self.project),
+                        "workflowName": DECISION_WORKFLOW,
+                        "input": {"tag": tag},
+                    }
+                else:
+                    run_input = {"n": self.sent, "tag": tag, "ledger": self.ledger_url, "ask": ask}
+                    payload = {"projectPath": str(self.project), "workflowName": WORKFLOW, "input": run_input}
             response = self.send("run.start", payload, key=tag)
             if response is not None and response.outcome in ("accepted", "adopted"):
                 self.runs.append(response.receipt["runId"])
                 if agent:
                     self.agent_run = response.receipt["runId"]
                     self.agent_runs.add(self.agent_run)
+                if decision:
+                    self.decision_runs.add(response.receipt["runId"])
             return
         run_id = self.rng.choice(self.runs[-50:])
         if roll < 0.7:
-            view = self.status(run_id) if run_id not in self.agent_runs else None
+            answerable = run_id not in self.agent_runs and run_id not in self.decision_runs
+            view = self.status(run_id) if answerable else None
             if view is not None and view["piworkflows"]["status"] == "waiting":
                 self.send("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
         elif roll < 0.8:
@@ -251,9 +296,12 @@ def client_main(
     stop: Any,
     pace_ms: int,
     agents: bool,
+    decisions: bool = False,
 ) -> None:
     """A client process: operations until ``stop`` is set, ``pace_ms`` apart."""
-    client = Client(index, seed, Path(state_dir), Path(project), ledger_url, Path(evidence), retry_for, agents)
+    client = Client(
+        index, seed, Path(state_dir), Path(project), ledger_url, Path(evidence), retry_for, agents, decisions
+    )
     try:
         while not stop.is_set():
             client.step()

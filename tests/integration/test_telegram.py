@@ -272,3 +272,16 @@ def test_a_reload_refuses_an_unsafe_file_and_another_bot_and_keeps_the_channel(t
     assert status(server)["state"] == "running"
     shown = server.cli("channels", "status")
     assert shown.returncode == 0 and "telegram:ops  running" in shown.stdout
+
+
+def test_a_press_after_the_deadline_loses_to_the_timeout_policy(telegram, server: ServerProcess, project):
+    write(project, "approve", APPROVE.format(on_timeout={"after_ms": 1500, "response": {"choice": "ship"}}))
+    run_id = start(server, project, "approve")
+    (private,) = delivered(telegram, OPS)
+    replan = button(private, "Replan")
+    finished = wait_status(server, run_id, "completed")
+    assert finished["state"]["outputs"]["approve"] == {"choice": "ship", "resolution": "timeoutPolicy"}
+    telegram.press(OPS, ALICE, private.message_id, replan)
+    wait_until(lambda: telegram.answered, what="the late press answered")
+    assert list(telegram.answered.values()) == ["Already decided: Ship it (the default at the deadline)"]
+    wait_until(lambda: telegram.chat(OPS)[0].text.endswith("Deadline passed: Ship it (the default)"), what="the edit")

@@ -11,7 +11,7 @@ import piworkflows
 from piworkflows import faults
 from stress.crash import __main__ as crash_main
 from stress.crash import oracles, snapshot
-from stress.crash.harness import AGENT_POINTS, CRASH_POINTS, Harness, Options
+from stress.crash.harness import AGENT_POINTS, CRASH_POINTS, TELEGRAM_POINTS, Harness, Options
 from tests.support import client_receipt, effect_request, reserve, run_create, run_group, take_epoch
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +137,8 @@ def test_agent_targets_and_points_need_agent_runs_and_agent_runs_need_pi(capsys,
         (["--agents", "0", "--targets", "writer,pi"], "pi need agent runs"),
         (["--agents", "0", "--faults", "agent.after_prompt"], "agent.after_prompt need agent runs"),
         (["--agents", "5", "--clients", "4"], "--agents 0 to --clients"),
+        (["--agents", "0", "--no-telegram", "--targets", "writer,channel"], "channel need --telegram"),
+        (["--agents", "0", "--no-telegram", "--faults", "channel.after_request_sent"], "need --telegram"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             crash_main.main(argv)
@@ -150,7 +152,8 @@ def test_agent_targets_and_points_need_agent_runs_and_agent_runs_need_pi(capsys,
 
 def test_the_default_fault_points_are_the_ones_the_load_reaches(monkeypatch):
     """Every point but the backup's (the harness makes none) has its hit in the code; without agent
-    runs, the agent host's and the workflow tool's points and the agent targets are left out."""
+    runs, the agent host's and the workflow tool's points and the agent targets are left out;
+    without Telegram (--no-telegram), the adapter's points and the channel target."""
     assert set(faults.POINTS) - set(CRASH_POINTS) == {faults.WRITER_BACKUP_STEP}
     code = "".join(path.read_text() for path in Path(piworkflows.__file__).parent.rglob("*.py"))
     tool = (Path(piworkflows.__file__).parent / "agents" / "pi" / "workflow.ts").read_text()
@@ -160,6 +163,7 @@ def test_the_default_fault_points_are_the_ones_the_load_reaches(monkeypatch):
     agent_only = {p for p in CRASH_POINTS if p.startswith(("agent.", "tool."))}
     agent_only |= {faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED, faults.VALIDATOR_BEFORE_VERDICT}
     assert set(AGENT_POINTS) == agent_only and len(AGENT_POINTS) == 11
+    assert set(TELEGRAM_POINTS) == {p for p in CRASH_POINTS if p.startswith("channel.")} and len(TELEGRAM_POINTS) == 4
     given = []
 
     class Capture:
@@ -170,10 +174,15 @@ def test_the_default_fault_points_are_the_ones_the_load_reaches(monkeypatch):
             raise SystemExit(0)
 
     monkeypatch.setattr(crash_main, "Harness", Capture)
-    with pytest.raises(SystemExit):
-        crash_main.main(["--agents", "0"])
-    assert set(given[0].faults) == set(CRASH_POINTS) - set(AGENT_POINTS)
-    assert given[0].targets == ("supervisor", "writer", "outbox", "runner", "group") and given[0].pi is None
+    for argv in (["--agents", "0"], ["--agents", "0", "--no-telegram"]):
+        with pytest.raises(SystemExit):
+            crash_main.main(argv)
+    assert set(given[0].faults) == set(CRASH_POINTS) - set(AGENT_POINTS) and given[0].telegram
+    assert given[0].targets == ("supervisor", "writer", "outbox", "runner", "group", "channel")
+    assert given[0].pi is None
+    assert set(given[1].faults) == set(CRASH_POINTS) - set(AGENT_POINTS) - set(TELEGRAM_POINTS)
+    assert given[1].targets == ("supervisor", "writer", "outbox", "runner", "group") and not given[1].telegram
+    assert "--no-telegram" in given[1].command() and "--telegram" in given[0].command().split()
 
 
 def test_a_state_dir_in_use_is_refused(tmp_path, capsys):
