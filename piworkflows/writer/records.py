@@ -390,6 +390,16 @@ def abandon_effect(
     return status
 
 
+def retry_effect(conn: sqlite3.Connection, effect_id: str, now: int) -> None:
+    """An operator's retry of an ambiguous effect: pending and due now, with room for one more
+    numbered attempt (its claim records it)."""
+    conn.execute(
+        "UPDATE effects SET effect_status = 'pending', available_at = ?, error_code = NULL, "
+        "max_attempts = max(max_attempts, attempt_count + 1), updated_at = ? WHERE effect_id = ?",
+        (now, now, effect_id),
+    )
+
+
 def cancel_pending_effects(conn: sqlite3.Connection, run_id: str, actor: Actor, now: int) -> None:
     """A run ended: its external effects that never started never will (each effect's revision advances)."""
     rows = conn.execute(

@@ -415,11 +415,7 @@ class RecoverMessage(ResourceHandler[ChannelRecover]):
             receipt["effectStatus"] = "pending"
 
             def retry(stamp: Stamp) -> None:
-                conn.execute(
-                    "UPDATE effects SET effect_status = 'pending', available_at = ?, error_code = NULL, "
-                    "max_attempts = max(max_attempts, attempt_count + 1), updated_at = ? WHERE effect_id = ?",
-                    (now, now, cmd.effect_id),
-                )
+                records.retry_effect(conn, cmd.effect_id, now)
                 channel_effects.settled(conn, cmd.effect_id, "pending", tx.actor, now)
 
             return Change(event_type="effect.retried", apply=retry, receipt=receipt)

@@ -412,11 +412,7 @@ class RetryEffect(ResourceHandler[EffectRetry]):
         _run_unfinished(tx, cmd.effect_id)
 
         def apply(stamp: Stamp) -> None:
-            tx.conn.execute(
-                "UPDATE effects SET effect_status = 'pending', available_at = ?, error_code = NULL, "
-                "max_attempts = max(max_attempts, attempt_count + 1), updated_at = ? WHERE effect_id = ?",
-                (tx.now, tx.now, cmd.effect_id),
-            )
+            records.retry_effect(tx.conn, cmd.effect_id, tx.now)
             _continue_parked_run(tx, cmd.effect_id)
 
         return Change(
