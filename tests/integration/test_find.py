@@ -190,6 +190,7 @@ def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_se
         ("imports", "user", None, False),
         ("shell-check", "builtin", None, True),
         ("syntax", "project", None, False),
+        ("telegram-demo", "builtin", None, True),
     ]
     by_key = {(item["name"], item["origin"]): item for item in receipt["items"]}
     assert by_key["hello", "project"]["description"] == "Says hello from the project."
@@ -329,7 +330,16 @@ def test_completion_offers_run_ids_workflow_names_and_checkpoints_from_the_runni
     ]
     assert sorted(candidates(complete(state, env, "effects", "--run", ""))) == sorted(run_ids)
     workflows = candidates(complete(state, env, "run", "start", "--project", str(project), ""))
-    assert workflows == ["agent-demo", "demo", "hello", "imports", "shell-check", "syntax", "builtin:demo"]
+    assert workflows == [
+        "agent-demo",
+        "demo",
+        "hello",
+        "imports",
+        "shell-check",
+        "syntax",
+        "telegram-demo",
+        "builtin:demo",
+    ]
     assert candidates(complete(state, env, "workflow", "show", "--project", str(project), "he")) == ["hello"]
     assert candidates(complete(state, env, "answer", run_ids[0], "")) == ["ask"]  # not started: its checkpoints
 

@@ -129,6 +129,7 @@ def test_the_listing_marks_shadowed_names_and_lists_broken_modules_with_their_er
         ("hello", "user", "project", "ok"),
         ("not a name", "project", None, None),
         ("shell-check", "builtin", None, "ok"),
+        ("telegram-demo", "builtin", None, "ok"),
     ]
     assert listing.items[4].description == "From the project." and listing.items[5].description is None
     assert listing.items[3].error.message == "SystemExit: 3"
@@ -137,13 +138,13 @@ def test_the_listing_marks_shadowed_names_and_lists_broken_modules_with_their_er
 
 
 def test_a_long_listing_is_truncated_and_says_so(project: Path, user: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(resolver, "MAX_LISTED_WORKFLOWS", 3)
+    monkeypatch.setattr(resolver, "MAX_LISTED_WORKFLOWS", 4)
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
-    assert listing.truncated is False and len(listing.items) == 3  # the three built-ins
+    assert listing.truncated is False and len(listing.items) == 4  # the four built-ins
     for name in ("a", "b"):
         write(user, name, GOOD.format(name=name, extra=""))
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
-    assert listing.truncated is True and [item.name for item in listing.items] == ["a", "agent-demo", "b"]
+    assert listing.truncated is True and [item.name for item in listing.items] == ["a", "agent-demo", "b", "demo"]
     monkeypatch.setattr(resolver, "LISTING_BYTES", 1)  # the answer must fit one message: bytes bound it too
     listing = resolver.list_workflows(WorkflowListRequest(project_path=str(project)))
     assert listing.truncated is True and [item.name for item in listing.items] == ["a"]
