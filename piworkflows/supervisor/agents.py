@@ -42,26 +42,23 @@ import os
 import shlex
 import signal
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from piworkflows import canonical, faults
 from piworkflows.agents.pi import NEEDS_PI, find_pi
-from piworkflows.clock import Clock
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.agents import HOST_FRAMES, AgentContract, AgentLaunch, PendingStep
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.writer import LogRecord, Reply
-from piworkflows.settings import Settings
 from piworkflows.supervisor import interactions
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.seams import (
-    ChildRecorder,
+    ChildHub,
+    HubWiring,
     RunControl,
     WorkflowResolvers,
-    WriterRequests,
     ask_while_unavailable,
     refusal,
 )
@@ -102,33 +99,16 @@ class ReadyHost:
     faults: bool  # spawned with the crash points (PIW_FAULTS): only the first host may fire them
 
 
-class AgentManager:
-    def __init__(
-        self,
-        writer: WriterRequests,
-        recorder: ChildRecorder,
-        settings: Settings,
-        clock: Clock,
-        *,
-        server_epoch: Callable[[], int],
-        socket_path: str,
-        wake_scheduler: Callable[[], None],
-        resolvers: WorkflowResolvers,
-        runs: RunControl,
-    ) -> None:
-        self.writer = writer
-        self.recorder = recorder  # host.json: agent host groups
-        self.settings = settings
-        self.clock = clock
-        self.server_epoch = server_epoch
+class AgentManager(ChildHub):
+    def __init__(self, wiring: HubWiring, *, socket_path: str, resolvers: WorkflowResolvers, runs: RunControl) -> None:
+        super().__init__(wiring)  # host.json records agent host groups; a settled request wakes its run
         self.socket_path = socket_path  # the workflow tool in Pi submits here (client.v1)
-        self.wake_scheduler = wake_scheduler  # a settled request requeues its run
         self.resolvers = resolvers  # judge the submissions a crash left validating
         self.runs = runs
         self.active: dict[str, HostHandle] = {}  # by request id
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopper = GroupStopper(clock)
+        self._stopper = GroupStopper(self.clock)
         self._stopping = False
         self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
         self._ready: ReadyHost | None = None

@@ -19,41 +19,24 @@ At startup an invalid or unsafe configuration is logged and the server runs with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from piworkflows import paths
-from piworkflows.clock import Clock
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.writer import Reply
-from piworkflows.settings import Settings
 from piworkflows.supervisor import channel_config
 from piworkflows.supervisor.channel_config import ChannelConfig, ChannelConfigError
 from piworkflows.supervisor.channel_manager import ChannelManager
-from piworkflows.supervisor.seams import ChildRecorder, WriterRequests
+from piworkflows.supervisor.seams import ChildHub, HubWiring
 
 log = logging.getLogger("piworkflows.supervisor")
 
 SERVER = {"actor_class": "server"}
 
 
-class Channels:
-    def __init__(
-        self,
-        writer: WriterRequests,
-        recorder: ChildRecorder,
-        settings: Settings,
-        clock: Clock,
-        *,
-        server_epoch: Callable[[], int],
-        wake_scheduler: Callable[[], None],
-    ) -> None:
-        self.writer = writer
-        self.recorder = recorder
-        self.settings = settings
-        self.clock = clock
-        self.server_epoch = server_epoch
-        self.wake_scheduler = wake_scheduler
+class Channels(ChildHub):
+    def __init__(self, wiring: HubWiring) -> None:
+        super().__init__(wiring)
         self.config: ChannelConfig = channel_config.EMPTY
         self.managers: dict[str, ChannelManager] = {}
 

@@ -50,7 +50,7 @@ from piworkflows.supervisor.resolver import Resolvers
 from piworkflows.supervisor.retention import Retention
 from piworkflows.supervisor.router import Router
 from piworkflows.supervisor.scheduler import Scheduler
-from piworkflows.supervisor.seams import Load, ask_while_unavailable
+from piworkflows.supervisor.seams import HubWiring, Load, ask_while_unavailable
 from piworkflows.supervisor.server import ClientServer, PeerCheck, check_socket_path, same_user
 from piworkflows.supervisor.views import Views
 from piworkflows.supervisor.writer_child import WriterChild
@@ -124,14 +124,7 @@ class Supervisor:
     def _pool_and_scheduler(self) -> tuple[OutboxPool, Scheduler]:
         """A new outbox pool and scheduler (at the start, and for a new epoch), wired to each
         other through this supervisor, whose scheduler and pool they always are."""
-        pool = OutboxPool(
-            self.writer,
-            self,
-            self.settings,
-            self.clock,
-            server_epoch=lambda: self.epoch,
-            wake_scheduler=self.wake_scheduler,
-        )
+        pool = OutboxPool(self._hub_wiring())
         scheduler = Scheduler(
             self.writer,
             self,
@@ -146,8 +139,10 @@ class Supervisor:
         )
         return pool, scheduler
 
-    def _channels(self) -> Channels:
-        return Channels(
+    def _hub_wiring(self) -> HubWiring:
+        """What each hub of children gets: the writer, this supervisor's host.json and scheduler,
+        and the current epoch (read when used: a new epoch needs no new wiring)."""
+        return HubWiring(
             self.writer,
             self,
             self.settings,
@@ -156,18 +151,11 @@ class Supervisor:
             wake_scheduler=self.wake_scheduler,
         )
 
+    def _channels(self) -> Channels:
+        return Channels(self._hub_wiring())
+
     def _agent_manager(self) -> AgentManager:
-        return AgentManager(
-            self.writer,
-            self,
-            self.settings,
-            self.clock,
-            server_epoch=lambda: self.epoch,
-            socket_path=str(self.paths.socket),
-            wake_scheduler=self.wake_scheduler,
-            resolvers=self.resolvers,
-            runs=self,
-        )
+        return AgentManager(self._hub_wiring(), socket_path=str(self.paths.socket), resolvers=self.resolvers, runs=self)
 
     # --- what the components ask of each other (supervisor/seams.py) -------------------
 

@@ -42,7 +42,6 @@ from typing import Any
 import psutil
 
 from piworkflows import faults
-from piworkflows.clock import Clock
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.base import new_claim
@@ -50,10 +49,9 @@ from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobPutP
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
 from piworkflows.protocol.internal.writer import LogRecord, Reply
-from piworkflows.settings import Settings
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
-from piworkflows.supervisor.seams import ChildRecorder, WriterRequests, ask_while_unavailable
+from piworkflows.supervisor.seams import ChildHub, HubWiring, ask_while_unavailable
 from piworkflows.supervisor.spawn import signal_group, spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
 
@@ -103,23 +101,9 @@ class Slot:
         return {"actor_class": "outbox", "actor_id": f"outbox-{self.index}"}
 
 
-class OutboxPool:
-    def __init__(
-        self,
-        writer: WriterRequests,
-        recorder: ChildRecorder,
-        settings: Settings,
-        clock: Clock,
-        *,
-        server_epoch: Callable[[], int],
-        wake_scheduler: Callable[[], None],
-    ) -> None:
-        self.writer = writer
-        self.recorder = recorder  # host.json: workers and their command groups
-        self.settings = settings
-        self.clock = clock
-        self.server_epoch = server_epoch  # the epoch the pool's claims are taken under
-        self.wake_scheduler = wake_scheduler  # a run that waited for an effect may be claimable again
+class OutboxPool(ChildHub):
+    def __init__(self, wiring: HubWiring) -> None:
+        super().__init__(wiring)  # host.json records the workers and their command groups
         self.slots = [Slot(i) for i in range(self.settings.outbox_workers)]
         self._notices = 0  # post-commit notices so far
         self._waiters: dict[str, set[asyncio.Event]] = {}

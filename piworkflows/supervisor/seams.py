@@ -3,7 +3,8 @@
 ::
 
     Scheduler ── WriterRestarts, ChildRecorder, EffectPool, callbacks (epoch, retention)
-    OutboxPool ── WriterRequests, ChildRecorder, callbacks (epoch, wake the scheduler)
+    OutboxPool, AgentManager, Channels ── ChildHubs: HubWiring (WriterRequests, ChildRecorder,
+        callbacks: epoch, wake the scheduler)
     Retention ── WriterRequests, a callback (busy)
     Router ── WriterStatus, WorkflowResolvers, ServerHost, RunControl
     each takes a Clock (piworkflows/clock.py); the Supervisor (main.py) wires them
@@ -57,6 +58,33 @@ class ChildRecorder(Protocol):
     def record_child(self, identity: Identity) -> None: ...
 
     def forget_child(self, pid: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class HubWiring:
+    """What every hub of child processes (the outbox pool, the agent manager, the channels) is
+    given: the writer, host.json (children are recorded before they act), the settings, a clock,
+    the epoch its claims are taken under, and a way to wake the scheduler (a run that waited on
+    the hub's work may be claimable again). The supervisor builds it (main.py)."""
+
+    writer: WriterRequests
+    recorder: ChildRecorder
+    settings: Settings
+    clock: Clock
+    server_epoch: Callable[[], int]
+    wake_scheduler: Callable[[], None]
+
+
+class ChildHub:
+    """A hub of child processes, holding its wiring as attributes."""
+
+    def __init__(self, wiring: HubWiring) -> None:
+        self.writer = wiring.writer
+        self.recorder = wiring.recorder
+        self.settings = wiring.settings
+        self.clock = wiring.clock
+        self.server_epoch = wiring.server_epoch
+        self.wake_scheduler = wiring.wake_scheduler
 
 
 class EffectPool(Protocol):

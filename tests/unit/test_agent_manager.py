@@ -20,6 +20,7 @@ from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.agents import AgentManager, HostHandle
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
+from piworkflows.supervisor.seams import HubWiring
 from piworkflows.supervisor.stderr import StderrTail
 from tests.seam_fakes import Recorder
 
@@ -93,13 +94,8 @@ class FakeWriter:
 def _manager(writer: FakeWriter, clock: FakeClock, **settings: Any) -> tuple[AgentManager, list[int]]:
     wakes: list[int] = []
     manager = AgentManager(
-        writer,
-        Recorder(),
-        Settings(**settings),
-        clock,
-        server_epoch=lambda: 3,
+        HubWiring(writer, Recorder(), Settings(**settings), clock, lambda: 3, lambda: wakes.append(1)),
         socket_path="/tmp/sock",
-        wake_scheduler=lambda: wakes.append(1),
         resolvers=None,  # type: ignore[arg-type]  (nothing is validated here)
         runs=None,  # type: ignore[arg-type]
     )

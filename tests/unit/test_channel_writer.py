@@ -67,22 +67,31 @@ def effects(executor, effect_type: str) -> list[dict[str, Any]]:
     return [{"effectId": r[0], "status": r[1], "payload": json.loads(r[2]), "ref": r[3]} for r in rows]
 
 
-def send(executor, effect_id: str, message_id: int) -> None:
-    """The manager claims the effect and settles it as Telegram answered: sent as ``message_id``."""
+def claim(executor, **target: str):
+    """The manager claims an effect: ``effect_id=`` that one, ``channel_id=`` the channel's next."""
     claimed = one(
         executor,
         "effect.claim",
-        {
-            "actor": MANAGER,
-            "effect_id": effect_id,
-            "owner_id": "server-1",
-            "claim_token_hash": token_hash("e"),
-            "ttl_ms": 10_000,
-        },
+        {"actor": MANAGER, **target, "owner_id": "server-1", "claim_token_hash": token_hash("e"), "ttl_ms": 10_000},
     )
     assert claimed.outcome == "accepted", claimed
+    return claimed
+
+
+def held(claimed) -> dict[str, Any]:
+    """The claim a settle or abandon of ``claimed`` presents."""
+    return {
+        "server_epoch": 1,
+        "owner_id": "server-1",
+        "claim_token_hash": token_hash("e"),
+        "lease_generation": claimed.receipt["leaseGeneration"],
+        "ttl_ms": 10_000,
+    }
+
+
+def settle_sent(executor, effect_id: str, claimed, chat: str, message_id: int) -> None:
+    """Telegram answered the claimed send: it is ``message_id`` in ``chat``."""
     revision = executor.conn.execute("SELECT revision FROM resources WHERE resource_id = ?", (effect_id,)).fetchone()[0]
-    chat = effects_payload(executor, effect_id)["body"]["chat_id"]
     settled = one(
         executor,
         "effect.settle",
@@ -90,19 +99,19 @@ def send(executor, effect_id: str, message_id: int) -> None:
             "actor": MANAGER,
             "effect_id": effect_id,
             "expected_revision": revision,
-            "claim": {
-                "server_epoch": 1,
-                "owner_id": "server-1",
-                "claim_token_hash": token_hash("e"),
-                "lease_generation": claimed.receipt["leaseGeneration"],
-                "ttl_ms": 10_000,
-            },
+            "claim": held(claimed),
             "settlement": "applied",
             "result": BlobValue.of_json({"chatId": chat, "messageId": message_id}).model_dump(),
             "external_ref": f"{chat}:{message_id}",
         },
     )
     assert settled.outcome == "accepted", settled
+
+
+def send(executor, effect_id: str, message_id: int) -> None:
+    """The manager claims the effect and settles it as Telegram answered: sent as ``message_id``."""
+    claimed = claim(executor, effect_id=effect_id)
+    settle_sent(executor, effect_id, claimed, effects_payload(executor, effect_id)["body"]["chat_id"], message_id)
 
 
 def effects_payload(executor, effect_id: str) -> dict[str, Any]:
@@ -280,44 +289,12 @@ def test_a_resolution_cancels_unsent_deliveries_and_a_late_send_is_edited(execut
     register(executor)
     waiting(executor, routes=ROUTES)
     first, second = effects(executor, channel_effects.DELIVER)
-    claimed = one(
-        executor,
-        "effect.claim",
-        {
-            "actor": MANAGER,
-            "channel_id": CHANNEL,
-            "owner_id": "server-1",
-            "claim_token_hash": token_hash("e"),
-            "ttl_ms": 10_000,
-        },
-    )
+    claimed = claim(executor, channel_id=CHANNEL)
     assert claimed.receipt["effectId"] == first["effectId"] and claimed.receipt["payload"] == first["payload"]
     assert answer(executor, "ship").outcome == "accepted"  # the CLI answers while the first is being sent
     assert [e["status"] for e in effects(executor, channel_effects.DELIVER)] == ["applying", "cancelled"]
     assert effects(executor, channel_effects.SETTLE) == []
-    revision = executor.conn.execute(
-        "SELECT revision FROM resources WHERE resource_id = ?", (first["effectId"],)
-    ).fetchone()[0]
-    settled = one(
-        executor,
-        "effect.settle",
-        {
-            "actor": MANAGER,
-            "effect_id": first["effectId"],
-            "expected_revision": revision,
-            "claim": {
-                "server_epoch": 1,
-                "owner_id": "server-1",
-                "claim_token_hash": token_hash("e"),
-                "lease_generation": claimed.receipt["leaseGeneration"],
-                "ttl_ms": 10_000,
-            },
-            "settlement": "applied",
-            "result": BlobValue.of_json({"chatId": "111", "messageId": 9}).model_dump(),
-            "external_ref": "111:9",
-        },
-    )
-    assert settled.outcome == "accepted", settled
+    settle_sent(executor, first["effectId"], claimed, "111", 9)
     (edit,) = effects(executor, channel_effects.SETTLE)
     assert edit["payload"]["body"]["message_id"] == 9
 
@@ -326,28 +303,8 @@ def test_an_ambiguous_send_is_recovered_only_through_channel_recover(executor):
     register(executor)
     waiting(executor, routes=ROUTES[:1])
     (delivery,) = effects(executor, channel_effects.DELIVER)
-    claimed = one(
-        executor,
-        "effect.claim",
-        {
-            "actor": MANAGER,
-            "channel_id": CHANNEL,
-            "owner_id": "server-1",
-            "claim_token_hash": token_hash("e"),
-            "ttl_ms": 10_000,
-        },
-    )
-    abandon = {
-        "actor": MANAGER,
-        "effect_id": delivery["effectId"],
-        "claim": {
-            "server_epoch": 1,
-            "owner_id": "server-1",
-            "claim_token_hash": token_hash("e"),
-            "lease_generation": claimed.receipt["leaseGeneration"],
-            "ttl_ms": 10_000,
-        },
-    }
+    claimed = claim(executor, channel_id=CHANNEL)
+    abandon = {"actor": MANAGER, "effect_id": delivery["effectId"], "claim": held(claimed)}
     assert one(executor, "effect.abandon", abandon).receipt["effectStatus"] == "ambiguous"  # a manual send
     refused = one(executor, "effect.retry", {"actor": OPERATOR, "effect_id": delivery["effectId"]})
     assert refused.outcome == "rejected" and refused.receipt["code"] == "useChannelRecover"

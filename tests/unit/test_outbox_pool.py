@@ -19,6 +19,7 @@ from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.outbox import Claimed, OutboxPool
 from piworkflows.supervisor.registry import Identity
+from piworkflows.supervisor.seams import HubWiring
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,12 +65,14 @@ class Recorder:
 def pool(writer: FakeWriter, workers: int = 2) -> tuple[OutboxPool, FakeClock, Recorder, list[str]]:
     clock, recorder, woken = FakeClock(), Recorder(), []
     built = OutboxPool(
-        writer,
-        recorder,
-        Settings(outbox_workers=workers),
-        clock,
-        server_epoch=lambda: 7,
-        wake_scheduler=lambda: woken.append("scheduler"),
+        HubWiring(
+            writer,
+            recorder,
+            Settings(outbox_workers=workers),
+            clock,
+            server_epoch=lambda: 7,
+            wake_scheduler=lambda: woken.append("scheduler"),
+        )
     )
     return built, clock, recorder, woken
 
