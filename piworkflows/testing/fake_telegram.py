@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -92,6 +93,16 @@ class Message:
         return shown
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone before its answer (an adapter killed mid-request) is normal here; any
+        other error still prints its traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class FakeTelegram:
     token: str
@@ -107,7 +118,7 @@ class FakeTelegram:
         self._faults: dict[str, deque[Fault]] = {}
         self._next_update = 1
         self._next_message: dict[int, int] = {}
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     # --- the server ---------------------------------------------------------------------------
@@ -123,8 +134,7 @@ class FakeTelegram:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         server = self._server
         self._thread = threading.Thread(target=lambda: server.serve_forever(0.05), name="fake-telegram", daemon=True)
         self._thread.start()
