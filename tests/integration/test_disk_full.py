@@ -6,6 +6,7 @@ and serves again by itself once space returns. Injected ``ENOSPC``/``EIO`` at ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -152,10 +153,25 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def usage(disk: Path) -> str:
+    """What the disk holds, for a failure's message: its free blocks and inodes, its largest files."""
+    stat = os.statvfs(disk)
+    files = []
+    for path in disk.rglob("*"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            files.append((path.lstat().st_size, str(path.relative_to(disk))))
+    files.sort(reverse=True)
+    return f"free {stat.f_bavail} of {stat.f_blocks} blocks, {stat.f_favail} inodes; largest: {files[:8]}"
+
+
 def fill(disk: Path) -> Path:
     """Take every free byte of the disk with one file."""
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    try:
+        f = open(filler, "wb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise AssertionError(f"cannot create the filler ({exc}): {usage(disk)}") from None
+    with f:
         try:
             while True:
                 f.write(b"\0" * 65536)
