@@ -26,7 +26,7 @@ import uuid
 from typing import Any
 
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import envelope
 
 
 class ClientError(Exception):
@@ -86,7 +86,7 @@ class WorkflowClient:
         if hello.get("type") == "refused":
             self.close()
             raise ServerRefused(str(hello.get("code")), str(hello.get("error") or "the server refused the connection"))
-        if hello.get("type") != "hello" or hello.get("schema") != client_v1.SCHEMA:
+        if hello.get("type") != "hello" or hello.get("schema") != envelope.SCHEMA:
             self.close()
             raise ClientError("the server did not greet with pi-workflows.client.v1")
         self.connection_id = hello["connectionId"]
@@ -110,10 +110,11 @@ class WorkflowClient:
         assert self._sock is not None
         self._sock.settimeout(None)
 
-    def send(self, request: client_v1.Request) -> None:
-        """One request line, its answer not awaited (a watch reads its messages itself)."""
+    def send(self, line: bytes) -> None:
+        """One request line (``envelope.request_line``), its answer not awaited (a watch reads its
+        messages itself)."""
         assert self._sock is not None
-        self._sock.sendall(client_v1.encode(request))
+        self._sock.sendall(line)
 
     def shutdown(self) -> None:
         """End the connection now, also for a thread blocked reading it."""
@@ -129,7 +130,7 @@ class WorkflowClient:
         return self._read_message()
 
     def _read_message(self) -> dict[str, Any]:
-        line = self._file.readline(client_v1.MAX_MESSAGE_BYTES + 1)
+        line = self._file.readline(envelope.MAX_MESSAGE_BYTES + 1)
         if not line.endswith(b"\n"):
             raise ConnectionError("the server closed the connection")
         message: dict[str, Any] = json.loads(line)
@@ -144,7 +145,7 @@ class WorkflowClient:
         run_id: str | None = None,
         expected_revision: int | None = None,
         idempotency_key: str | None = None,
-    ) -> client_v1.Response:
+    ) -> envelope.Response:
         """Send one request; retry transport loss and ``unavailable`` with the same key."""
         key = idempotency_key or "key-" + uuid.uuid4().hex
         deadline = time.monotonic() + self.retry_for
@@ -165,26 +166,29 @@ class WorkflowClient:
 
     def _exchange(
         self, operation: str, payload: Any, run_id: str | None, expected_revision: int | None, key: str
-    ) -> client_v1.Response:
-        request = client_v1.Request(
-            requestId="req-" + uuid.uuid4().hex,
-            clientId=self.client_id,
+    ) -> envelope.Response:
+        request_id = "req-" + uuid.uuid4().hex
+        line = envelope.request_line(
+            request_id=request_id,
+            client_id=self.client_id,
             operation=operation,
-            idempotencyKey=key,
+            idempotency_key=key,
             payload=payload,
-            runId=run_id,
-            expectedRevision=expected_revision,
+            run_id=run_id,
+            expected_revision=expected_revision,
         )
         assert self._sock is not None
-        self._sock.sendall(client_v1.encode(request))
+        self._sock.sendall(line)
         while True:
             message = self._read_message()
-            if message.get("type") == "response" and message.get("requestId") == request.requestId:
-                return client_v1.Response.model_validate(message)
+            if message.get("type") == "response" and message.get("requestId") == request_id:
+                return envelope.response_of(message)
 
     def read_content(self, run_id: str, reference: dict[str, Any]) -> bytes:
         """The whole content a run view's reference (``{"$artifact": {path, bytes, sha256, ...}}``)
         names, read chunk by chunk with ``view.content`` and verified against its length and sha256."""
+        from piworkflows.protocol import client_v1  # the chunk's model: only commands that read content
+
         artifact = reference["$artifact"]
         data = bytearray()
         while True:
@@ -275,7 +279,7 @@ def stop_server(paths: StatePaths, timeout: float = 60.0) -> bool:
 
     client = WorkflowClient(paths.state_dir, retry_for=0)
     try:
-        response: client_v1.Response | None = client.request("server.stop")
+        response: envelope.Response | None = client.request("server.stop")
     except (ServerNotRunning, OSError, ConnectionError):
         response = None
     finally:

@@ -35,6 +35,7 @@ MEDIA_TYPES = frozenset({MEDIA_JSON, MEDIA_TEXT})
 
 # Runs (WORKFLOWS.md, Run lifecycle).
 RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled"})
+RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))  # the protocol's order (run.list's status filter)
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
 # The run's histories a view.page reads (writer/views/pages.py), in the order of the run view.
 PAGE_KINDS = (

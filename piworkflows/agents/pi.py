@@ -19,8 +19,11 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from piworkflows.settings import Settings
+if TYPE_CHECKING:
+    from piworkflows.settings import Settings  # only a type here: the CLI starts without pydantic
+
 
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PI_VERSION = "0.73.1"

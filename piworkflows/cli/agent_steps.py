@@ -29,7 +29,6 @@ from piworkflows.cli.logs import Ask, asker, read_content
 from piworkflows.cli.runs import run_group
 from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
 from piworkflows.paths import StatePaths
-from piworkflows.settings import Settings
 from piworkflows.states import AGENT_NODE_KINDS, MEDIA_TEXT, SUBMISSION_REJECTIONS
 
 ARGUMENT_CHARS = 160  # a tool call's arguments, as one line of JSON
@@ -200,6 +199,8 @@ def submit(paths: StatePaths, run_id: str, node: str, output_json: str, as_json:
         "operator": True,
     }
     check("interaction.submit", payload, run_id)
+    from piworkflows.settings import Settings  # pydantic: only where a setting is read
+
     timeout = Settings.from_env().validate_timeout_ms / 1000 + 30  # the answer waits for the validator
     try:
         with WorkflowClient(paths.state_dir, client_id=OPERATOR_CLIENT_ID, timeout=timeout) as client:

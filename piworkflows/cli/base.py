@@ -7,18 +7,18 @@ commands to ``main`` here and answers through ``accepted``/``fail``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import click
-from pydantic import TypeAdapter, ValidationError
 
 from piworkflows.client import ServerNotRunning, ServerRefused, StartFailed, WorkflowClient
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import envelope
 
 EXIT_RUNTIME = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
@@ -31,7 +31,26 @@ def fail(message: str) -> NoReturn:
 
 
 class _Main(click.Group):
-    """Ctrl-C anywhere exits 130 (click's own handling would print "Aborted!" and exit 1)."""
+    """Ctrl-C anywhere exits 130 (click's own handling would print "Aborted!" and exit 1).
+
+    Commands load on first use: ``modules`` (set in cli/__init__.py) names, for each top-level
+    command, the modules that add it and its subcommands, so a read command imports only its
+    own module; a listing (``--help``) loads them all."""
+
+    modules: dict[str, tuple[str, ...]] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(self.modules))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        wanted = [f"piworkflows.cli.{module}" for module in self.modules.get(cmd_name, ())]
+        if any(name not in sys.modules for name in wanted):  # "run" of runs.py alone lacks "run logs"
+            for name in wanted:
+                importlib.import_module(name)
+            from piworkflows.cli import completion  # what was added completes from the server too
+
+            completion.attach(self)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -66,17 +85,28 @@ def command_line(*args: str) -> str:
     return shlex.join(["pi-workflows", *state_dir, *args])
 
 
-_ID = TypeAdapter(client_v1.Id)
+def check_run_id(operation: str, run_id: str | None) -> None:
+    """A run id the envelope would refuse is a usage error (nothing sent): the cheap check."""
+    if run_id is not None:
+        try:
+            envelope.check_id(run_id)
+        except ValueError as exc:
+            raise click.UsageError(f"{operation}: RUN_ID: {exc}") from None
 
 
 def check(operation: str, payload: Any, run_id: str | None = None) -> None:
-    """What the CLI can check itself, with the protocol's own models: a usage error, nothing sent."""
+    """What the CLI can check itself, with the protocol's own models: a usage error, nothing sent.
+    It loads pydantic and every payload model (most of a command's start), so ``request`` runs it
+    only once the server refused the payload or no server answers."""
+    from pydantic import ValidationError
+
+    from piworkflows.protocol import client_v1
+
+    check_run_id(operation, run_id)
     try:
         client_v1.OPERATION_SHAPES[operation][0].model_validate(payload)
-        if run_id is not None:
-            _ID.validate_python(run_id)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'RUN_ID'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(payload)'}: {e['msg']}" for e in exc.errors())
         raise click.UsageError(f"{operation}: {problems}") from None
 
 
@@ -87,29 +117,41 @@ def request(
     run_id: str | None = None,
     expected_revision: int | None = None,
     idempotency_key: str | None = None,
-) -> client_v1.Response:
-    """Check what the CLI can (a usage error, nothing sent), then send one request."""
-    check(operation, payload, run_id)
+) -> envelope.Response:
+    """Send one request. A payload the server refuses as invalid (``validationFailed``: nothing
+    was written), or any request when no server answers, is checked here with the protocol's
+    models: a usage error (exit 2) that says what to fix."""
+    check_run_id(operation, run_id)
     # Operator recovery keys are derived from the effect: one client id makes a repeat adopt.
-    with connection(paths, OPERATOR_CLIENT_ID if idempotency_key is not None else None) as client:
-        return client.request(
+    client_id = OPERATOR_CLIENT_ID if idempotency_key is not None else None
+    with connection(paths, client_id, unanswered=lambda: check(operation, payload, run_id)) as client:
+        response = client.request(
             operation, payload, run_id=run_id, expected_revision=expected_revision, idempotency_key=idempotency_key
         )
+    refused = response.receipt.get("code") if isinstance(response.receipt, dict) else None
+    if response.outcome == "rejected" and refused == "validationFailed":
+        check(operation, payload, run_id)  # else the server refused something no model checks: its answer
+    return response
 
 
 @contextlib.contextmanager
-def connection(paths: StatePaths, client_id: str | None = None) -> Iterator[WorkflowClient]:
-    """A client of the running server, without retries; no server (or a lost one) is the CLI's failure."""
+def connection(
+    paths: StatePaths, client_id: str | None = None, unanswered: Callable[[], None] | None = None
+) -> Iterator[WorkflowClient]:
+    """A client of the running server, without retries; no server (or a lost one) is the CLI's
+    failure, after ``unanswered`` (a check that may find a usage error first)."""
     try:
         with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
             yield client
     except ServerRefused as exc:
         fail(str(exc))
     except (ServerNotRunning, OSError, ConnectionError):
+        if unanswered is not None:
+            unanswered()
         fail(f"no server is running for {paths.state_dir}; start it with 'pi-workflows server start'")
 
 
-def accepted(response: client_v1.Response) -> Any:
+def accepted(response: envelope.Response) -> Any:
     if response.outcome not in ("accepted", "adopted"):
         code = (response.receipt or {}).get("code", "?") if isinstance(response.receipt, dict) else "?"
         fail(f"{response.outcome} ({code}): {response.error}")

@@ -25,7 +25,6 @@ from click.shell_completion import CompletionItem, get_completion_class
 
 from piworkflows.cli.base import main
 from piworkflows.client import WorkflowClient
-from piworkflows.settings import Settings
 
 COMPLETE_VAR = "_PI_WORKFLOWS_COMPLETE"
 SHELLS = ("bash", "zsh", "fish")
@@ -51,6 +50,8 @@ def completion(shell: str) -> None:
 def _ask(ctx: click.Context, operation: str, payload: dict[str, Any], run_id: str | None = None) -> Any:
     """The receipt the running server answers within the completion timeout, or None."""
     try:
+        from piworkflows.settings import Settings  # pydantic: only where a setting is read
+
         timeout = Settings.from_env().completion_timeout_ms / 1000
         state_dir = ctx.find_root().params.get("state_dir")
         with WorkflowClient(state_dir, retry_for=0, timeout=timeout) as client:

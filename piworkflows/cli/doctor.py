@@ -6,12 +6,15 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from piworkflows.agents import pi
 from piworkflows.cli.base import EXIT_RUNTIME, main
-from piworkflows.settings import Settings
+
+if TYPE_CHECKING:
+    from piworkflows.settings import Settings
 
 PROBE_PROMPT = "Reply with the single word OK."
 PROBE_TIMEOUT_S = 120
@@ -46,6 +49,8 @@ def doctor(offline: bool) -> None:
 
     Example: pi-workflows doctor --offline
     """
+    from piworkflows.settings import Settings  # pydantic: only this command
+
     settings = Settings.from_env()
     problems = 0
     node = shutil.which("node")

@@ -26,7 +26,7 @@ from piworkflows import canonical
 from piworkflows.cli.base import accepted, main, request, span
 from piworkflows.isotime import epoch_ms
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import client_v1
+from piworkflows.states import RUN_STATUS_VALUES
 
 DURATION = re.compile(r"([1-9][0-9]*)([smhdw])\Z")
 UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -59,7 +59,7 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> int
     "--status",
     "statuses",
     multiple=True,
-    type=click.Choice(client_v1.RUN_STATUS_VALUES),
+    type=click.Choice(RUN_STATUS_VALUES),
     help="Only runs with this durable status; repeat for several.",
 )
 @click.option("--workflow", help="Only runs of this workflow (its name: demo for builtin:demo).")

@@ -7,7 +7,6 @@ import json
 import click
 
 from piworkflows.cli.base import main
-from piworkflows.protocol import client_v1
 
 
 @main.group()
@@ -24,4 +23,6 @@ def protocol_schema() -> None:
 
     Example: pi-workflows protocol schema > schema.json
     """
+    from piworkflows.protocol import client_v1  # pydantic and every model: only this command
+
     click.echo(json.dumps(client_v1.schema_document(), indent=2, sort_keys=True))

@@ -16,6 +16,7 @@ from piworkflows.cli.base import (
     EXIT_RUNTIME,
     accepted,
     check,
+    check_run_id,
     connection,
     fail,
     main,
@@ -138,7 +139,7 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(canonical.dumps(accepted(request(paths, "run.status", {}, run_id=run_id))))
         return
-    check("view.run.get", {}, run_id)
+    check_run_id("view.run.get", run_id)  # its payload is always {}
     with connection(paths) as client:
         view = run_view.get(client, run_id)
     for line in story.story(view):

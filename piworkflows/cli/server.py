@@ -19,8 +19,6 @@ from piworkflows.client import (
     stop_server,
 )
 from piworkflows.paths import StatePaths
-from piworkflows.settings import Settings
-from piworkflows.supervisor import registry
 
 
 @main.group()
@@ -72,6 +70,8 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
         fail(str(exc))
     except (ServerNotRunning, OSError, ConnectionError):
         # No answer: stopping while a process host.json records lives (identity checked).
+        from piworkflows.supervisor import registry  # psutil: only when the server did not answer
+
         pids = [identity.pid for identity in registry.live(paths.registry)]
         if as_json:
             click.echo(
@@ -147,6 +147,9 @@ def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
 
 def _kill_server(paths: StatePaths) -> None:
     """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
+    from piworkflows.settings import Settings  # pydantic: only where a setting is read
+    from piworkflows.supervisor import registry
+
     killed = registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000)
     for identity in killed:
         click.echo(

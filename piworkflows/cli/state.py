@@ -15,8 +15,9 @@ from piworkflows import canonical
 from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, command_line, fail, main, request
 from piworkflows.cli.runs import run_group
 from piworkflows.client import WorkflowClient
+from piworkflows.isotime import prune_before_ms
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import envelope
 
 
 @main.group("state")
@@ -60,11 +61,11 @@ def _print_violations(violations: dict[str, list[str]]) -> None:
 
 def _with_progress(
     paths: StatePaths, operation: str, payload: dict[str, Any], key: str | None, show: bool
-) -> client_v1.Response:
+) -> envelope.Response:
     """Send a long maintenance request; on a terminal, draw its progress from state.status polled
     on a second connection meanwhile."""
     check(operation, payload)  # a usage error is raised here, not in the thread below
-    answer: list[client_v1.Response] = []
+    answer: list[envelope.Response] = []
     worker = threading.Thread(
         target=lambda: answer.append(request(paths, operation, payload, idempotency_key=key)), daemon=True
     )
@@ -110,7 +111,7 @@ def state_backup(paths: StatePaths, destination: str, as_json: bool) -> None:
 
 def _prune_before(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        client_v1.prune_before_ms(value)
+        prune_before_ms(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return value

@@ -19,103 +19,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
 from itertools import accumulate
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
+from piworkflows.isotime import prune_before_ms as prune_before_ms  # StatePrunePayload.before
+from piworkflows.protocol.envelope import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # owned there, as below
+from piworkflows.protocol.envelope import OPERATIONS as OPERATIONS
+from piworkflows.protocol.envelope import SCHEMA as SCHEMA
+from piworkflows.protocol.envelope import UPSTREAM_UNSERVED as UPSTREAM_UNSERVED
+from piworkflows.protocol.envelope import check_id
 from piworkflows.protocol.internal.agents import MAX_UPDATE_CHARS
-from piworkflows.states import PAGE_KINDS, RUN_STATUSES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
+from piworkflows.states import PAGE_KINDS, RUN_STATUS_VALUES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
-SCHEMA: Final = "pi-workflows.client.v1"
-MAX_MESSAGE_BYTES = 1_048_576  # including the newline
 # The deepest ``[``/``{`` nesting of a received line, the envelope object being level 1. JavaScript's
 # parser accepts far deeper text; Python's readers recurse once per level, so the limit is ours.
 MAX_NESTING = 512
 
-OPERATIONS = (
-    # run control
-    "run.start",
-    "run.pause",
-    "run.resume",
-    "run.cancel",
-    "run.restart",
-    "run.changeSettings",
-    "run.status",
-    "run.list",
-    # answers and agent work
-    "checkpoint.answer",
-    "decision.answer",
-    "interaction.submit",
-    "interaction.assistant",
-    "interaction.update",
-    # origin-session reports
-    "workflowMessage.reportBranch",
-    "workflowTurn.report",
-    "sessionView.clearTerminal",
-    "followUp.queue",
-    "followUp.remove",
-    "session.record",
-    # channels
-    "channel.status",
-    "channel.reload",
-    "channel.recover",
-    # resource managers
-    "resourceManager.list",
-    "resourceManager.get",
-    "resourceManager.apply",
-    "resourceManager.reconcile",
-    "resourceManager.delete",
-    # server
-    "server.status",
-    "server.stop",
-    # views
-    "view.runs.watch",
-    "view.runs.page",
-    "view.run.get",
-    "view.run.watch",
-    "view.run.unwatch",
-    "view.page",
-    "view.content",
-    "view.session.watch",
-    # maintenance
-    "state.status",
-    "state.verify",
-    "state.backup",
-    "state.prune",
-    # piworkflows additions
-    "effect.list",
-    "effect.confirm",
-    "effect.retry",
-    "protocol.schema",
-    "run.delete",
-    "workflow.list",
-    "workflow.show",
-    "run.logs",
-    "run.transcript",
-)
-
-# Operations of upstream Pi Workflows' older and newer lists that this server does not serve: a
-# request naming one parses, is answered ``rejected`` ``notAvailable`` (nothing stored) and the
-# connection stays open. Any other unknown name is a malformed frame.
-UPSTREAM_UNSERVED = (
-    "host.status",
-    "host.stop",
-    "notification.claim",
-    "notification.deliver",
-    "turn.claim",
-    "turn.resolve",
-    "controller.list",
-    "controller.get",
-    "controller.apply",
-    "controller.reconcile",
-    "controller.delete",
-    "activity.report",
-    "view.session.window",
-)
 assert not set(UPSTREAM_UNSERVED) & set(OPERATIONS)
 
 # Reads are never stored in host_commands.
@@ -135,7 +58,6 @@ SESSION_ANSWER_OPERATIONS = frozenset(
     }
 )
 
-RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))
 
 EVENTS = ("runs", "run_snapshot", "run_patch", "run_page", "session_snapshot", "unavailable")
 
@@ -144,13 +66,7 @@ class MalformedFrame(Exception):
     """The line is not a valid protocol message: close this one connection."""
 
 
-def _id_bytes(value: str) -> str:
-    if not value or len(value.encode("utf-8", "surrogatepass")) > 256:
-        raise ValueError("an id is a non-empty string of at most 256 bytes")
-    return value
-
-
-Id = Annotated[str, AfterValidator(_id_bytes)]
+Id = Annotated[str, AfterValidator(check_id)]
 Outcome = Literal["accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable"]
 assert set(Outcome.__args__) == set(OUTCOMES)  # type: ignore[attr-defined]
 
@@ -943,18 +859,6 @@ class StatePrunePayload(Payload):
     before: str = Field(min_length=1, max_length=64)
     apply: bool = False
     backupPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
-
-
-def prune_before_ms(before: str) -> int:
-    """``StatePrunePayload.before`` in epoch milliseconds (the router's check and the CLI's
-    ``--before``); ValueError, its message the fix, unless an ISO 8601 time with a zone after 1970."""
-    try:
-        moment: datetime | None = datetime.fromisoformat(before)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None or moment.timestamp() < 0:
-        raise ValueError("before must be an ISO 8601 time with a zone (after 1970), e.g. 2026-08-01T00:00:00Z")
-    return int(moment.timestamp() * 1000)
 
 
 class PruneBlocked(BaseModel):

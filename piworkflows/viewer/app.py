@@ -35,7 +35,7 @@ from textual.worker import get_current_worker
 from piworkflows.cli import run_view, story
 from piworkflows.client import ClientError, WorkflowClient
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import envelope
 from piworkflows.states import RUN_STATUSES
 from piworkflows.viewer import text
 from piworkflows.views.watch import RunsWatch, RunWatch, WatchEnded
@@ -393,6 +393,6 @@ class Viewer(App[None]):
         self.run_worker(request, thread=True, group="controls")
 
 
-def _refused(operation: str, response: client_v1.Response) -> str:
+def _refused(operation: str, response: envelope.Response) -> str:
     code = response.receipt.get("code") if isinstance(response.receipt, dict) else None
     return f"{operation}: {response.outcome} ({code}): {response.error}"

@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from piworkflows.client import ClientError, ServerNotRunning, ServerRefused, WorkflowClient
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import envelope
 from piworkflows.views.materialize import Document, Gap
 
 
@@ -80,15 +80,15 @@ class _Watch:
         payload = {**self.payload, "subscriptionId": self.subscription_id}
         if self.revision is not None and self.operation == "view.run.watch":
             payload["revision"] = self.revision
-        request = client_v1.Request(
-            requestId=self._request_id,
-            clientId=client.client_id,
+        line = envelope.request_line(
+            request_id=self._request_id,
+            client_id=client.client_id,
             operation=self.operation,
-            idempotencyKey="key-" + uuid.uuid4().hex,
+            idempotency_key="key-" + uuid.uuid4().hex,
             payload=payload,
-            runId=self.run_id,
+            run_id=self.run_id,
         )
-        client.send(request)
+        client.send(line)
         self._client = client
         threading.Thread(target=self._read, args=(self._generation, client), daemon=True, name="watch").start()
 

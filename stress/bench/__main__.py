@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import agents, effects, lists, logs, retention, runs, server, startup, views, writer
+from stress.bench import agents, cli, effects, lists, logs, retention, runs, server, startup, views, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -20,6 +20,7 @@ BENCHMARKS = {
     "agents": agents,
     "lists": lists,
     "views": views,
+    "cli": cli,
 }
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from piworkflows.cli import main
+from piworkflows.cli import COMMAND_MODULES, main
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,3 +59,30 @@ def test_every_command_has_a_line_in_the_readme(path):
     *group, name = path
     prefix = "pi-workflows " + "".join(f"{part} " for part in group)
     assert re.search(re.escape(prefix) + r"(?:[\w-]+\|)*" + re.escape(name) + r"\b", README), " ".join(path)
+
+
+TREE = """
+import json, click
+from piworkflows.cli import COMMAND_MODULES, main
+def tree(command):
+    if not isinstance(command, click.Group):
+        return sorted(p.name for p in command.params if isinstance(p.type, click.ParamType) and p.name) + [
+            type(p.type).__name__ for p in command.params]
+    context = click.Context(command)
+    return {name: tree(command.get_command(context, name)) for name in command.list_commands(context)}
+"""
+
+
+def _tree(code: str) -> object:
+    done = subprocess.run([sys.executable, "-c", TREE + code], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def test_each_command_loads_whole_from_its_modules_alone():
+    """COMMAND_MODULES is complete: a command loaded on its own (a fresh process, nothing else
+    loaded) has every subcommand and parameter, completion included, that loading all gives."""
+    everything = _tree("print(json.dumps(tree(main)))")
+    assert isinstance(everything, dict) and set(everything) == set(COMMAND_MODULES)
+    for name in COMMAND_MODULES:
+        alone = _tree(f"print(json.dumps(tree(main.get_command(click.Context(main), {name!r}))))")
+        assert alone == everything[name], name
