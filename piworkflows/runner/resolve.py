@@ -95,19 +95,12 @@ def resolve(request: ResolveRequest) -> Resolution:
         except LOAD_FAILURES as exc:
             message = "the title function failed: " + failures.describe(exc, source).text
             return Resolution(ok=False, code="titleFailed", message=message)
-    identity = source.identity
     return Resolution(
         ok=True,
         workflow_name=compiled.workflow.name,
         snapshot=compiled.snapshot_bytes,
         digest=compiled.digest,
-        source=RunSource(
-            source_kind=identity.source_kind,
-            source_path=identity.source_path,
-            source_sha256=identity.source_sha256,
-            builtin_id=identity.builtin_id,
-            builtin_revision=identity.builtin_revision,
-        ),
+        source=RunSource.of_identity(source.identity),
         title=title,
         max_steps=compiled.workflow.max_steps,
     )

@@ -12,6 +12,14 @@ code never runs in the supervisor.
            children exist, further requests wait for one; a request may take
            resolve_timeout_ms (validate_timeout_ms for a validation)
 
+A run.start of a source already resolved skips the child: the supervisor runs
+discovery itself (files and their bytes only, never workflow code: the same
+first hit, shadowing included, and the same identity, a file's SHA-256 or a
+built-in's declared revision) and, when that identity is one a child resolved
+before for a workflow without a title function (nothing in the answer then
+depends on the input), answers with that child's resolution (``_kept``, the
+last ``KEPT`` sources). Anything else, a failure included, goes to a child.
+
 A bare Python start costs well over 100 ms here, so children answer many
 requests. Every child is in host.json while it lives; an idle child exits by
 itself when the supervisor is gone (its stdin closes). A child's own log
@@ -26,6 +34,8 @@ import asyncio
 import logging
 import os
 import struct
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from piworkflows import faults
@@ -49,11 +59,13 @@ from piworkflows.supervisor.logs import relay_child_log
 from piworkflows.supervisor.seams import ChildRecorder
 from piworkflows.supervisor.spawn import spawn_child
 from piworkflows.supervisor.stderr import StderrTail, exit_text
+from piworkflows.workflows import WorkflowDefinitionError, discovery
 
 log = logging.getLogger("piworkflows.supervisor")
 
 RESOLVER_MARKER = "piworkflows.runner"
 MAX_USES = 1000
+KEPT = 64  # resolutions kept by source identity
 UNRESOLVED = "the workflow code could not be loaded (its resolver child broke)"
 UNVALIDATED = "the output could not be validated (the workflow code's child broke)"
 
@@ -76,6 +88,7 @@ class Resolvers:
         self._idle: list[_Child] = []
         self._slots = asyncio.Semaphore(settings.resolvers)
         self._failures = 0  # children that broke or hung so far
+        self._kept: OrderedDict[tuple[str, RunSource], Resolution] = OrderedDict()
 
     async def _spawn(self) -> _Child:
         # Like a restarted outbox worker, a child started after one broke runs without fault rules:
@@ -93,9 +106,18 @@ class Resolvers:
         return _Child(proc, stderr)
 
     async def resolve(self, project_path: str, workflow_name: str, input_value: Any) -> Resolution:
+        found = _discovered(project_path, workflow_name)
+        key = (str(found.path), RunSource.of_identity(found.identity)) if found is not None else None
+        if key is not None and (kept := self._kept.get(key)) is not None:
+            self._kept.move_to_end(key)
+            return kept
         request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
         answer = await self._ask_definition(request)
         assert isinstance(answer, Resolution)
+        if key is not None and answer.ok and answer.title is None and answer.source == key[1]:
+            self._kept[key] = answer  # no title function: the answer is the source's alone
+            if len(self._kept) > KEPT:
+                self._kept.popitem(last=False)
         return answer
 
     async def show(self, project_path: str, workflow_name: str) -> WorkflowShown:
@@ -199,3 +221,12 @@ class Resolvers:
         idle, self._idle = self._idle, []
         for child in idle:
             await self._end(child)
+
+
+def _discovered(project_path: str, workflow_name: str) -> discovery.ResolvedSource | None:
+    """The source a child would find for ``workflow_name`` (read, not run), or None where the
+    child is to say why not."""
+    try:
+        return discovery.resolve(workflow_name, Path(project_path))
+    except (discovery.WorkflowNotFound, OSError, WorkflowDefinitionError):
+        return None

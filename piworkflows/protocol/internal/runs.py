@@ -29,6 +29,17 @@ class RunSource(Model):
         return self
 
     @classmethod
+    def of_identity(cls, identity: Any) -> RunSource:
+        """A discovered source's identity (workflows/discovery.py ``SourceIdentity``)."""
+        return cls(
+            source_kind=identity.source_kind,
+            source_path=identity.source_path,
+            source_sha256=identity.source_sha256,
+            builtin_id=identity.builtin_id,
+            builtin_revision=identity.builtin_revision,
+        )
+
+    @classmethod
     def of_view(cls, view: dict[str, Any]) -> RunSource:
         """The identity a run view shows (``{kind, path, sha256}`` or ``{kind, id, revision}``)."""
         if view["kind"] == "file":
