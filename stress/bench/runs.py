@@ -20,8 +20,17 @@ polls the cheap ``server.status`` counts every 20 ms; every run is checked
 ``completed`` after the clock stopped). ``dbos_workflows_per_s``: the same
 10-step workflow on DBOS Transact (``stress/bench/dbos_side.py``, its own
 process, the optional ``bench`` extra), measured in the same invocation;
-``ratio_vs_dbos`` = ours / theirs (target >= 2). Without ``dbos`` installed
+``ratio_vs_dbos`` = ours / theirs (target >= 2.5). Without ``dbos`` installed
 both print ``null``.
+
+``cpu_ms_per_start``: the CPU (user + system) each process role spent per acknowledged start
+while the clients ran: the supervisor, the writer, the resolver children (psutil, roles from
+host.json) and the client processes (their own ``os.times``). ``cpu_ms_per_node``: the same per
+executed node of the workflow part, runners included (runs they finished while measured; a
+runner that exited in between is not counted).
+
+Everything is measured ``--repeat`` times (default 3) in this one invocation; each figure is the
+median of its rounds, each ratio the median of its rounds' ratios (``*_rounds`` lists them).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
@@ -39,10 +49,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.clock import SystemClock
 from piworkflows.paths import StatePaths
 from piworkflows.settings import Settings
+from piworkflows.supervisor import registry
 from piworkflows.writer import db, schema, viewer_notify
 from piworkflows.writer.views import projection
 from stress.bench.fs import bench_dir, cleanup, filesystem_of
@@ -52,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--starts", type=int, default=100, help="run.start requests per client")
     parser.add_argument("--workflows", type=int, default=200, help="10-node workflow runs")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; each figure is their median")
     parser.add_argument("--dir", help="where to create the temporary state dirs (a disk, not tmpfs)")
 
 
@@ -60,6 +74,7 @@ def _client(state_dir: str, project: str, starts: int, go: Any, out: Any) -> Non
         client.connect()
         out.put(0)  # ready: started, imported and connected before the clock
         go.wait()
+        began = os.times()
         for n in range(starts):
             payload = {
                 "projectPath": project,
@@ -69,7 +84,8 @@ def _client(state_dir: str, project: str, starts: int, go: Any, out: Any) -> Non
             response = client.request("run.start", payload)
             if response.outcome != "accepted":
                 raise SystemExit(f"run.start answered {response.outcome}: {response.error}")
-    out.put(starts)
+        ended = os.times()
+    out.put((starts, (ended.user - began.user) + (ended.system - began.system)))
 
 
 def _warm_up(paths: StatePaths, project: str) -> None:
@@ -88,7 +104,33 @@ def _warm_up(paths: StatePaths, project: str) -> None:
         thread.join()
 
 
-def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) -> float:
+def server_cpu(paths: StatePaths) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of the server's processes: pid -> (role, user + system), the supervisor
+    and every descendant (roles from host.json; a descendant it does not record: its parent's)."""
+    roles = {identity.pid: identity.role for identity in registry.live(paths.registry)}
+    supervisor = psutil.Process(next(pid for pid, role in roles.items() if role == "supervisor"))
+    found: dict[int, tuple[str, float]] = {}
+    for proc in [supervisor, *supervisor.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            role = roles.get(proc.pid) or roles.get(proc.ppid(), "other")
+        except psutil.NoSuchProcess:
+            continue
+        found[proc.pid] = (role, times.user + times.system)
+    return found
+
+
+def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each role spent between two ``server_cpu`` readings (a process that ended in
+    between is not counted: runners are off and resolvers are recycled only after 1,000 requests)."""
+    spent: dict[str, float] = {}
+    for pid, (role, seconds) in after.items():
+        spent[role] = spent.get(role, 0.0) + seconds - before.get(pid, (role, 0.0))[1]
+    return spent
+
+
+def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) -> tuple[float, dict[str, float]]:
+    """Run starts per second, and the CPU milliseconds per start of each process role."""
     # Runs are only started here (no runners: execution is measured separately).
     os.environ.update(PI_WORKFLOWS_SQL_TRACE_PATH=str(trace), PI_WORKFLOWS_MAX_RUNNERS="0")
     try:
@@ -104,14 +146,18 @@ def measure_server(paths: StatePaths, clients: int, starts: int, trace: Path) ->
         p.start()
     for _ in procs:
         out.get(timeout=120)
+    cpu_before = server_cpu(paths)
     began = time.perf_counter()
     go.set()
-    total = sum(out.get(timeout=600) for _ in procs)
+    answers = [out.get(timeout=600) for _ in procs]
     elapsed = time.perf_counter() - began
+    spent = cpu_by_role(cpu_before, server_cpu(paths))
+    spent["client"] = sum(cpu for _, cpu in answers)
+    total = sum(count for count, _ in answers)
     for p in procs:
         p.join()
     stop_server(paths)
-    return total / elapsed
+    return total / elapsed, {role: round(seconds * 1000 / total, 3) for role, seconds in sorted(spent.items())}
 
 
 TEN_NODES = """
@@ -123,7 +169,8 @@ workflow = define_workflow("ten-nodes", "n0", {f"n{i}": compute(step(i)) for i i
 """
 
 
-def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float]:
+def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float, dict[str, float]]:
+    """Workflows and nodes per second, and the CPU milliseconds per node of each process role."""
     project = paths.state_dir.parent / "project"
     (project / ".pi" / "workflows").mkdir(parents=True)
     (project / ".pi" / "workflows" / "ten-nodes.workflow.py").write_text(TEN_NODES)
@@ -134,17 +181,20 @@ def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float]:
         wait_idle(client)
         if any(r.outcome != "accepted" for r in warm_up):
             raise SystemExit("the warm-up runs failed")
+        cpu_before = server_cpu(paths)
         began = time.perf_counter()
         for _ in range(count):
             if client.request("run.start", payload).outcome != "accepted":
                 raise SystemExit("run.start failed")
         wait_idle(client)
         elapsed = time.perf_counter() - began
+        spent = cpu_by_role(cpu_before, server_cpu(paths))
         page = client.request("run.list", {"limit": 256}).receipt
         if sum(1 for i in page["items"] if i["display"]["status"] == "completed") != count + len(warm_up):
             raise SystemExit("a benchmark run did not complete")
     stop_server(paths)
-    return count / elapsed, count * 10 / elapsed
+    per_node = {role: round(seconds * 1000 / (count * 10), 3) for role, seconds in sorted(spent.items())}
+    return count / elapsed, count * 10 / elapsed, per_node
 
 
 def measure_dbos(base: Path, count: int) -> dict[str, Any] | None:
@@ -152,7 +202,7 @@ def measure_dbos(base: Path, count: int) -> dict[str, Any] | None:
     if importlib.util.find_spec("dbos") is None:
         return None
     directory = base / "dbos"
-    directory.mkdir()
+    directory.mkdir(parents=True)
     done = subprocess.run(
         [sys.executable, "-m", "stress.bench.dbos_side", str(directory), str(count)],
         capture_output=True,
@@ -209,32 +259,70 @@ def measure_raw(paths: StatePaths, commands: list[list[str]]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Each figure is the median of ``--repeat`` measurements in this one invocation, each ratio
+    the median of the ratios of its rounds (a server round, then its raw replay; our workflows,
+    then DBOS's)."""
     base = bench_dir(args.dir)
+    count = min(args.workflows, 252)
+    rounds: list[dict[str, Any]] = []
     try:
-        trace = base / "writer-sql.trace"
-        server_rate = measure_server(StatePaths.resolve(base / "s"), args.clients, args.starts, trace)
-        commands = run_create_commands(trace)
-        raw_rate = measure_raw(StatePaths.resolve(base / "raw"), commands)
-        workflows, nodes = measure_workflows(StatePaths.resolve(base / "w" / "s"), min(args.workflows, 252))
-        dbos = measure_dbos(base, min(args.workflows, 252))
+        for n in range(args.repeat):
+            trace = base / f"writer-sql-{n}.trace"
+            server_rate, cpu = measure_server(StatePaths.resolve(base / f"s{n}"), args.clients, args.starts, trace)
+            commands = run_create_commands(trace)
+            raw_rate = measure_raw(StatePaths.resolve(base / f"raw{n}"), commands)
+            workflows, nodes, node_cpu = measure_workflows(StatePaths.resolve(base / f"w{n}" / "s"), count)
+            dbos = measure_dbos(base / f"d{n}", count)
+            rounds.append(
+                {
+                    "run_start_per_s": server_rate,
+                    "raw_same_statements_per_s": raw_rate,
+                    "ratio_run_start": server_rate / raw_rate,
+                    "cpu_ms_per_start": cpu,
+                    "statements": sum(map(len, commands)) / len(commands),
+                    "run_starts": len(commands),
+                    "workflows_per_s": workflows,
+                    "nodes_per_s": nodes,
+                    "cpu_ms_per_node": node_cpu,
+                    "dbos_workflows_per_s": dbos["workflows_per_s"] if dbos else None,
+                    "ratio_vs_dbos": workflows / dbos["workflows_per_s"] if dbos else None,
+                    "dbos": dbos["dbos"] if dbos else None,
+                }
+            )
         fstype = filesystem_of(base)
     finally:
         cleanup(base)
+
+    def median(name: str, digits: int = 1) -> float | None:
+        values = [r[name] for r in rounds if r[name] is not None]
+        return round(statistics.median(values), digits) if values else None
+
+    roles = sorted({role for r in rounds for role in r["cpu_ms_per_start"]})
+    cpu = {role: round(statistics.median(r["cpu_ms_per_start"].get(role, 0.0) for r in rounds), 3) for role in roles}
+    node_roles = sorted({role for r in rounds for role in r["cpu_ms_per_node"]})
+    node_cpu = {
+        role: round(statistics.median(r["cpu_ms_per_node"].get(role, 0.0) for r in rounds), 3) for role in node_roles
+    }
     return {
         "benchmark": "runs",
+        "repeat": args.repeat,
         "clients": args.clients,
-        "run_starts": len(commands),
-        "run_start_per_s": round(server_rate, 1),
-        "raw_same_statements_per_s": round(raw_rate, 1),
-        "ratio_run_start": round(server_rate / raw_rate, 2),
-        "statements_per_run_start": round(sum(map(len, commands)) / len(commands), 1),
-        "workflows": min(args.workflows, 252),
+        "run_starts": rounds[0]["run_starts"],
+        "run_start_per_s": median("run_start_per_s"),
+        "raw_same_statements_per_s": median("raw_same_statements_per_s"),
+        "ratio_run_start": median("ratio_run_start", 2),
+        "ratio_run_start_rounds": [round(r["ratio_run_start"], 2) for r in rounds],
+        "cpu_ms_per_start": cpu | {"total": round(sum(cpu.values()), 3)},
+        "statements_per_run_start": median("statements"),
+        "workflows": count,
         "runners": 4,
-        "workflows_per_s": round(workflows, 1),
-        "nodes_per_s": round(nodes, 1),
-        "dbos_workflows_per_s": dbos["workflows_per_s"] if dbos else None,
-        "ratio_vs_dbos": round(workflows / dbos["workflows_per_s"], 2) if dbos else None,
-        "dbos": dbos["dbos"] if dbos else None,
+        "workflows_per_s": median("workflows_per_s"),
+        "nodes_per_s": median("nodes_per_s"),
+        "cpu_ms_per_node": node_cpu | {"total": round(sum(node_cpu.values()), 3)},
+        "dbos_workflows_per_s": median("dbos_workflows_per_s"),
+        "ratio_vs_dbos": median("ratio_vs_dbos", 2),
+        "ratio_vs_dbos_rounds": [round(r["ratio_vs_dbos"], 2) for r in rounds if r["ratio_vs_dbos"] is not None],
+        "dbos": rounds[0]["dbos"],
         "filesystem": fstype,
         "sqlite": sqlite3.sqlite_version,
     }
