@@ -1,9 +1,11 @@
 """``pi-workflows``: the maintenance CLI. Thin wrappers over ``piworkflows.client``.
 
 Exit codes: 0 success, 1 runtime error, 2 usage error (click prints the fix),
-130 interrupted (Ctrl-C). Whatever the CLI can check itself (arguments, JSON,
-the request against the protocol's models) is a usage error before anything
-is sent.
+130 interrupted (Ctrl-C). Arguments and JSON are checked before anything
+is sent; a payload the protocol's models refuse is a usage error too, found
+once the server refused it (``validationFailed``, nothing written) or when
+no server answers (``base.request``), so that a read command starts without
+pydantic.
 The CLI never executes workflow code and opens SQLite only read-only on
 inactive files (``writer/offline.py``): to verify a backup (``state verify
 BACKUP``) and, with the server stopped, to check the state ``state reset``
