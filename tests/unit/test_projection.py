@@ -320,6 +320,25 @@ def test_a_command_that_changes_nothing_shown_advances_nothing(executor):
     assert conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone() == (before + 2,)
 
 
+def test_the_queue_row_is_written_once_per_claim_not_at_every_node(executor):
+    """The first attempt makes the queue row running; later nodes leave the row alone (the view's
+    queue.updatedAt still moves: it is the later of the run's and the queue row's times)."""
+    run = Run(executor)
+    conn = executor.conn
+    run.steps(1, 4)
+    (running_since,) = conn.execute("SELECT updated_at FROM run_queue WHERE run_id = 'run-1'").fetchone()
+    for _ in range(3):
+        executor.clock.advance(1000)  # each node later
+        run.steps(1, 4)
+    assert conn.execute("SELECT queue_status, updated_at FROM run_queue WHERE run_id = 'run-1'").fetchone() == (
+        "running",
+        running_since,
+    )
+    view = run_view(conn, "run-1")
+    assert view is not None and view["queue"]["updatedAt"] == view["state"]["updatedAt"]
+    run.follower.check()
+
+
 def test_a_restarted_writer_replaces_every_member_once(executor):
     """The projection's memory is gone: its first revision replaces each member, then patches resume."""
     run = Run(executor)

@@ -86,8 +86,10 @@ class PlannedAttempt:
             "INSERT INTO run_steps (run_id, step_index, attempt_id) VALUES (?, ?, ?)",
             (self.run_id, self.step_index, self.attempt_id),
         )
-        conn.execute(
-            "UPDATE run_queue SET queue_status = 'running', updated_at = ? WHERE run_id = ?", (now, self.run_id)
+        conn.execute(  # once per claim: a queue row already running is left as it is (not rewritten each node)
+            "UPDATE run_queue SET queue_status = 'running', updated_at = ? "
+            "WHERE run_id = ? AND queue_status != 'running'",
+            (now, self.run_id),
         )
 
 
