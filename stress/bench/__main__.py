@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import agents, cli, effects, lists, logs, retention, runs, server, startup, views, writer
+from stress.bench import agents, cli, effects, lists, logs, retention, runs, server, startup, views, wal, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -21,6 +21,7 @@ BENCHMARKS = {
     "lists": lists,
     "views": views,
     "cli": cli,
+    "wal": wal,
 }
 
 

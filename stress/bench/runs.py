@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +170,11 @@ workflow = define_workflow("ten-nodes", "n0", {f"n{i}": compute(step(i)) for i i
 """
 
 
-def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float, dict[str, float]]:
-    """Workflows and nodes per second, and the CPU milliseconds per node of each process role."""
+def measure_workflows(
+    paths: StatePaths, count: int, before_stop: Callable[[StatePaths], None] | None = None
+) -> tuple[float, float, dict[str, float]]:
+    """Workflows and nodes per second, and the CPU milliseconds per node of each process role
+    (``before_stop``: called on the idle server before it stops)."""
     project = paths.state_dir.parent / "project"
     (project / ".pi" / "workflows").mkdir(parents=True)
     (project / ".pi" / "workflows" / "ten-nodes.workflow.py").write_text(TEN_NODES)
@@ -192,6 +196,8 @@ def measure_workflows(paths: StatePaths, count: int) -> tuple[float, float, dict
         page = client.request("run.list", {"limit": 256}).receipt
         if sum(1 for i in page["items"] if i["display"]["status"] == "completed") != count + len(warm_up):
             raise SystemExit("a benchmark run did not complete")
+    if before_stop is not None:
+        before_stop(paths)
     stop_server(paths)
     per_node = {role: round(seconds * 1000 / (count * 10), 3) for role, seconds in sorted(spent.items())}
     return count / elapsed, count * 10 / elapsed, per_node
