@@ -54,11 +54,14 @@ class Settings(BaseModel):
     child_stderr_line_chars: int = Field(default=200, ge=20, le=256)  # 4 bytes a char fit a park detail
     child_stderr_drain_ms: int = Field(default=1_000, ge=10)
     # Outbox workers (PI_WORKFLOWS_OUTBOX_WORKERS): how many perform external effects at once,
-    # their restart backoff, and how long an idle worker sleeps at most without a notice.
+    # their restart backoff, how long an idle slot waits at most without a notice before it looks
+    # for a due effect again, and how long a worker with nothing to do lives on (each slot starts
+    # its worker for the first effect it claims).
     outbox_workers: int = Field(default=2, ge=0, le=64)
     outbox_restart_min_ms: int = Field(default=100, ge=1)
     outbox_restart_max_ms: int = Field(default=5_000, ge=1)
     outbox_idle_check_ms: int = Field(default=5_000, ge=10)
+    outbox_idle_exit_ms: int = Field(default=60_000, ge=10)
     # Retries of idempotent effects: exponential backoff from the base, capped, with jitter.
     effect_retry_base_ms: int = Field(default=1_000, ge=1)
     effect_retry_max_ms: int = Field(default=60_000, ge=1)

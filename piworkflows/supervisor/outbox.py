@@ -3,9 +3,11 @@
 ::
 
     start ── effect.recover (pool effects applying under dead claims end uncertain)
-          ── one task per slot: spawn `python -m piworkflows.outbox` (own process group,
-             host.json) ── wait for a notice (wake) or the next retry time
-          ── effect.claim (token here, hash in leases; the numbered attempt is recorded)
+          ── one task per slot: effect.claim (token here, hash in leases; the numbered
+             attempt is recorded) ── none due: wait for a notice (wake) or the next retry time
+          ── claimed: the slot's worker, spawned for it if the slot has none
+             (`python -m piworkflows.outbox`, own process group, host.json; none could
+             start: settled retry, surely not acted)
           ── perform ──> worker ── spawned {pid}: the command group into host.json first
           ── blob.put_part (a command's stream, in parts) ──> blob.put / blob.put_part ── reply
           ── effect.settle ──> effect.settle under the claim (retry: pending at a backoff time;
@@ -13,7 +15,9 @@
              (runners awaiting the effect) told
        (the frames: protocol/internal/outbox.py; a worker's are handled through one table, HANDLERS)
     worker gone ── its command groups killed ── effect.abandon (a backoff time for an
-             idempotent retry; manual: ambiguous) ── respawn after a growing delay
+             idempotent retry; manual: ambiguous) ── the next effect's worker after a growing delay
+    idle:    a worker with no effect for outbox_idle_exit_ms ends (its input closed): an idle
+             server has no outbox workers
     renewal: claim.renew for every applying effect every claim_renew_ms
     cancel of a run: the command groups of its effects are killed (the cancel's commit
              already made them ambiguous and released their claims)
@@ -44,7 +48,7 @@ import psutil
 from piworkflows import faults
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal.base import new_claim
+from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobPutPartFrame
 from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
@@ -93,6 +97,9 @@ class Slot:
     idle: bool = False  # waiting for a notice or the next retry time
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     spawns: int = 0
+    started_at: int = 0  # monotonic ms: when its worker started
+    idle_since: int = 0  # monotonic ms: when its worker last had an effect (or started)
+    retiring: bool = False  # its worker is ended for having had nothing to do, not by a failure
     stderr: StderrTail | None = None  # the worker's last stderr lines
     broke: bool = False  # the worker closed its channel by itself (it exited or died) or sent a bad frame
 
@@ -121,10 +128,9 @@ class OutboxPool(ChildHub):
         """A post-commit notice: an effect may be due. One idle slot looks (no herd of claims);
         a busy slot looks by itself when it is done, and a slot that was asking asks again."""
         self._notices += 1
-        for slot in self.slots:
-            if slot.idle and not slot.wakeup.is_set():
-                slot.wakeup.set()
-                return
+        idle = [slot for slot in self.slots if slot.idle and not slot.wakeup.is_set()]
+        if idle:  # one whose worker lives first: no new worker while one waits
+            max(idle, key=self._alive).wakeup.set()
 
     async def start(self) -> None:
         if not self.slots:
@@ -163,27 +169,46 @@ class OutboxPool(ChildHub):
     # --- slots ------------------------------------------------------------------------
 
     async def _run_slot(self, slot: Slot) -> None:
+        """Claim due effects one after another. The slot starts a worker for the first one it
+        claims and ends it once it had nothing to do for outbox_idle_exit_ms: an idle pool has
+        no workers. A worker that ended by itself is replaced with the next effect, at the
+        earliest after a delay that grows while workers keep dying young."""
         delay = self.settings.outbox_restart_min_ms
         while not self._stopping:
-            began = self.clock.monotonic_ms()
+            task = await self._claim_next(slot)
+            if task is None:
+                return  # the pool stops
+            if not self._alive(slot):
+                try:
+                    await self._spawn(slot)
+                except Exception as exc:  # ChildNotRecorded, or the process could not start
+                    log_failure(log, f"outbox worker {slot.index} not started", exc)
+                    await self._not_started(slot)
+                    await self._worker_gone(slot)
+                    delay = min(self.settings.outbox_restart_max_ms, delay * 2)
+                    await self.clock.sleep_ms(delay)
+                    continue
             try:
-                await self._spawn(slot)
-                await self._serve(slot)
-            except ChildNotRecorded as exc:
-                log.warning("outbox worker %d not started: %s", slot.index, exc)
+                settled = await self._perform(slot, task)
             except Exception as exc:  # one slot's failure never stops the pool
                 log_failure(log, f"outbox worker {slot.index} failed", exc)
-            await self._worker_gone(slot)
+                settled = False
+            if settled:
+                slot.idle_since = self.clock.monotonic_ms()
+                continue
+            lived = self.clock.monotonic_ms() - slot.started_at
+            await self._worker_gone(slot)  # the attempt may have acted: abandoned
             if self._stopping:
                 return
-            if slot.cancelled:  # ended on purpose: back at once
+            if slot.cancelled:  # ended on purpose: the next effect at once
                 slot.cancelled = False
                 continue
-            steady = self.clock.monotonic_ms() - began > _STEADY_MS
             delay = (
-                self.settings.outbox_restart_min_ms if steady else min(self.settings.outbox_restart_max_ms, delay * 2)
+                self.settings.outbox_restart_min_ms
+                if lived > _STEADY_MS
+                else min(self.settings.outbox_restart_max_ms, delay * 2)
             )
-            log.warning("outbox worker %d exited; restarting in %d ms", slot.index, delay)
+            log.warning("outbox worker %d exited; the next effect gets a new one after %d ms", slot.index, delay)
             await self.clock.sleep_ms(delay)
 
     async def _spawn(self, slot: Slot) -> None:
@@ -197,6 +222,7 @@ class OutboxPool(ChildHub):
             "outbox", WORKER_MARKER, (WORKER_MARKER,), self.recorder, self.settings, own_group=True, env=env
         )
         slot.proc, slot.frames, slot.arrived, slot.stderr, slot.broke = proc, deque(), asyncio.Event(), stderr, False
+        slot.started_at = slot.idle_since = self.clock.monotonic_ms()
         slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
 
     async def _read(self, slot: Slot, proc: asyncio.subprocess.Process) -> None:
@@ -228,44 +254,82 @@ class OutboxPool(ChildHub):
     def _alive(self, slot: Slot) -> bool:
         return slot.proc is not None and slot.proc.returncode is None and not slot.frames
 
-    async def _serve(self, slot: Slot) -> None:
+    async def _perform(self, slot: Slot, task: PerformEffect) -> bool:
+        """The claimed effect to the worker, and its frames handled until it is settled (False:
+        the worker ended first)."""
         proc = slot.proc
         assert proc is not None and proc.stdin is not None
-        while not self._stopping:
-            task = await self._claim_next(slot)
-            if task is None:
-                if self._alive(slot):
-                    continue
-                return
-            proc.stdin.write(frames.encode(task.kind, 0, task.model_dump()))
+        proc.stdin.write(frames.encode(task.kind, 0, task.model_dump()))
+        await proc.stdin.drain()
+        while True:
+            frame = await self._next_frame(slot)
+            if frame is None:
+                return False  # the worker died applying: _worker_gone abandons the attempt
+            handler = HANDLERS.get(frame["k"])
+            if handler is None:
+                continue
+            reply = await handler(self, slot, frame["b"])
+            if reply is None:  # settled: the worker is free for the next effect
+                return True
+            proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
             await proc.stdin.drain()
-            while True:
-                frame = await self._next_frame(slot)
-                if frame is None:
-                    return  # the worker died applying: _worker_gone abandons the attempt
-                handler = HANDLERS.get(frame["k"])
-                if handler is None:
-                    continue
-                reply = await handler(self, slot, frame["b"])
-                if reply is None:  # settled: the worker is free for the next effect
-                    break
-                proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
-                await proc.stdin.drain()
 
     async def _claim_next(self, slot: Slot) -> PerformEffect | None:
-        """Claim one due effect; with none due, wait for a notice or the next retry time (None:
-        the pool stops or the worker is gone)."""
-        while not self._stopping and self._alive(slot):
+        """Claim one due effect; with none due, wait for a notice or the next retry time. Meanwhile
+        a worker that had nothing to do for outbox_idle_exit_ms ends, and one that ended by itself
+        is seen off (None: the pool stops)."""
+        while not self._stopping:
+            if slot.proc is not None and not self._alive(slot):
+                await self._worker_gone(slot)  # ended while idle: a new one comes with the next effect
+                continue
             step = await self.claim(slot)
             if step.task is not None:
                 return step.task
             if not step.wait_ms:
                 continue  # a notice came while this slot asked: ask again
+            wait_ms = step.wait_ms
+            if slot.proc is not None:
+                left = slot.idle_since + self.settings.outbox_idle_exit_ms - self.clock.monotonic_ms()
+                if left <= 0:
+                    await self._retire(slot)
+                    continue
+                wait_ms = min(wait_ms, left)
             slot.idle = True
-            await self.clock.woken(slot.wakeup, step.wait_ms)
+            await self.clock.woken(slot.wakeup, wait_ms)
             slot.idle = False
             slot.wakeup.clear()
         return None
+
+    async def _retire(self, slot: Slot) -> None:
+        """A worker with nothing to do ends: its input closes and it exits (it holds no effect)."""
+        proc = slot.proc
+        slot.retiring = True
+        try:
+            if proc is not None and proc.stdin is not None:
+                proc.stdin.close()
+                try:
+                    async with asyncio.timeout(self.settings.stop_grace_ms / 1000):
+                        await proc.wait()
+                except TimeoutError:
+                    pass  # _worker_gone kills it
+            await self._worker_gone(slot)
+        finally:
+            slot.retiring = False
+
+    async def _not_started(self, slot: Slot) -> None:
+        """The claimed effect had no worker to perform it: settled as a retry that surely did not
+        act (a manual effect too goes on without an operator)."""
+        effect = slot.effect
+        if effect is None:
+            return
+        report = EffectSettleFrame(
+            effect_id=effect.effect_id,
+            settlement="retry",
+            error=BlobValue.of_text("no outbox worker could be started"),
+            error_code="workerNotStarted",
+            not_acted=True,
+        )
+        await self._settle(slot, report.model_dump())
 
     async def _spawned(self, slot: Slot, body: dict[str, Any]) -> Reply:
         """Accepted once the command group is recorded; else the worker ends it."""
@@ -382,7 +446,7 @@ class OutboxPool(ChildHub):
         self._end_commands(slot)
         proc, slot.proc = slot.proc, None
         if proc is not None:
-            by_itself = slot.broke and not (slot.cancelled or self._stopping)
+            by_itself = slot.broke and not (slot.cancelled or slot.retiring or self._stopping)
             if by_itself and proc.returncode is None:  # it closed its channel: let it finish exiting
                 try:
                     async with asyncio.timeout(self.settings.child_stderr_drain_ms / 1000):

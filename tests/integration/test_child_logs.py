@@ -75,13 +75,29 @@ def test_an_outbox_worker_that_crashes_leaves_how_it_ended_and_its_stderr_lines(
     assert MARKER not in log and ledger.url not in log
 
 
-def test_an_outbox_worker_killed_by_someone_else_is_logged_and_one_the_server_ended_is_not(server, project):
-    first = wait_until(lambda: server.child_pids("outbox"), what="the outbox workers")[0]
+@pytest.mark.server_env(**ONE_WORKER)
+def test_an_outbox_worker_killed_by_someone_else_is_logged_and_the_next_effect_gets_a_new_one(ledger, server, project):
+    http_workflow(project, "idem")
+    first_run = start(server, project, "idem", {"url": ledger.url + "/idem-1"})
+    assert wait_status(server, first_run, "completed", "failed")["display"]["status"] == "completed"
+    [first] = wait_until(lambda: server.child_pids("outbox"), what="the outbox worker")  # idle, not yet ended
     os.kill(first, signal.SIGKILL)
     log_line(server, f"(pid {first}) ended: the worker was killed by SIGKILL")
-    wait_until(lambda: len(server.child_pids("outbox")) == 2, what="the pool restarted its worker")
-    log = server.server_log()
-    assert log.count(") ended: ") == 1  # the other worker lives on; none ended by the server is reported
+    second_run = start(server, project, "idem", {"url": ledger.url + "/idem-2"})
+    assert wait_status(server, second_run, "completed", "failed")["display"]["status"] == "completed"
+    assert effect_attempts(server, second_run) == [(1, "applied")]
+    assert server.server_log().count(") ended: ") == 1
+
+
+@pytest.mark.server_env(PI_WORKFLOWS_OUTBOX_IDLE_EXIT_MS="200", **ONE_WORKER)
+def test_an_outbox_worker_with_nothing_to_do_ends_unreported_and_none_starts_before_an_effect(ledger, server, project):
+    assert server.child_pids("outbox") == []  # an idle server starts none
+    http_workflow(project, "idem")
+    for n in range(2):  # each effect after the worker ended gets a new one
+        run_id = start(server, project, "idem", {"url": ledger.url + f"/idem-{n}"})
+        assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
+        wait_until(lambda: server.child_pids("outbox") == [], what="the idle worker ended")
+    assert ") ended: " not in server.server_log()  # ended by the server: not reported
 
 
 def test_a_runners_own_log_record_reaches_server_log(server, project):

@@ -345,10 +345,7 @@ def test_files_modes_and_host_json_identities(cleanup: Cleanup, tmp_path: Path):
     assert any(sup["marker"] in part for part in psutil.Process(sup["pid"]).cmdline())
     [writer] = [c for c in reg["children"] if c["role"] == "writer"]
     assert writer["marker"] == "piworkflows.writer"
-    workers = [c for c in reg["children"] if c["role"] == "outbox"]
-    assert len(workers) == 2 and len(reg["children"]) == 3  # the writer and the default outbox pool
-    for worker in workers:
-        assert Identity(**worker).find() is not None and psutil.Process(worker["pid"]).ppid() == sup["pid"]
+    assert len(reg["children"]) == 1  # the writer: outbox workers start for effects, runners for runs
     proc = psutil.Process(writer["pid"])
     assert writer["createTime"] == proc.create_time()
     assert proc.ppid() == sup["pid"]

@@ -233,3 +233,34 @@ def test_the_reader_relays_a_workers_log_records_to_the_server_log_and_hands_on_
         ("piworkflows.outbox", logging.ERROR, "outbox worker 4242: effect effect-1 names no performer this worker has"),
         ("piworkflows.outbox", logging.WARNING, "outbox worker 4242 sent a malformed log record"),
     ]
+
+
+def test_a_notice_wakes_an_idle_slot_whose_worker_lives_before_one_that_has_none():
+    async def scenario() -> None:
+        built, _, _, _ = pool(FakeWriter(), workers=3)
+        without, living, busy = built.slots
+        living.proc = SimpleNamespace(returncode=None)  # type: ignore[assignment]
+        without.idle = living.idle = True
+        built.wake()
+        assert living.wakeup.is_set() and not without.wakeup.is_set() and not busy.wakeup.is_set()
+        built.wake()  # the living one is woken already: the next notice starts a worker
+        assert without.wakeup.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_an_effect_claimed_when_no_worker_could_start_is_settled_as_a_retry_that_did_not_act():
+    async def scenario() -> None:
+        writer = FakeWriter()
+        built, clock, _, woken = pool(writer)
+        slot = built.slots[0]
+        slot.effect = claimed()
+        settled = built.watch("effect-1")
+        await built._not_started(slot)
+        [(kind, body)] = writer.sent
+        assert kind == "effect.settle" and body["effect_id"] == "effect-1" and body["claim"]["lease_generation"] == 4
+        assert (body["settlement"], body["not_acted"], body["error_code"]) == ("retry", True, "workerNotStarted")
+        assert body["retry_at"] > clock.now_ms()  # after a backoff
+        assert slot.effect is None and settled.is_set() and woken == ["scheduler"]
+
+    asyncio.run(scenario())
