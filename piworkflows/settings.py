@@ -43,10 +43,11 @@ class Settings(BaseModel):
     # and how often the scheduler looks for claimable runs without a notice.
     max_runners: int = Field(default=4, ge=0, le=256)
     scheduler_tick_ms: int = Field(default=1000, ge=10)
-    # How long a resolver child may take to load and compile a workflow, and
-    # how many resolver children may exist at once (idle ones are kept).
+    # How long a resolver child may take to load and compile a workflow, how
+    # many resolver children may exist at once, and how long an idle one is kept.
     resolve_timeout_ms: int = Field(default=30_000, ge=100)
     resolvers: int = Field(default=4, ge=1, le=64)
+    resolver_idle_exit_ms: int = Field(default=60_000, ge=10)
     # What the supervisor keeps of a runner's or resolver's stderr (workflow code's own text): the
     # last lines, each cut to this many characters, for server.log when the child dies (a runner:
     # before it saved progress); and how long it waits for a dead child's last lines.

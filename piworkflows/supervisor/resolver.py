@@ -11,6 +11,8 @@ code never runs in the supervisor.
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
            children exist, further requests wait for one; a request may take
            resolve_timeout_ms (validate_timeout_ms for a validation)
+        ── an idle child that had no request for resolver_idle_exit_ms ends (an idle
+           server keeps none: the first request after costs a child's start)
 
 A run.start of a source already resolved skips the child: the supervisor runs
 discovery itself (files and their bytes only, never workflow code: the same
@@ -79,6 +81,7 @@ class _Child:
         self.proc = proc
         self.stderr = stderr
         self.uses = 0
+        self.idle_since = 0.0  # the event loop's clock: when it answered its last request
 
 
 class Resolvers:
@@ -89,6 +92,7 @@ class Resolvers:
         self._slots = asyncio.Semaphore(settings.resolvers)
         self._failures = 0  # children that broke or hung so far
         self._kept: OrderedDict[tuple[str, RunSource], Resolution] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
 
     async def _spawn(self) -> _Child:
         # Like a restarted outbox worker, a child started after one broke runs without fault rules:
@@ -178,8 +182,23 @@ class Resolvers:
             if child.uses >= MAX_USES:
                 await self._end(child)
             else:
+                child.idle_since = asyncio.get_running_loop().time()
                 self._idle.append(child)
+                if self._reaper is None or self._reaper.done():
+                    self._reaper = asyncio.create_task(self._end_idle(), name="resolver-idle")
             return answer
+
+    async def _end_idle(self) -> None:
+        """End each idle child once it had no request for resolver_idle_exit_ms."""
+        limit = self.settings.resolver_idle_exit_ms / 1000
+        loop = asyncio.get_running_loop()
+        while self._idle:
+            await asyncio.sleep(max(0.0, min(c.idle_since for c in self._idle) + limit - loop.time()))
+            now = loop.time()
+            ended = [c for c in self._idle if now - c.idle_since >= limit]
+            self._idle = [c for c in self._idle if c not in ended]
+            for child in ended:
+                await self._end(child)
 
     async def _exchange(self, child: _Child, request: ResolverRequest) -> Frame:
         assert child.proc.stdin is not None and child.proc.stdout is not None
@@ -218,6 +237,8 @@ class Resolvers:
 
     async def close(self) -> None:
         """At shutdown: end the idle children."""
+        if self._reaper is not None:
+            self._reaper.cancel()
         idle, self._idle = self._idle, []
         for child in idle:
             await self._end(child)

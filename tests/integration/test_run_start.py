@@ -183,6 +183,21 @@ def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Pat
     wait_until(lambda: gone(child.pid, resolvers[0]["createTime"]), what="resolver gone")
 
 
+def test_an_idle_resolver_child_ends_and_the_next_request_starts_another(tmp_path: Path, project: Path):
+    env = {"PI_WORKFLOWS_MAX_RUNNERS": "0", "PI_WORKFLOWS_RESOLVER_IDLE_EXIT_MS": "300"}
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    try:
+        assert start(server, {"projectPath": str(project), "workflowName": "builtin:demo"}).outcome == "accepted"
+        [first] = [c for c in server.registry()["children"] if c["role"] == "resolver"]
+        wait_until(lambda: gone(first["pid"], first["createTime"]), what="the idle resolver ended")
+        assert [c for c in server.registry()["children"] if c["role"] == "resolver"] == []
+        again = start(server, {"projectPath": str(project), "workflowName": "builtin:shell-check"})
+        assert again.outcome == "accepted", again
+        assert "resolver " not in server.server_log()  # ended for idleness: nothing to report
+    finally:
+        server.stop()
+
+
 def test_upstreams_workflow_source_set_is_checked_against_the_resolved_source(server: ServerProcess, project: Path):
     """run.start takes upstream's object form ``{root, mounted}`` as well as the source text: a root
     naming the resolved file (path relative or absolute, hash with or without ``sha256:``) or
