@@ -43,6 +43,8 @@ class Settings(BaseModel):
     # and how often the scheduler looks for claimable runs without a notice.
     max_runners: int = Field(default=4, ge=0, le=256)
     scheduler_tick_ms: int = Field(default=1000, ge=10)
+    # How long a runner process waits for its next run before it ends.
+    runner_idle_exit_ms: int = Field(default=60_000, ge=10)
     # How long a resolver child may take to load and compile a workflow, how
     # many resolver children may exist at once, and how long an idle one is kept.
     resolve_timeout_ms: int = Field(default=30_000, ge=100)

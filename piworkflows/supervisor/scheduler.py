@@ -4,7 +4,9 @@
 
     wake (run.start, runner exit, tick) ── run.claimable ── run.claim (token in memory,
       hash in leases; runner epoch recorded before spawn) ── run.resume_state
-      ── spawn `python -m piworkflows.runner run` in its own process group
+      ── a runner process waiting for a launch, else spawn `python -m piworkflows.runner run`
+         in its own process group (waiting and busy ones together at most max_runners; one
+         spare started ahead; one no launch took for runner_idle_exit_ms ends)
       ── host.json (group leader identity) ── runner.spawned (pid, create time)
       ── launch ── runner messages: claim + expected revision + message key attached,
          forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
@@ -134,12 +136,16 @@ class Scheduler:
         self._stopping = False
         # Runner children kept waiting (package imported) for the next launch: a Python start
         # costs well over 100 ms here. A process serves runs one at a time, is recycled after
-        # RUNS_PER_PROCESS, and is ended when a run of it was stopped or it failed.
+        # RUNS_PER_PROCESS, and is ended when a run of it was stopped or it failed. Waiting and
+        # busy ones together are at most max_runners (one spare beyond the busy ones is started
+        # ahead), and one that no launch took for runner_idle_exit_ms ends.
         self._ready: list[asyncio.subprocess.Process] = []
+        self._ready_since: dict[int, int] = {}  # per waiting process: monotonic ms since it waits
+        self._ready_changed = asyncio.Event()
         self._uses: dict[int, int] = {}  # runs served per waiting process
         self._stderr: dict[int, StderrTail] = {}  # per runner process: its last stderr lines
         self._spare_needed = asyncio.Event()
-        self._spares = self.settings.max_runners
+        self._capacity = self.settings.max_runners
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.writer.request(kind, {"actor": SERVER, **body})
@@ -154,6 +160,7 @@ class Scheduler:
             asyncio.create_task(self._admission(), name="admission"),
             asyncio.create_task(self._renewal(), name="claim-renewal"),
             asyncio.create_task(self._keep_spares(), name="runner-spares"),
+            asyncio.create_task(self._end_idle_runners(), name="runner-idle"),
         ]
         self.wake()
 
@@ -268,6 +275,7 @@ class Scheduler:
         """A waiting runner process that is still alive, else a new one."""
         while self._ready:
             proc = self._ready.pop()
+            self._ready_since.pop(proc.pid, None)
             if proc.returncode is None and psutil.pid_exists(proc.pid):
                 return proc
             self._uses.pop(proc.pid, None)
@@ -298,16 +306,48 @@ class Scheduler:
             await tail.drained(self.settings.child_stderr_drain_ms / 1000)
         return tail.take()
 
+    def _busy(self, leaving: RunnerHandle | None = None) -> int:
+        """Runner processes serving a run (``leaving``'s not counted)."""
+        return sum(
+            1
+            for handle in self.active.values()
+            if handle is not leaving and handle.proc is not None and handle.proc.returncode is None
+        )
+
+    def _wait_for_launch(self, proc: asyncio.subprocess.Process) -> None:
+        self._ready.append(proc)
+        self._ready_since[proc.pid] = self.clock.monotonic_ms()
+        self._ready_changed.set()
+
     async def _keep_spares(self) -> None:
-        """After a launch took a waiting process, start another (none before the first run)."""
+        """After a launch took a waiting process, start one spare while fewer than max_runners
+        processes exist (none before the first run)."""
         while not self._stopping:
             await self._spare_needed.wait()
             self._spare_needed.clear()
-            while len(self._ready) < self._spares and not self._stopping:
+            while not self._ready and self._busy() < self._capacity and not self._stopping:
                 try:
-                    self._ready.append(await self._spawn_runner())
+                    self._wait_for_launch(await self._spawn_runner())
                 except ChildNotRecorded:
                     break  # host.json cannot be written now: the next launch asks again
+
+    async def _end_idle_runners(self) -> None:
+        """A waiting process that no launch took for runner_idle_exit_ms ends: an idle server keeps
+        no runner."""
+        limit = self.settings.runner_idle_exit_ms
+        while not self._stopping:
+            now = self.clock.monotonic_ms()
+            for proc in [p for p in self._ready if now - self._ready_since.get(p.pid, now) >= limit]:
+                self._ready.remove(proc)
+                self._ready_since.pop(proc.pid, None)
+                self._uses.pop(proc.pid, None)
+                signal_group(proc.pid, signal.SIGKILL)  # waiting for a launch: nothing to park
+                await proc.wait()
+                self._forget(proc)
+            since = [self._ready_since[p.pid] for p in self._ready if p.pid in self._ready_since]
+            wait_ms = min(since) + limit - self.clock.monotonic_ms() if since else limit
+            self._ready_changed.clear()
+            await self.clock.woken(self._ready_changed, max(10, wait_ms))
 
     async def _relay(self, handle: RunnerHandle, proc: asyncio.subprocess.Process, launch: RunnerLaunch) -> str:
         assert proc.stdin is not None and proc.stdout is not None
@@ -466,9 +506,9 @@ class Scheduler:
             lines, returncode = await self._last_lines(proc), proc.returncode
             uses = self._uses.pop(proc.pid, 0) + 1
             reusable = handle.done and not handle.stopping and not self._stopping and proc.returncode is None
-            if reusable and uses < RUNS_PER_PROCESS and len(self._ready) < 2 * self._spares:
+            if reusable and uses < RUNS_PER_PROCESS and len(self._ready) + self._busy(handle) < self._capacity:
                 self._uses[proc.pid] = uses
-                self._ready.append(proc)  # its workflow code is done; it waits for the next launch
+                self._wait_for_launch(proc)  # its workflow code is done; it waits for the next launch
             else:
                 if proc.returncode is None:
                     signal_group(proc.pid, signal.SIGKILL)
@@ -574,6 +614,7 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         spares, self._ready = self._ready, []
+        self._ready_since.clear()
         for proc in spares:  # waiting for a launch: nothing to park
             signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from stress.bench import agents, cli, effects, lists, logs, retention, runs, server, startup, views, wal, writer
+from stress.bench import agents, cli, effects, idle, lists, logs, retention, runs, server, startup, views, wal, writer
 
 BENCHMARKS = {
     "writer": writer,
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "views": views,
     "cli": cli,
     "wal": wal,
+    "idle": idle,
 }
 
 

@@ -183,16 +183,32 @@ def test_resolver_children_are_reused_and_never_outlive_the_server(tmp_path: Pat
     wait_until(lambda: gone(child.pid, resolvers[0]["createTime"]), what="resolver gone")
 
 
-def test_an_idle_resolver_child_ends_and_the_next_request_starts_another(tmp_path: Path, project: Path):
-    env = {"PI_WORKFLOWS_MAX_RUNNERS": "0", "PI_WORKFLOWS_RESOLVER_IDLE_EXIT_MS": "300"}
+def ended(server: ServerProcess) -> bool:
+    """Every run of the server is completed."""
+    return {status for (status,) in query(server, "SELECT status FROM runs")} == {"completed"}
+
+
+def test_idle_resolver_and_runner_children_end_and_the_next_run_starts_others(tmp_path: Path, project: Path):
+    env = {"PI_WORKFLOWS_RESOLVER_IDLE_EXIT_MS": "300", "PI_WORKFLOWS_RUNNER_IDLE_EXIT_MS": "300"}
     server = ServerProcess(tmp_path / "s", env=env).start()
+
+    def children() -> list[dict[str, Any]]:
+        return [c for c in server.registry()["children"] if c["role"] in ("resolver", "runner")]
+
     try:
-        assert start(server, {"projectPath": str(project), "workflowName": "builtin:demo"}).outcome == "accepted"
-        [first] = [c for c in server.registry()["children"] if c["role"] == "resolver"]
-        wait_until(lambda: gone(first["pid"], first["createTime"]), what="the idle resolver ended")
-        assert [c for c in server.registry()["children"] if c["role"] == "resolver"] == []
-        again = start(server, {"projectPath": str(project), "workflowName": "builtin:shell-check"})
-        assert again.outcome == "accepted", again
+        for command in ("true", "pwd"):  # the second after the first one's children ended
+            payload = {
+                "projectPath": str(project),
+                "workflowName": "builtin:shell-check",
+                "input": {"command": command},
+            }
+            started = start(server, payload)
+            assert started.outcome == "accepted", started
+            wait_until(lambda: ended(server), what="the run completed")
+            before = children()
+            assert "runner" in {c["role"] for c in before}
+            wait_until(lambda: children() == [], what="the idle children ended")
+            assert all(gone(c["pid"], c["createTime"]) for c in before)
         assert "resolver " not in server.server_log()  # ended for idleness: nothing to report
     finally:
         server.stop()
