@@ -43,13 +43,14 @@ class Settings(BaseModel):
     # and how often the scheduler looks for claimable runs without a notice.
     max_runners: int = Field(default=4, ge=0, le=256)
     scheduler_tick_ms: int = Field(default=1000, ge=10)
-    # How long a runner process waits for its next run before it ends.
-    runner_idle_exit_ms: int = Field(default=60_000, ge=10)
-    # How long a resolver child may take to load and compile a workflow, how
-    # many resolver children may exist at once, and how long an idle one is kept.
+    # How long a resolver child may take to load and compile a workflow, and
+    # how many resolver children may exist at once.
     resolve_timeout_ms: int = Field(default=30_000, ge=100)
     resolvers: int = Field(default=4, ge=1, le=64)
-    resolver_idle_exit_ms: int = Field(default=60_000, ge=10)
+    # How long a child with nothing to do lives on: an outbox worker without an effect, a
+    # resolver child without a request, a runner process waiting for a launch, the ready agent
+    # host. Each is started again for the next work (an idle server runs none of them).
+    child_idle_exit_ms: int = Field(default=60_000, ge=10)
     # What the supervisor keeps of a runner's or resolver's stderr (workflow code's own text): the
     # last lines, each cut to this many characters, for server.log when the child dies (a runner:
     # before it saved progress); and how long it waits for a dead child's last lines.
@@ -57,14 +58,12 @@ class Settings(BaseModel):
     child_stderr_line_chars: int = Field(default=200, ge=20, le=256)  # 4 bytes a char fit a park detail
     child_stderr_drain_ms: int = Field(default=1_000, ge=10)
     # Outbox workers (PI_WORKFLOWS_OUTBOX_WORKERS): how many perform external effects at once,
-    # their restart backoff, how long an idle slot waits at most without a notice before it looks
-    # for a due effect again, and how long a worker with nothing to do lives on (each slot starts
-    # its worker for the first effect it claims).
+    # their restart backoff, and how long an idle slot waits at most without a notice before it
+    # looks for a due effect again (each slot starts its worker for the first effect it claims).
     outbox_workers: int = Field(default=2, ge=0, le=64)
     outbox_restart_min_ms: int = Field(default=100, ge=1)
     outbox_restart_max_ms: int = Field(default=5_000, ge=1)
     outbox_idle_check_ms: int = Field(default=5_000, ge=10)
-    outbox_idle_exit_ms: int = Field(default=60_000, ge=10)
     # Retries of idempotent effects: exponential backoff from the base, capped, with jitter.
     effect_retry_base_ms: int = Field(default=1_000, ge=1)
     effect_retry_max_ms: int = Field(default=60_000, ge=1)

@@ -24,8 +24,9 @@
     pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
          agent_abort_grace_ms); the commit already changed the rows
     ready host: one, from the first admitted request on (a host's start is mostly Python's
-         imports); replaced when taken; killed at shutdown; spawned with the crash points only
-         while no host has failed, and a dead one is never launched
+         imports); replaced when taken; killed when no segment took it for child_idle_exit_ms
+         and at shutdown; spawned with the crash points only while no host has failed, and a
+         dead one is never launched
     logs:    a host's own log records (LOG frames) go to server.log with its pid; the last
              stderr lines of a host that died go there too and, as the park detail, to the run
 
@@ -113,6 +114,7 @@ class AgentManager(ChildHub):
         self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
         self._ready: ReadyHost | None = None
         self._readying: asyncio.Task[None] | None = None
+        self._expiring: asyncio.Task[None] | None = None  # ends the ready host no segment took
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:
         return await self.writer.request(kind, {"actor": SERVER, **body})
@@ -274,8 +276,17 @@ class AgentManager(ChildHub):
         except Exception as exc:  # the next segment spawns its own host
             log_failure(log, "making an agent host ready failed", exc)
             return
-        self._ready = ReadyHost(proc, stderr, armed)
+        self._ready = ready = ReadyHost(proc, stderr, armed)
         if self._stopping:
+            await self._discard_ready()
+            return
+        self._expiring = asyncio.create_task(self._expire(ready), name="agent-ready-host-expiry")
+
+    async def _expire(self, ready: ReadyHost) -> None:
+        """The ready host ends when no segment took it for child_idle_exit_ms (the next segment
+        spawns its own)."""
+        await self.clock.sleep_ms(self.settings.child_idle_exit_ms)
+        if self._ready is ready and not self._stopping:
             await self._discard_ready()
 
     async def _discard_ready(self) -> None:
@@ -424,6 +435,8 @@ class AgentManager(ChildHub):
             await asyncio.wait(tasks, timeout=self.settings.stop_grace_ms / 1000 + 1)
         if self._readying is not None:
             await self._readying  # a spawn under way ends with its host discarded
+        if self._expiring is not None:
+            self._expiring.cancel()
         await self._discard_ready()
         for task in self._tasks:
             task.cancel()

@@ -16,7 +16,7 @@
        (the frames: protocol/internal/outbox.py; a worker's are handled through one table, HANDLERS)
     worker gone ── its command groups killed ── effect.abandon (a backoff time for an
              idempotent retry; manual: ambiguous) ── the next effect's worker after a growing delay
-    idle:    a worker with no effect for outbox_idle_exit_ms ends (its input closed): an idle
+    idle:    a worker with no effect for child_idle_exit_ms ends (its input closed): an idle
              server has no outbox workers
     renewal: claim.renew for every applying effect every claim_renew_ms
     cancel of a run: the command groups of its effects are killed (the cancel's commit
@@ -170,7 +170,7 @@ class OutboxPool(ChildHub):
 
     async def _run_slot(self, slot: Slot) -> None:
         """Claim due effects one after another. The slot starts a worker for the first one it
-        claims and ends it once it had nothing to do for outbox_idle_exit_ms: an idle pool has
+        claims and ends it once it had nothing to do for child_idle_exit_ms: an idle pool has
         no workers. A worker that ended by itself is replaced with the next effect, at the
         earliest after a delay that grows while workers keep dying young."""
         delay = self.settings.outbox_restart_min_ms
@@ -276,7 +276,7 @@ class OutboxPool(ChildHub):
 
     async def _claim_next(self, slot: Slot) -> PerformEffect | None:
         """Claim one due effect; with none due, wait for a notice or the next retry time. Meanwhile
-        a worker that had nothing to do for outbox_idle_exit_ms ends, and one that ended by itself
+        a worker that had nothing to do for child_idle_exit_ms ends, and one that ended by itself
         is seen off (None: the pool stops)."""
         while not self._stopping:
             if slot.proc is not None and not self._alive(slot):
@@ -289,7 +289,7 @@ class OutboxPool(ChildHub):
                 continue  # a notice came while this slot asked: ask again
             wait_ms = step.wait_ms
             if slot.proc is not None:
-                left = slot.idle_since + self.settings.outbox_idle_exit_ms - self.clock.monotonic_ms()
+                left = slot.idle_since + self.settings.child_idle_exit_ms - self.clock.monotonic_ms()
                 if left <= 0:
                     await self._retire(slot)
                     continue

@@ -11,7 +11,7 @@ code never runs in the supervisor.
            and recycled after ``MAX_USES`` requests; at most ``settings.resolvers``
            children exist, further requests wait for one; a request may take
            resolve_timeout_ms (validate_timeout_ms for a validation)
-        ── an idle child that had no request for resolver_idle_exit_ms ends (an idle
+        ── an idle child that had no request for child_idle_exit_ms ends (an idle
            server keeps none: the first request after costs a child's start)
 
 A run.start of a source already resolved skips the child: the supervisor runs
@@ -189,8 +189,8 @@ class Resolvers:
             return answer
 
     async def _end_idle(self) -> None:
-        """End each idle child once it had no request for resolver_idle_exit_ms."""
-        limit = self.settings.resolver_idle_exit_ms / 1000
+        """End each idle child once it had no request for child_idle_exit_ms."""
+        limit = self.settings.child_idle_exit_ms / 1000
         loop = asyncio.get_running_loop()
         while self._idle:
             await asyncio.sleep(max(0.0, min(c.idle_since for c in self._idle) + limit - loop.time()))

@@ -6,7 +6,7 @@
       hash in leases; runner epoch recorded before spawn) ── run.resume_state
       ── a runner process waiting for a launch, else spawn `python -m piworkflows.runner run`
          in its own process group (waiting and busy ones together at most max_runners; one
-         spare started ahead; one no launch took for runner_idle_exit_ms ends)
+         spare started ahead; one no launch took for child_idle_exit_ms ends)
       ── host.json (group leader identity) ── runner.spawned (pid, create time)
       ── launch ── runner messages: claim + expected revision + message key attached,
          forwarded to the writer, replies relayed ── exit ── runner.exited (respawn rules;
@@ -138,7 +138,7 @@ class Scheduler:
         # costs well over 100 ms here. A process serves runs one at a time, is recycled after
         # RUNS_PER_PROCESS, and is ended when a run of it was stopped or it failed. Waiting and
         # busy ones together are at most max_runners (one spare beyond the busy ones is started
-        # ahead), and one that no launch took for runner_idle_exit_ms ends.
+        # ahead), and one that no launch took for child_idle_exit_ms ends.
         self._ready: list[asyncio.subprocess.Process] = []
         self._ready_since: dict[int, int] = {}  # per waiting process: monotonic ms since it waits
         self._ready_changed = asyncio.Event()
@@ -332,9 +332,9 @@ class Scheduler:
                     break  # host.json cannot be written now: the next launch asks again
 
     async def _end_idle_runners(self) -> None:
-        """A waiting process that no launch took for runner_idle_exit_ms ends: an idle server keeps
+        """A waiting process that no launch took for child_idle_exit_ms ends: an idle server keeps
         no runner."""
-        limit = self.settings.runner_idle_exit_ms
+        limit = self.settings.child_idle_exit_ms
         while not self._stopping:
             now = self.clock.monotonic_ms()
             for proc in [p for p in self._ready if now - self._ready_since.get(p.pid, now) >= limit]:

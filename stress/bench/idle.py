@@ -1,8 +1,7 @@
 """What an idle server keeps running: its processes and their memory after work, and once idle.
 
 A server starts on a temporary state dir with ``--idle-exit-ms`` as
-``PI_WORKFLOWS_OUTBOX_IDLE_EXIT_MS``, ``PI_WORKFLOWS_RESOLVER_IDLE_EXIT_MS`` and
-``PI_WORKFLOWS_RUNNER_IDLE_EXIT_MS`` (the defaults are a minute). It runs ``builtin:shell-check``
+``PI_WORKFLOWS_CHILD_IDLE_EXIT_MS`` (the default is a minute). It runs ``builtin:shell-check``
 (a resolver child loads it, a runner executes it, an outbox worker runs its command) and then
 nothing. The server's processes (the supervisor and every descendant, roles from host.json) are
 counted twice:
@@ -30,7 +29,7 @@ from piworkflows.supervisor import registry
 from stress.bench.fs import bench_dir, cleanup
 from stress.bench.runs import wait_idle
 
-IDLE_EXITS = tuple(f"PI_WORKFLOWS_{role}_IDLE_EXIT_MS" for role in ("OUTBOX", "RESOLVER", "RUNNER"))
+IDLE_EXIT = "PI_WORKFLOWS_CHILD_IDLE_EXIT_MS"
 SHORT_LIVED = ("outbox", "resolver", "runner")
 
 
@@ -58,7 +57,7 @@ def processes(paths: StatePaths) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     base = bench_dir(args.dir)
     paths = StatePaths.resolve(base / "s")
-    os.environ.update({name: str(args.idle_exit_ms) for name in IDLE_EXITS})
+    os.environ[IDLE_EXIT] = str(args.idle_exit_ms)
     try:
         start_server(paths)
         with WorkflowClient(paths.state_dir) as client:
@@ -73,8 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             idle = processes(paths)
         stop_server(paths)
     finally:
-        for name in IDLE_EXITS:
-            del os.environ[name]
+        del os.environ[IDLE_EXIT]
         cleanup(base)
     return {
         "benchmark": "idle",

@@ -89,7 +89,7 @@ def test_an_outbox_worker_killed_by_someone_else_is_logged_and_the_next_effect_g
     assert server.server_log().count(") ended: ") == 1
 
 
-@pytest.mark.server_env(PI_WORKFLOWS_OUTBOX_IDLE_EXIT_MS="200", **ONE_WORKER)
+@pytest.mark.server_env(PI_WORKFLOWS_CHILD_IDLE_EXIT_MS="200", **ONE_WORKER)
 def test_an_outbox_worker_with_nothing_to_do_ends_unreported_and_none_starts_before_an_effect(ledger, server, project):
     assert server.child_pids("outbox") == []  # an idle server starts none
     http_workflow(project, "idem")

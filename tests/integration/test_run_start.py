@@ -189,7 +189,7 @@ def ended(server: ServerProcess) -> bool:
 
 
 def test_idle_resolver_and_runner_children_end_and_the_next_run_starts_others(tmp_path: Path, project: Path):
-    env = {"PI_WORKFLOWS_RESOLVER_IDLE_EXIT_MS": "300", "PI_WORKFLOWS_RUNNER_IDLE_EXIT_MS": "300"}
+    env = {"PI_WORKFLOWS_CHILD_IDLE_EXIT_MS": "300"}
     server = ServerProcess(tmp_path / "s", env=env).start()
 
     def children() -> list[dict[str, Any]]:

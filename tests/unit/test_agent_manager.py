@@ -381,3 +381,31 @@ class _AsyncProc:
     @property
     def returncode(self) -> int | None:
         return self._popen.poll()
+
+
+def test_a_ready_host_no_segment_took_ends_after_the_idle_exit_and_the_next_segment_spawns_its_own(monkeypatch):
+    hosts = Hosts(monkeypatch)
+    writer = FakeWriter(["r1"])
+
+    async def scenario() -> Recorder:
+        clock = FakeClock()
+        manager, _ = _manager(writer, clock, child_idle_exit_ms=1000)
+        ready = await _admit_one(manager)
+        clock.advance(999)
+        await asyncio.sleep(0)
+        assert manager._ready is not None and ready.returncode is None  # not yet
+        clock.advance(1)
+        assert manager._expiring is not None
+        await manager._expiring
+        assert manager._ready is None and ready.returncode is not None
+        writer.pending.append("r2")
+        await manager.admit()
+        await _settle(manager)
+        assert hosts.served["r2"] is hosts.procs()[2]  # spawned for it
+        await _ready(manager)
+        await manager.stop()
+        return manager.recorder  # type: ignore[return-value]
+
+    recorder = asyncio.run(scenario())
+    assert len(hosts.spawned) == 4 and all(proc.returncode is not None for proc in hosts.procs())
+    assert recorder.recorded == []
