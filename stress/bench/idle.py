@@ -25,9 +25,8 @@ import psutil
 
 from piworkflows.client import WorkflowClient, start_server, stop_server
 from piworkflows.paths import StatePaths
-from piworkflows.supervisor import registry
 from stress.bench.fs import bench_dir, cleanup
-from stress.bench.runs import wait_idle
+from stress.bench.runs import server_processes, wait_idle
 
 IDLE_EXIT = "PI_WORKFLOWS_CHILD_IDLE_EXIT_MS"
 SHORT_LIVED = ("outbox", "resolver", "runner")
@@ -40,14 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def processes(paths: StatePaths) -> dict[str, Any]:
     """The server's processes now: how many, by role, and their resident memory."""
-    roles = {identity.pid: identity.role for identity in registry.live(paths.registry)}
-    supervisor = psutil.Process(next(pid for pid, role in roles.items() if role == "supervisor"))
     by_role: dict[str, int] = {}
     rss = 0
-    for proc in [supervisor, *supervisor.children(recursive=True)]:
+    for proc, role in server_processes(paths):
         try:
             rss += proc.memory_info().rss
-            role = roles.get(proc.pid) or roles.get(proc.ppid(), "other")
         except psutil.NoSuchProcess:
             continue
         by_role[role] = by_role.get(role, 0) + 1

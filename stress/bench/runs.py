@@ -105,16 +105,26 @@ def _warm_up(paths: StatePaths, project: str) -> None:
         thread.join()
 
 
-def server_cpu(paths: StatePaths) -> dict[int, tuple[str, float]]:
-    """CPU seconds so far of the server's processes: pid -> (role, user + system), the supervisor
-    and every descendant (roles from host.json; a descendant it does not record: its parent's)."""
+def server_processes(paths: StatePaths) -> list[tuple[psutil.Process, str]]:
+    """The server's processes with their roles: the supervisor and every descendant (roles from
+    host.json; a descendant it does not record: its parent's; one that ended meanwhile: left out)."""
     roles = {identity.pid: identity.role for identity in registry.live(paths.registry)}
     supervisor = psutil.Process(next(pid for pid, role in roles.items() if role == "supervisor"))
-    found: dict[int, tuple[str, float]] = {}
+    found = []
     for proc in [supervisor, *supervisor.children(recursive=True)]:
         try:
+            found.append((proc, roles.get(proc.pid) or roles.get(proc.ppid(), "other")))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def server_cpu(paths: StatePaths) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of the server's processes: pid -> (role, user + system)."""
+    found: dict[int, tuple[str, float]] = {}
+    for proc, role in server_processes(paths):
+        try:
             times = proc.cpu_times()
-            role = roles.get(proc.pid) or roles.get(proc.ppid(), "other")
         except psutil.NoSuchProcess:
             continue
         found[proc.pid] = (role, times.user + times.system)
