@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from piworkflows.protocol import frames
+from piworkflows.protocol.internal.outbox import WorkerReady
 from piworkflows.protocol.internal.writer import Reply
 
 
@@ -28,6 +29,7 @@ class Supervisor:
         )
         self.decoder = frames.FrameDecoder()
         self.waiting: list[dict[str, Any]] = []
+        assert self.receive()["k"] == WorkerReady.kind  # said once, before its first effect
 
     def send(self, kind: str, corr_id: int, body: dict[str, Any]) -> None:
         assert self.proc.stdin is not None

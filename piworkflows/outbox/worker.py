@@ -43,7 +43,7 @@ from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import BlobValue, Frame
 from piworkflows.protocol.internal.content import BlobPart, BlobPutPartFrame
 from piworkflows.protocol.internal.effects import EffectSettleFrame
-from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
+from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect, WorkerReady
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.states import MEDIA_TEXT
@@ -194,5 +194,6 @@ def main() -> int:
     worker = Worker(sys.stdin.buffer, sys.stdout.buffer, Settings.from_env())
     relay_logs(sys.stdout.buffer)
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
+    worker.send(WorkerReady())
     worker.serve()
     return 0

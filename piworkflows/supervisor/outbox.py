@@ -3,11 +3,12 @@
 ::
 
     start ── effect.recover (pool effects applying under dead claims end uncertain)
-          ── one task per slot: effect.claim (token here, hash in leases; the numbered
-             attempt is recorded) ── none due: wait for a notice (wake) or the next retry time
-          ── claimed: the slot's worker, spawned for it if the slot has none
-             (`python -m piworkflows.outbox`, own process group, host.json; none could
-             start: settled retry, surely not acted)
+          ── one task per slot: a slot without a worker asks effect.due (a read, nothing
+             claimed) and starts its worker only when one is due (`python -m
+             piworkflows.outbox`, own process group, host.json, then its ready frame; one
+             that could not start: the slot backs off, nothing was claimed)
+          ── effect.claim (token here, hash in leases; the numbered attempt is recorded)
+             ── none due: wait for a notice (wake) or the next retry time
           ── perform ──> worker ── spawned {pid}: the command group into host.json first
           ── blob.put_part (a command's stream, in parts) ──> blob.put / blob.put_part ── reply
           ── effect.settle ──> effect.settle under the claim (retry: pending at a backoff time;
@@ -48,10 +49,10 @@ import psutil
 from piworkflows import faults
 from piworkflows.outbox.retry import next_attempt_at
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal.base import BlobValue, new_claim
+from piworkflows.protocol.internal.base import new_claim
 from piworkflows.protocol.internal.content import BlobPut, BlobPutPart, BlobPutPartFrame
-from piworkflows.protocol.internal.effects import EffectSettleFrame
-from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect
+from piworkflows.protocol.internal.effects import EffectDue, EffectSettleFrame
+from piworkflows.protocol.internal.outbox import CommandSpawned, PerformEffect, WorkerReady
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.supervisor.logs import log_failure, relay_child_log
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
@@ -66,6 +67,10 @@ SERVER = {"actor_class": "server"}
 _STEADY_MS = 10_000  # a worker that lived this long restarts after the shortest delay again
 
 
+class WorkerNotReady(Exception):
+    """A new worker died or stayed silent before its ready frame."""
+
+
 @dataclass
 class Claimed:
     effect_id: str
@@ -78,10 +83,11 @@ class Claimed:
 @dataclass(frozen=True)
 class ClaimStep:
     """What one claim step found: an effect claimed (its perform frame), or how long the
-    slot waits for a notice before it asks again (0: a notice came while it asked)."""
+    slot waits for a notice before it asks again (0: a notice came while it asked, or ``due``)."""
 
     task: PerformEffect | None
     wait_ms: float = 0
+    due: bool = False  # a slot without a worker looked (effect.due): one is due, its worker starts
 
 
 @dataclass
@@ -97,6 +103,8 @@ class Slot:
     idle: bool = False  # waiting for a notice or the next retry time
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     spawns: int = 0
+    delay_ms: int = 0  # before its next worker after one died young (growing; the pool sets the first)
+    starting: bool = False  # its worker is being started (until it said it is ready)
     started_at: int = 0  # monotonic ms: when its worker started
     idle_since: int = 0  # monotonic ms: when its worker last had an effect (or started)
     retiring: bool = False  # its worker is ended for having had nothing to do, not by a failure
@@ -111,7 +119,9 @@ class Slot:
 class OutboxPool(ChildHub):
     def __init__(self, wiring: HubWiring) -> None:
         super().__init__(wiring)  # host.json records the workers and their command groups
-        self.slots = [Slot(i) for i in range(self.settings.outbox_workers)]
+        self.slots = [
+            Slot(i, delay_ms=self.settings.outbox_restart_min_ms) for i in range(self.settings.outbox_workers)
+        ]
         self._notices = 0  # post-commit notices so far
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -169,25 +179,14 @@ class OutboxPool(ChildHub):
     # --- slots ------------------------------------------------------------------------
 
     async def _run_slot(self, slot: Slot) -> None:
-        """Claim due effects one after another. The slot starts a worker for the first one it
-        claims and ends it once it had nothing to do for child_idle_exit_ms: an idle pool has
-        no workers. A worker that ended by itself is replaced with the next effect, at the
-        earliest after a delay that grows while workers keep dying young."""
-        delay = self.settings.outbox_restart_min_ms
+        """Claim due effects one after another. The slot starts a worker only once an effect is
+        due and ends it once it had nothing to do for child_idle_exit_ms: an idle pool has no
+        workers. A worker that died is replaced for the next due effect, at the earliest after a
+        delay that grows while workers keep dying young."""
         while not self._stopping:
             task = await self._claim_next(slot)
             if task is None:
                 return  # the pool stops
-            if not self._alive(slot):
-                try:
-                    await self._spawn(slot)
-                except Exception as exc:  # ChildNotRecorded, or the process could not start
-                    log_failure(log, f"outbox worker {slot.index} not started", exc)
-                    await self._not_started(slot)
-                    await self._worker_gone(slot)
-                    delay = min(self.settings.outbox_restart_max_ms, delay * 2)
-                    await self.clock.sleep_ms(delay)
-                    continue
             try:
                 settled = await self._perform(slot, task)
             except Exception as exc:  # one slot's failure never stops the pool
@@ -203,13 +202,33 @@ class OutboxPool(ChildHub):
             if slot.cancelled:  # ended on purpose: the next effect at once
                 slot.cancelled = False
                 continue
-            delay = (
-                self.settings.outbox_restart_min_ms
-                if lived > _STEADY_MS
-                else min(self.settings.outbox_restart_max_ms, delay * 2)
+            if lived > _STEADY_MS:
+                slot.delay_ms = self.settings.outbox_restart_min_ms
+            else:
+                slot.delay_ms = min(self.settings.outbox_restart_max_ms, slot.delay_ms * 2)
+            log.warning(
+                "outbox worker %d exited; the next effect gets a new one after %d ms", slot.index, slot.delay_ms
             )
-            log.warning("outbox worker %d exited; the next effect gets a new one after %d ms", slot.index, delay)
-            await self.clock.sleep_ms(delay)
+            await self.clock.sleep_ms(slot.delay_ms)
+
+    def _covered(self, slot: Slot) -> bool:
+        """Another slot's worker is starting, or waits for a notice: no second worker for one effect."""
+        return any(other.starting or (other.idle and self._alive(other)) for other in self.slots if other is not slot)
+
+    async def _start_worker(self, slot: Slot) -> None:
+        """The slot's worker, for an effect that is due; one that could not start (not recorded in
+        host.json, dead or silent before it was ready) is ended, and the slot waits its delay."""
+        slot.starting = True
+        try:
+            await self._spawn(slot)
+            return
+        except Exception as exc:  # ChildNotRecorded, WorkerNotReady, or no process started
+            log_failure(log, f"outbox worker {slot.index} not started", exc)
+        finally:
+            slot.starting = False
+        await self._worker_gone(slot)
+        await self.clock.sleep_ms(slot.delay_ms)
+        slot.delay_ms = min(self.settings.outbox_restart_max_ms, slot.delay_ms * 2)
 
     async def _spawn(self, slot: Slot) -> None:
         # The worker reads this server's settings from its environment, as the writer does. A
@@ -224,6 +243,13 @@ class OutboxPool(ChildHub):
         slot.proc, slot.frames, slot.arrived, slot.stderr, slot.broke = proc, deque(), asyncio.Event(), stderr, False
         slot.started_at = slot.idle_since = self.clock.monotonic_ms()
         slot.reader = asyncio.create_task(self._read(slot, proc), name=f"outbox-{slot.index}-reader")
+        try:
+            async with asyncio.timeout(self.settings.child_ready_timeout_ms / 1000):
+                first = await self._next_frame(slot)
+        except TimeoutError:
+            first = None
+        if first is None or first["k"] != WorkerReady.kind:
+            raise WorkerNotReady(f"the worker (pid {proc.pid}) did not say it was ready")
 
     async def _read(self, slot: Slot, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -282,9 +308,18 @@ class OutboxPool(ChildHub):
             if slot.proc is not None and not self._alive(slot):
                 await self._worker_gone(slot)  # ended while idle: a new one comes with the next effect
                 continue
-            step = await self.claim(slot)
-            if step.task is not None:
-                return step.task
+            if slot.proc is None:
+                step = await self.look(slot)
+                if step.due and not self._covered(slot):
+                    await self._start_worker(slot)
+                    continue
+                if step.due:  # a waiting worker (or one starting) of another slot claims it
+                    self.wake()
+                    step = ClaimStep(None, self.settings.outbox_idle_check_ms)
+            else:
+                step = await self.claim(slot)
+                if step.task is not None:
+                    return step.task
             if not step.wait_ms:
                 continue  # a notice came while this slot asked: ask again
             wait_ms = step.wait_ms
@@ -316,20 +351,9 @@ class OutboxPool(ChildHub):
         finally:
             slot.retiring = False
 
-    async def _not_started(self, slot: Slot) -> None:
-        """The claimed effect had no worker to perform it: settled as a retry that surely did not
-        act (a manual effect too goes on without an operator)."""
-        effect = slot.effect
-        if effect is None:
-            return
-        report = EffectSettleFrame(
-            effect_id=effect.effect_id,
-            settlement="retry",
-            error=BlobValue.of_text("no outbox worker could be started"),
-            error_code="workerNotStarted",
-            not_acted=True,
-        )
-        await self._settle(slot, report.model_dump())
+    async def _ready_again(self, slot: Slot, body: dict[str, Any]) -> Reply:
+        """A worker says ready once, before its first effect: saying it again breaks the protocol."""
+        raise frames.FrameError(f"outbox worker {slot.index} said it was ready while applying an effect")
 
     async def _spawned(self, slot: Slot, body: dict[str, Any]) -> Reply:
         """Accepted once the command group is recorded; else the worker ends it."""
@@ -362,10 +386,27 @@ class OutboxPool(ChildHub):
             return ClaimStep(task)
         if self._notices != notices:
             return ClaimStep(None)
+        return ClaimStep(None, self._wait_ms(receipt.get("nextDueAt") if receipt.get("code") == "nothingDue" else None))
+
+    async def look(self, slot: Slot) -> ClaimStep:
+        """One look of a slot without a worker: effect.due, which claims nothing. One is due: the
+        slot starts its worker; else how long it waits, as after a claim step that found none."""
+        notices = self._notices
+        reply = await self.request(EffectDue.kind, {}, slot.actor)
+        receipt = reply.receipt or {}
+        if reply.outcome == "accepted" and receipt.get("due"):
+            return ClaimStep(None, due=True)
+        if self._notices != notices:
+            return ClaimStep(None)
+        return ClaimStep(None, self._wait_ms(receipt.get("nextDueAt")))
+
+    def _wait_ms(self, next_due_at: int | None) -> float:
+        """How long an idle slot waits for a notice: outbox_idle_check_ms at most, less when the
+        next retry is due sooner."""
         wait_ms: float = self.settings.outbox_idle_check_ms
-        if receipt.get("code") == "nothingDue" and receipt.get("nextDueAt") is not None:
-            wait_ms = min(wait_ms, max(5, receipt["nextDueAt"] - self.clock.now_ms()))
-        return ClaimStep(None, wait_ms)
+        if next_due_at is not None:
+            wait_ms = min(wait_ms, max(5, next_due_at - self.clock.now_ms()))
+        return wait_ms
 
     def _record_command(self, slot: Slot, pid: int) -> bool:
         """The performer's command group, in host.json before it runs anything."""
@@ -541,6 +582,7 @@ Handler = Callable[[OutboxPool, Slot, dict[str, Any]], Awaitable[Reply | None]]
 # How each frame from a worker is handled (protocol/internal/outbox.py WORKER_FRAMES, one to one):
 # a reply for the worker, or None once the effect is settled.
 HANDLERS: dict[str, Handler] = {
+    WorkerReady.kind: OutboxPool._ready_again,
     CommandSpawned.kind: OutboxPool._spawned,
     BlobPutPartFrame.kind: OutboxPool._upload,
     EffectSettleFrame.kind: OutboxPool._settle,

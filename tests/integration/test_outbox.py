@@ -342,6 +342,37 @@ def test_kill_9_of_the_worker_parks_a_manual_request_as_ambiguous(ledger, server
     assert effect_attempts(server, run_id) == [(1, "ambiguous")]
 
 
+# The first outbox worker dies before it says it is ready (a later one starts normally).
+DIES_BEFORE_READY = """
+import os, sys
+if "piworkflows.outbox" in sys.orig_argv and not os.path.exists({flag!r}):
+    open({flag!r}, "w").close()
+    os._exit(3)
+"""
+
+
+def test_a_worker_that_dies_before_it_is_ready_was_handed_nothing_and_the_next_one_sends_the_request(
+    ledger, project, tmp_path
+):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(DIES_BEFORE_READY.format(flag=str(tmp_path / "died")))
+    env = {"PYTHONPATH": str(site), "PI_WORKFLOWS_OUTBOX_WORKERS": "1"}
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    try:
+        http_workflow(project, "manual", effect='manual_effect("test.http")')
+        run_id = start(server, project, "manual", {"url": ledger.url + "/manual"})
+        done = wait_status(server, run_id, "completed", "failed", "ambiguous")
+        assert done["display"]["status"] == "completed", done["state"].get("error")
+        assert (tmp_path / "died").exists()
+        # a worker starts before the claim: the one that died had been handed nothing
+        assert [(a["n"], a["status"]) for a in attempt_rows(server, run_id)] == [(1, "applied")]
+        assert len(ledger.requests) == 1
+        assert "outbox worker 0 (pid " in server.server_log()  # how the first one ended
+    finally:
+        server.stop()
+
+
 # --- secrets ----------------------------------------------------------------------------------
 
 

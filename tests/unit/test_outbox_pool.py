@@ -249,18 +249,35 @@ def test_a_notice_wakes_an_idle_slot_whose_worker_lives_before_one_that_has_none
     asyncio.run(scenario())
 
 
-def test_an_effect_claimed_when_no_worker_could_start_is_settled_as_a_retry_that_did_not_act():
+def test_a_slot_without_a_worker_looks_without_claiming_and_starts_one_only_when_an_effect_is_due():
     async def scenario() -> None:
-        writer = FakeWriter()
-        built, clock, _, woken = pool(writer)
+        writer = FakeWriter(
+            {
+                "effect.due": [
+                    Reply(outcome="accepted", receipt={"due": False, "nextDueAt": None}),
+                    Reply(outcome="accepted", receipt={"due": True, "nextDueAt": None}),
+                ]
+            }
+        )
+        built, clock, _, _ = pool(writer)
         slot = built.slots[0]
-        slot.effect = claimed()
-        settled = built.watch("effect-1")
-        await built._not_started(slot)
-        [(kind, body)] = writer.sent
-        assert kind == "effect.settle" and body["effect_id"] == "effect-1" and body["claim"]["lease_generation"] == 4
-        assert (body["settlement"], body["not_acted"], body["error_code"]) == ("retry", True, "workerNotStarted")
-        assert body["retry_at"] > clock.now_ms()  # after a backoff
-        assert slot.effect is None and settled.is_set() and woken == ["scheduler"]
+        waiting = await built.look(slot)
+        assert (waiting.task, waiting.due, waiting.wait_ms) == (None, False, Settings().outbox_idle_check_ms)
+        due = await built.look(slot)
+        assert due.due and due.task is None
+        assert writer.sent == [("effect.due", {"actor": slot.actor})] * 2  # nothing claimed, nothing written
+        assert slot.effect is None
 
     asyncio.run(scenario())
+
+
+def test_a_due_effect_gets_a_new_worker_only_when_no_other_slots_worker_waits_or_starts():
+    built, _, _, _ = pool(FakeWriter())
+    looking, other = built.slots
+    assert not built._covered(looking)  # no other worker at all
+    other.proc = SimpleNamespace(returncode=None)  # type: ignore[assignment]
+    assert not built._covered(looking)  # busy with an effect
+    other.idle = True
+    assert built._covered(looking)  # waits for a notice: it claims the effect
+    other.idle, other.proc, other.starting = False, None, True
+    assert built._covered(looking)  # starting: it claims once ready

@@ -52,6 +52,7 @@ FIELD_SETS: dict[tuple[str, str, str], typing.Collection[str]] = {
     ("effects", "EffectRequest", "recovery_policy"): states.RECOVERY_POLICIES,
     ("effects", "EffectRequest", "owner_scope"): states.EFFECT_OWNER_SCOPES,
     ("effects", "EffectClaim", "performers"): states.POOL_PERFORMERS,
+    ("effects", "EffectDue", "performers"): states.POOL_PERFORMERS,
     ("effects", "EffectSettleFrame", "settlement"): states.EFFECT_SETTLEMENTS,
     ("effects", "EffectList", "statuses"): states.EFFECT_STATUSES,
     ("outbox", "PerformEffect", "performer"): states.POOL_PERFORMERS,

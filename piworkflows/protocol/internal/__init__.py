@@ -50,6 +50,7 @@ from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
     EffectConfirm,
+    EffectDue,
     EffectList,
     EffectRecover,
     EffectReserve,
@@ -148,6 +149,7 @@ COMMAND_MODELS: dict[str, type[Command] | type[ReadCommand]] = {
         # effects
         EffectReserve,
         EffectClaim,
+        EffectDue,
         EffectSettle,
         EffectAbandon,
         EffectRecover,

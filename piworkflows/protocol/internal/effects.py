@@ -82,6 +82,14 @@ class EffectClaim(Command):
     ttl_ms: int = Field(ge=1)
 
 
+class EffectDue(ReadCommand):
+    """Whether an effect of these performers is due now, and when the next pending one is: what
+    the outbox pool asks before it starts a worker to claim one."""
+
+    kind: ClassVar[str] = "effect.due"
+    performers: list[PoolPerformer] = Field(default_factory=lambda: sorted(POOL_PERFORMERS), min_length=1)
+
+
 class EffectSettleFrame(Frame):
     """How an applying attempt ended, as its performer reports it: a runner (an action body) or
     an outbox worker. The supervisor adds the effect's claim, its expected revision and, for a

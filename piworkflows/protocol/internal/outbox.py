@@ -3,6 +3,7 @@ supervisor/outbox.py).
 
 ::
 
+    worker ── ready WorkerReady ──> pool              (once, at its start: it reads its input now)
     pool ── perform PerformEffect ──> worker          (an effect claimed for it: its attempt is recorded)
     worker ── spawned CommandSpawned ──> pool         (a command group, into host.json before it runs)
            <── reply Reply (accepted: recorded; else the worker ends the group: nothing ran)
@@ -39,6 +40,13 @@ class PerformEffect(Frame):
     payload: dict[str, Any]
 
 
+class WorkerReady(Frame):
+    """The worker started (its performers imported) and reads its input: an effect handed to it now
+    is read. One that dies before saying so surely did not act on the effect it was handed."""
+
+    kind: ClassVar[str] = "ready"
+
+
 class CommandSpawned(Frame):
     """A performer started a process group (its leader): the pool records its identity in host.json
     before the group runs anything, and answers whether it did."""
@@ -50,5 +58,5 @@ class CommandSpawned(Frame):
 # What the pool sends a worker, and what a worker sends, by kind.
 POOL_FRAMES: dict[str, type[Frame]] = {PerformEffect.kind: PerformEffect}
 WORKER_FRAMES: dict[str, type[Frame]] = {
-    model.kind: model for model in (CommandSpawned, BlobPutPartFrame, EffectSettleFrame)
+    model.kind: model for model in (WorkerReady, CommandSpawned, BlobPutPartFrame, EffectSettleFrame)
 }

@@ -20,6 +20,7 @@ from piworkflows.protocol.internal.effects import (
     EffectAbandon,
     EffectClaim,
     EffectConfirm,
+    EffectDue,
     EffectList,
     EffectRecover,
     EffectReserve,
@@ -59,6 +60,45 @@ class ReserveEffects(ResourceHandler[EffectReserve]):
         return Change(event_type="effects.reserved", effects=list(cmd.effects))
 
 
+def _pool_due(tx: Tx, performers: list[str]) -> tuple[str, int] | None:
+    """The pool effect of these performers that is due first (its id and revision), unclaimed."""
+    chosen = sorted(set(performers))
+    marks = ", ".join("?" for _ in chosen)
+    row: tuple[str, int] | None = tx.conn.execute(
+        "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
+        "LEFT JOIN leases l ON l.resource_id = e.effect_id "
+        f"WHERE e.performer IN ({marks}) AND e.{records.UNSETTLED_WORK} AND e.effect_status = 'pending' "
+        "AND e.available_at <= ? "
+        "AND (l.owner_id IS NULL OR l.expires_at <= ?) ORDER BY e.available_at, e.effect_id LIMIT 1",
+        (*chosen, tx.now, tx.now),
+    ).fetchone()
+    return row
+
+
+def _pool_next_due(tx: Tx, performers: list[str]) -> int | None:
+    """When the earliest pending pool effect of these performers is due (None: none is pending)."""
+    chosen = sorted(set(performers))
+    marks = ", ".join("?" for _ in chosen)
+    next_due: int | None = tx.conn.execute(
+        f"SELECT min(available_at) FROM effects WHERE performer IN ({marks}) AND {records.UNSETTLED_WORK} "
+        "AND effect_status = 'pending'",
+        chosen,
+    ).fetchone()[0]
+    return next_due
+
+
+class DueEffects(Handler[EffectDue]):
+    """Whether a pool effect is due now and when the next one is (nothing claimed, nothing written)."""
+
+    model = EffectDue
+    actors = frozenset({"server", "outbox"})
+    read_only = True
+
+    def execute(self, tx: Tx, cmd: EffectDue) -> Result:
+        due = _pool_due(tx, cmd.performers) is not None
+        return Result(receipt={"due": due, "nextDueAt": None if due else _pool_next_due(tx, cmd.performers)})
+
+
 class ClaimEffect(ResourceHandler[EffectClaim]):
     """Take a new claim generation on a due pending effect and record its attempt."""
 
@@ -89,23 +129,9 @@ class ClaimEffect(ResourceHandler[EffectClaim]):
                 ).fetchone()
                 raise CommandError("nothingDue", "no effect of the channel is due", nextDueAt=next_due)
         else:
-            performers = sorted(set(cmd.performers))
-            marks = ", ".join("?" for _ in performers)
-            row = tx.conn.execute(
-                "SELECT e.effect_id, r.revision FROM effects e JOIN resources r ON r.resource_id = e.effect_id "
-                "LEFT JOIN leases l ON l.resource_id = e.effect_id "
-                f"WHERE e.performer IN ({marks}) AND e.{records.UNSETTLED_WORK} AND e.effect_status = 'pending' "
-                "AND e.available_at <= ? "
-                "AND (l.owner_id IS NULL OR l.expires_at <= ?) ORDER BY e.available_at, e.effect_id LIMIT 1",
-                (*performers, tx.now, tx.now),
-            ).fetchone()
+            row = _pool_due(tx, cmd.performers)
             if row is None:
-                (next_due,) = tx.conn.execute(
-                    f"SELECT min(available_at) FROM effects WHERE performer IN ({marks}) AND {records.UNSETTLED_WORK} "
-                    "AND effect_status = 'pending'",
-                    performers,
-                ).fetchone()
-                raise CommandError("nothingDue", "no effect is due", nextDueAt=next_due)
+                raise CommandError("nothingDue", "no effect is due", nextDueAt=_pool_next_due(tx, cmd.performers))
         return Target(row[0], row[1])
 
     def transition(self, tx: Tx, cmd: EffectClaim, resource: records.Resource | None) -> Change:
@@ -488,4 +514,5 @@ HANDLERS = (
     ConfirmEffect(),
     RetryEffect(),
     ListEffects(),
+    DueEffects(),
 )
