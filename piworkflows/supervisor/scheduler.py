@@ -338,6 +338,8 @@ class Scheduler:
         while not self._stopping:
             now = self.clock.monotonic_ms()
             for proc in [p for p in self._ready if now - self._ready_since.get(p.pid, now) >= limit]:
+                if proc not in self._ready:  # a launch took it while an earlier one was ending
+                    continue
                 self._ready.remove(proc)
                 self._ready_since.pop(proc.pid, None)
                 self._uses.pop(proc.pid, None)
