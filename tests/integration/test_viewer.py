@@ -74,7 +74,7 @@ def test_the_run_list_shows_runs_filters_them_and_opens_one(server, project):
         await pilot.press("s")  # back to all
         await until(pilot, lambda: table.row_count == 2, "all again")
         await pilot.press("w")
-        assert isinstance(app.screen, Ask)
+        await until(pilot, lambda: isinstance(app.screen, Ask), "the question")
         await pilot.press(*"nothing-like-it", "enter")
         await until(pilot, lambda: table.row_count == 0, "no run of that workflow")
         await pilot.press("w", *"ask", "enter")
@@ -108,7 +108,7 @@ def test_every_key_of_the_run_screen(server, project):
         # the status line says waiting (the current node's line says so while it is paused too)
         await until(pilot, lambda: head(app).split()[2:3] == ["waiting"], "resumed")
         await pilot.press("a")
-        assert isinstance(app.screen, Ask)
+        await until(pilot, lambda: isinstance(app.screen, Ask), "the question")
         await pilot.press(*'{"go": true}', "enter")
         await until(pilot, lambda: "completed" in head(app), "completed after the answer")
         assert view(server, run_id)["state"]["outputs"]["yes"] == {"answered": True}
@@ -156,9 +156,10 @@ def test_cancel_asks_first(server, project):
     async def script(app: Viewer, pilot: Any) -> None:
         await until(pilot, lambda: "waiting" in head(app), "waiting")
         await pilot.press("c")
-        assert isinstance(app.screen, Confirm)
+        await until(pilot, lambda: isinstance(app.screen, Confirm), "the question")  # pushed on a later refresh
         await pilot.press("n")
-        assert isinstance(app.screen, RunScreen) and view(server, run_id)["display"]["status"] == "waiting"
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run screen again")
+        assert view(server, run_id)["display"]["status"] == "waiting"
         await pilot.press("c", "y")
         await until(pilot, lambda: "cancelled" in head(app), "cancelled")
 
@@ -216,7 +217,7 @@ def test_d_decides_a_protected_human_decision(server, project):
         await pilot.press("a")  # a checkpoint's answer is not this run's control
         assert isinstance(app.screen, RunScreen)
         await pilot.press("d")
-        assert isinstance(app.screen, Ask)
+        await until(pilot, lambda: isinstance(app.screen, Ask), "the question")
         await pilot.press(*"replan: Split the change", "enter")
         await until(pilot, lambda: "completed" in head(app), "completed after the decision")
         outputs = view(server, run_id)["state"]["outputs"]
