@@ -37,6 +37,7 @@ __all__ = [
     "dumps_bytes",
     "dumps_envelope",
     "loads",
+    "parse_int",
     "sha256_digest",
 ]
 
@@ -236,7 +237,9 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _parse_int(text: str) -> int | float:
+def parse_int(text: str) -> int | float:
+    """An integer literal as JavaScript reads it: an ``int`` when a double holds it exactly, else
+    the nearest ``float`` (``26847518767794790`` prints a double whose exact value differs)."""
     value = int(text)
     as_float = _parse_float(text)
     return value if as_float == value else as_float
@@ -269,7 +272,7 @@ def loads(data: bytes | bytearray | str) -> Any:
         object_pairs_hook=_unique_object,
         parse_constant=_reject_constant,
         parse_float=_parse_float,
-        parse_int=_parse_int,
+        parse_int=parse_int,
     )
 
 

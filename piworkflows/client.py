@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import Any
 
+from piworkflows import canonical
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import envelope
 
@@ -133,7 +134,8 @@ class WorkflowClient:
         line = self._file.readline(envelope.MAX_MESSAGE_BYTES + 1)
         if not line.endswith(b"\n"):
             raise ConnectionError("the server closed the connection")
-        message: dict[str, Any] = json.loads(line)
+        # The server's lines are canonical: the C reader, numbers read as JavaScript reads them.
+        message: dict[str, Any] = json.loads(line, parse_int=canonical.parse_int)
         return message
 
     # --- requests -----------------------------------------------------------

@@ -54,6 +54,7 @@ CODES: dict[str, Outcome] = {
     "invalidTransition": "rejected",
     "wrongRequestKind": "rejected",  # an assistant-message step takes no workflow-tool submission
     "validationFailed": "rejected",
+    "invalidRequest": "rejected",  # a value outside the protocol's value domain (protocol/domain.py): its path named
     "validatorFailed": "rejected",  # the validator of a submission timed out or broke: submit again
     "notAvailable": "rejected",
     "tooManyWatches": "rejected",  # a connection's live-view watches are bounded

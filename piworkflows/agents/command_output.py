@@ -23,10 +23,9 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any
 
-from piworkflows import canonical
 from piworkflows.agents.capture import ENTRY_BYTES_PER_RECORD
 from piworkflows.isotime import iso
-from piworkflows.protocol import client_v1
+from piworkflows.protocol import client_v1, domain
 from piworkflows.protocol.internal.agents import ExpectedOutput, SessionEntry
 from piworkflows.protocol.internal.base import MAX_INLINE_BLOB_BYTES, BlobValue
 from piworkflows.states import SUBMISSION_REJECTIONS
@@ -104,12 +103,10 @@ def output_of(expected: ExpectedOutput, finished: Finished) -> Output:
         return Output(reply=text.rstrip("\r\n"))
     if expected.kind != "schema":
         return Output(value=text.rstrip("\r\n"))
-    if client_v1.nesting_depth(finished.stdout) > client_v1.MAX_NESTING:
-        return Output(problem=f"the command's stdout nests deeper than {client_v1.MAX_NESTING} levels")
     try:
-        return Output(value=canonical.loads(text))
-    except (ValueError, RecursionError) as exc:
-        return Output(problem=f"the command's stdout is not JSON ({exc}); the step's output is a JSON value")
+        return Output(value=domain.loads(finished.stdout))
+    except domain.OutsideDomain as exc:
+        return Output(problem=f"the command's stdout is not a JSON value a run can keep ({exc})")
 
 
 def entry_of(pi_entry_id: str, parent_id: str | None, role: str, text: str, at_ms: int, **fields: Any) -> SessionEntry:

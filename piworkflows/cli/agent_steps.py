@@ -24,7 +24,7 @@ import click
 
 from piworkflows import canonical
 from piworkflows.cli import story
-from piworkflows.cli.base import OPERATOR_CLIENT_ID, accepted, check, fail, main, request
+from piworkflows.cli.base import OPERATOR_CLIENT_ID, accepted, check, fail, json_argument, main, request
 from piworkflows.cli.logs import Ask, asker, read_content
 from piworkflows.cli.runs import run_group
 from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
@@ -178,10 +178,7 @@ def submit(paths: StatePaths, run_id: str, node: str, output_json: str, as_json:
 
     Example: pi-workflows submit run-0123abcd fix '{"summary": "fixed by hand"}'
     """
-    try:
-        output = json.loads(output_json)
-    except ValueError as exc:
-        raise click.BadParameter(f'not JSON ({exc}); pass e.g. \'{{"summary": "done"}}\'') from None
+    output = json_argument(output_json, '{"summary": "done"}', "OUTPUT_JSON")
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
     pending = view["piworkflows"]["pending"]
     if pending is None or pending["kind"] in ("checkpoint", "human_decision") or pending["nodePath"] != node:

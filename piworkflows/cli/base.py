@@ -18,9 +18,10 @@ import click
 from piworkflows.client import ServerNotRunning, ServerRefused, StartFailed, WorkflowClient
 from piworkflows.errors import StateIncompatible
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import envelope
+from piworkflows.protocol import domain, envelope
 
 EXIT_RUNTIME = 1
+EXIT_USAGE = 2  # click's own code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
@@ -51,6 +52,15 @@ class _Main(click.Group):
 
             completion.attach(self)
         return super().get_command(ctx, cmd_name)
+
+    def main(self, args: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Before any command: an argument that is not Unicode text (bytes that are not UTF-8, which
+        Python keeps as lone surrogates) is a usage error, exit 2, nothing sent."""
+        for index, arg in enumerate(sys.argv[1:] if args is None else args, start=1):
+            if isinstance(arg, str) and domain.lone_surrogate(arg) is not None:
+                click.echo(f"Error: argument {index} is not UTF-8 text; pass every argument as UTF-8", err=True)
+                sys.exit(EXIT_USAGE)
+        return super().main(args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -83,6 +93,15 @@ def command_line(*args: str) -> str:
     given = context is not None and context.find_root().params.get("state_dir")
     state_dir = ["--state-dir", str(context.obj.state_dir)] if context is not None and given else []
     return shlex.join(["pi-workflows", *state_dir, *args])
+
+
+def json_argument(source: str, example: str, param_hint: str | None = None) -> Any:
+    """A JSON argument as a value of the protocol's domain (no duplicate keys, NaN, Infinity, numbers
+    past a double, lone surrogates; at most 256 levels): else a usage error naming why, nothing sent."""
+    try:
+        return domain.loads(source)
+    except domain.OutsideDomain as exc:
+        raise click.BadParameter(f"{exc}; pass e.g. {shlex.quote(example)}", param_hint=param_hint) from None
 
 
 def check_run_id(operation: str, run_id: str | None) -> None:

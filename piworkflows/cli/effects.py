@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import accepted, fail, main, request, span
+from piworkflows.cli.base import accepted, fail, json_argument, main, request, span
 from piworkflows.paths import StatePaths
 from piworkflows.states import EFFECT_STATUSES
 
@@ -77,10 +76,7 @@ def effect_confirm(paths: StatePaths, effect_id: str, note: str, output_json: st
     """
     payload: dict[str, Any] = {"effectId": effect_id, "note": note}
     if output_json is not None:
-        try:
-            payload["output"] = json.loads(output_json)
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON ({exc}); pass e.g. '{{\"ok\": true}}'", param_hint="--output") from None
+        payload["output"] = json_argument(output_json, '{"ok": true}', "--output")
     response = request(paths, "effect.confirm", payload, idempotency_key=f"effect.confirm:{effect_id}")
     accepted(response)
     click.echo(f"{effect_id} confirmed applied" + (" (already)" if response.outcome == "adopted" else ""))

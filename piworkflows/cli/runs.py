@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from typing import Any
@@ -19,6 +18,7 @@ from piworkflows.cli.base import (
     check_run_id,
     connection,
     fail,
+    json_argument,
     main,
     request,
     start_failed,
@@ -65,10 +65,7 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
 
     Example: pi-workflows run start shell-check --input '{"command": "true"}' --wait
     """
-    try:
-        input_value = json.loads(input_json)
-    except ValueError as exc:
-        raise click.BadParameter(f'not JSON ({exc}); pass e.g. --input \'{{"key": "value"}}\'') from None
+    input_value = json_argument(input_json, '{"key": "value"}', "--input")
     payload = {
         "projectPath": os.path.abspath(project),
         "workflowName": workflow,
@@ -123,6 +120,7 @@ def run_watch(paths: StatePaths, run_id: str, as_json: bool) -> None:
 
     Example: pi-workflows run watch run-0123abcd
     """
+    check_run_id("run watch", run_id)
     _follow_and_exit(paths, run_id, as_json, events=True)
 
 
@@ -224,9 +222,6 @@ def answer(paths: StatePaths, run_id: str, node: str, answer_json: str, as_json:
 
     Example: pi-workflows answer run-0123abcd ask '{"continue": true}'
     """
-    try:
-        value = json.loads(answer_json)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc}); pass e.g. '{{\"continue\": true}}'") from None
+    value = json_argument(answer_json, '{"continue": true}', "ANSWER_JSON")
     receipt = accepted(request(paths, "checkpoint.answer", {"nodePath": node, "answer": value}, run_id=run_id))
     click.echo(canonical.dumps(receipt) if as_json else f"answered; {run_id} continues")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
@@ -27,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Va
 from piworkflows import canonical
 from piworkflows.errors import OUTCOMES, describe_invalid_fields
 from piworkflows.isotime import prune_before_ms as prune_before_ms  # StatePrunePayload.before
+from piworkflows.protocol import domain
 from piworkflows.protocol.envelope import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # owned there, as below
 from piworkflows.protocol.envelope import OPERATIONS as OPERATIONS
 from piworkflows.protocol.envelope import SCHEMA as SCHEMA
@@ -36,8 +36,10 @@ from piworkflows.protocol.internal.agents import MAX_UPDATE_CHARS
 from piworkflows.states import PAGE_KINDS, RUN_STATUS_VALUES, SERVER_STATES, UNAVAILABLE_REASONS, WORKFLOW_ORIGINS
 
 # The deepest ``[``/``{`` nesting of a received line, the envelope object being level 1. JavaScript's
-# parser accepts far deeper text; Python's readers recurse once per level, so the limit is ours.
-MAX_NESTING = 512
+# parser accepts far deeper text; Python's readers recurse once per level, so the limit is ours
+# (owned by the value domain, protocol/domain.py, as is the scan that measures it).
+MAX_NESTING = domain.MAX_NESTING
+nesting_depth = domain.nesting_depth
 
 assert not set(UPSTREAM_UNSERVED) & set(OPERATIONS)
 
@@ -142,23 +144,6 @@ def _read_canonical(text: bytes) -> dict[str, Any] | None:
     return None
 
 
-_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKET_STEP)
-
-
-def nesting_depth(text: bytes) -> int:
-    """The deepest ``[``/``{`` nesting of JSON text outside strings, in linear time without recursion.
-
-    Escaped backslashes, then escaped quotes, are dropped (escapes pair from the left); what is
-    left between quotes is string content. On text that is not JSON the count may differ after
-    the first error, where every reader stops.
-    """
-    unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside_strings = b"".join(unescaped.split(b'"')[::2])
-    brackets = outside_strings.translate(None, _NOT_BRACKETS)
-    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
-
-
 def parse_request(line: bytes) -> Request:
     """Validate one received line (with its trailing newline) as a request."""
     if len(line) > MAX_MESSAGE_BYTES:
@@ -191,6 +176,24 @@ def parse_request(line: bytes) -> Request:
         return Request.model_validate(value)
     except ValidationError as exc:
         raise MalformedFrame("envelope has " + describe_invalid_fields(exc.errors())) from None
+
+
+# A payload puts a value that a run keeps at most this many levels below itself (payload.value.output).
+_PAYLOAD_VALUE_LEVELS = 2
+
+
+def outside_domain(line: bytes, request: Request) -> domain.OutsideDomain | None:
+    """Where a parsed request leaves the protocol's value domain (a lone surrogate in an id or a
+    string, a payload nesting deeper than a value a run keeps), or None. The line is canonical, so
+    a lone surrogate shows as an escape: the exact walk runs only when a byte filter trips."""
+    if b"\\ud" not in line and line.count(b"[") + line.count(b"{") <= domain.MAX_VALUE_NESTING:
+        return None
+    fields = {name: value for name, value in wire(request).items() if name not in ("schema", "type", "operation")}
+    found = domain.problem(fields, max_depth=domain.MAX_VALUE_NESTING + _PAYLOAD_VALUE_LEVELS + 1)
+    if found is not None and found.too_deep:
+        why = f"a value in it nests deeper than a run keeps ({domain.MAX_VALUE_NESTING} levels)"
+        return domain.OutsideDomain("$.payload", why, too_deep=True)
+    return found
 
 
 _OPTIONAL = frozenset({"runId", "expectedRevision", "revision", "receipt", "error"})

@@ -20,13 +20,25 @@ _HEADER = struct.Struct(">I")
 
 
 class FrameError(Exception):
-    """A peer sent something that is not a valid frame."""
+    """A peer sent something that is not a valid frame, or a body cannot be one."""
+
+
+class FrameTooLarge(FrameError):
+    """A body that encodes to more than one frame holds."""
+
+
+class Unencodable(FrameError):
+    """A body msgpack cannot encode: a lone surrogate in a string, nesting past msgpack's limit,
+    an integer past 64 bits, an object that is not data. Raised before anything is sent."""
 
 
 def encode(kind: str, corr_id: int, body: Any) -> bytes:
-    payload = msgpack.packb({"k": kind, "id": corr_id, "b": body}, use_bin_type=True)
+    try:
+        payload = msgpack.packb({"k": kind, "id": corr_id, "b": body}, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise Unencodable(f"a {kind} body cannot be encoded: {type(exc).__name__}: {exc}"[:500]) from None
     if len(payload) > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
+        raise FrameTooLarge(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
     return _HEADER.pack(len(payload)) + payload
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -26,7 +27,19 @@ from typing import Any
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.writer import Reply
 
+log = logging.getLogger("piworkflows.link")
+
 LOST = Reply(outcome="unavailable", receipt={"code": "writerRestarting"}, error="the writer is not available")
+
+
+def unsent(exc: frames.Unencodable) -> Reply:
+    """The answer to a request whose body could not be a frame: nothing was sent, so nothing was
+    done; the cause goes to the sender's log, never to the client."""
+    log.error("a request was not sent (%s)", exc)
+    return Reply(
+        outcome="rejected", receipt={"code": "internalError"}, error="the server could not pass this request on"
+    )
+
 
 FrameCallback = Callable[[dict[str, Any]], None]
 
@@ -49,6 +62,10 @@ class _Correlator:
             corr_id = next(self._ids)
             self._pending[corr_id] = future
             return corr_id
+
+    def _forget(self, corr_id: int) -> None:
+        with self._lock:
+            self._pending.pop(corr_id, None)
 
     def _received(self, data: bytes) -> None:
         """Resolve the futures of the replies in ``data``; raises FrameError."""
@@ -93,8 +110,14 @@ class Link(_Correlator):
             future.set_result(LOST)
             return future
         try:
+            data = frames.encode(kind, corr_id, body)
+        except frames.Unencodable as exc:
+            self._forget(corr_id)
+            future.set_result(unsent(exc))
+            return future
+        try:
             with self._send_lock:
-                self._sock.sendall(frames.encode(kind, corr_id, body))
+                self._sock.sendall(data)
         except OSError:
             self._fail_all()
         return future
@@ -156,9 +179,15 @@ class AsyncLink(_Correlator):
         if corr_id is None:
             future.set_result(LOST)
             return future
+        try:
+            data = frames.encode(kind, corr_id, body)
+        except frames.Unencodable as exc:
+            self._forget(corr_id)
+            future.set_result(unsent(exc))
+            return future
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outgoing.append(frames.encode(kind, corr_id, body))
+        self._outgoing.append(data)
         return future
 
     async def request(self, kind: str, body: dict[str, Any]) -> Reply:

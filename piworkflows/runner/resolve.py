@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from piworkflows import faults
-from piworkflows.protocol import frames
+from piworkflows.protocol import domain, frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.resolver import (
@@ -91,7 +91,7 @@ def resolve(request: ResolveRequest) -> Resolution:
     title = None
     if compiled.workflow.title is not None:
         try:
-            title = str(compiled.workflow.title(NodeContext(input=request.input)))[:1000]
+            title = domain.text(str(compiled.workflow.title(NodeContext(input=request.input))))[:1000]
         except LOAD_FAILURES as exc:
             message = "the title function failed: " + failures.describe(exc, source).text
             return Resolution(ok=False, code="titleFailed", message=message)
@@ -197,6 +197,10 @@ def main() -> int:
     while data := stdin.read1(1 << 16):
         for frame in decoder.feed(data):
             result = answer(frame["k"], frame["b"])
-            stdout.write(frames.encode(result.kind, frame["id"], result.model_dump()))
+            try:
+                data = frames.encode(result.kind, frame["id"], result.model_dump())
+            except frames.Unencodable:  # text of workflow code with a lone surrogate: shown as U+FFFD
+                data = frames.encode(result.kind, frame["id"], domain.texts(result.model_dump()))
+            stdout.write(data)
             stdout.flush()
     return 0

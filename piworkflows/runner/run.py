@@ -37,7 +37,7 @@ from piworkflows import canonical, performers
 from piworkflows.performers import Outcome
 from piworkflows.performers import http as http_performer
 from piworkflows.performers import shell as shell_performer
-from piworkflows.protocol import frames
+from piworkflows.protocol import domain, frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import BlobValue, Frame
 from piworkflows.protocol.internal.decisions import DecisionAsk
@@ -444,6 +444,8 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         if node_outcome == "ok" or output is not None:  # a failed shell node keeps its command's output
             try:
                 finish["output"] = BlobValue.of_json(output)
+            except domain.OutsideDomain as exc:  # JSON, but not a value a run keeps: where, and why
+                node_outcome, error = "failed", f"the output is outside the protocol's value domain: {exc}"
             except Exception as exc:  # not JSON
                 node_outcome, error = "failed", _error_text(exc)
         if node_outcome == "ok":

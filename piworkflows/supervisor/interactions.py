@@ -75,10 +75,7 @@ async def submit(
     request: client_v1.Request,
     payload: client_v1.InteractionSubmitPayload,
 ) -> client_v1.Response:
-    try:
-        output = BlobValue.of_json(payload.value.output)
-    except (TypeError, ValueError):
-        return _refuse(request, CommandError("validationFailed", "the output is not JSON a run can store"))
+    output = BlobValue.of_client_json("value.output", payload.value.output)
     body = {
         # an operator's submission (operator: true, no epoch) is recorded as the operator's
         "actor": {"actor_class": "operator" if payload.operator else "model", "actor_id": request.clientId},

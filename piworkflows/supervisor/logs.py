@@ -41,7 +41,7 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
     def _open(self):  # type: ignore[no-untyped-def]
         fd = open_private(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND, create=True)
-        return os.fdopen(fd, "a", encoding="utf-8")
+        return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
 
     def emit(self, record: logging.LogRecord) -> None:
         """Write the line, after a note of the lines lost before it; count it when it cannot be."""

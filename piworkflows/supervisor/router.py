@@ -96,7 +96,10 @@ class Router:
         except ValidationError as exc:
             refusal = CommandError("validationFailed", "payload has " + describe_invalid_fields(exc.errors()))
             return refuse(request, refusal)
-        return await route(self, request, payload)
+        try:
+            return await route(self, request, payload)
+        except CommandError as refusal:  # raised before anything was sent: a value outside the domain
+            return refuse(request, refusal)
 
     async def server_status(self, request: client_v1.Request, payload: Any) -> client_v1.Response:
         """Always answered: with the writer's counts when it can read them, and why nothing can be
@@ -171,6 +174,7 @@ class Router:
         workflow changed or vanished since.
         """
         project_path = os.path.realpath(payload.projectPath)
+        run_input = BlobValue.of_client_json("input", payload.input)  # before any child sees it
         try:
             resolution = await self.resolvers.resolve(project_path, payload.workflowName, payload.input)
         except ChildNotRecorded:
@@ -193,8 +197,12 @@ class Router:
             workflow_name=resolution.workflow_name or payload.workflowName,
             definition=BlobValue.of_bytes(resolution.snapshot, MEDIA_JSON),  # checked where the writer decodes it
             source=resolution.source,
-            input=BlobValue.of_json(payload.input),
-            launch_options=BlobValue.of_json(payload.launchOptions) if payload.launchOptions is not None else None,
+            input=run_input,
+            launch_options=(
+                BlobValue.of_client_json("launchOptions", payload.launchOptions)
+                if payload.launchOptions is not None
+                else None
+            ),
             title=resolution.title,
             max_steps=resolution.max_steps,
             execution_mode=payload.executionMode,
@@ -373,10 +381,7 @@ class Router:
     ) -> client_v1.Response:
         if request.runId is None:
             return refuse(request, CommandError("validationFailed", "checkpoint.answer names the run in runId"))
-        try:
-            answer = BlobValue.of_json(payload.answer)
-        except (TypeError, ValueError):
-            return refuse(request, CommandError("validationFailed", "the answer is not JSON a run can store"))
+        answer = BlobValue.of_client_json("answer", payload.answer)
         body: dict[str, Any] = {
             "actor": client_actor(request),
             "client_receipt": receipt_key(request),
@@ -546,10 +551,7 @@ class Router:
             "effect_id": payload.effectId,
         }
         if isinstance(payload, client_v1.EffectConfirmPayload):
-            try:
-                output = BlobValue.of_json(payload.output) if payload.output is not None else None
-            except (TypeError, ValueError):
-                return refuse(request, CommandError("validationFailed", "the output is not JSON a run can store"))
+            output = BlobValue.of_client_json("output", payload.output) if payload.output is not None else None
             body["note"] = payload.note
             if output is not None:
                 body["output"] = output.model_dump()

@@ -283,6 +283,10 @@ class Connection:
         except client_v1.MalformedFrame as exc:
             self.drop("malformed frame", "closed a connection: %s", exc)  # never the frame itself
             return False
+        outside = client_v1.outside_domain(line, request)
+        if outside is not None:  # well framed, so answered: nothing of it is stored or passed on
+            self.send(response(request, CommandError("invalidRequest", str(outside))))
+            return not self.closed
         if request.requestId in self.in_flight:
             refusal = CommandError("requestInFlight", "this requestId is still in flight on this connection")
             self.send(response(request, refusal))

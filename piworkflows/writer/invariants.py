@@ -17,6 +17,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from piworkflows.protocol import domain
+from piworkflows.states import MEDIA_JSON
 from piworkflows.writer.local_effects import SETTLE_QUEUE
 
 # name -> a query returning one id per violation
@@ -101,6 +103,22 @@ CHECKS: dict[str, str] = {
 }
 
 
+def values_outside_domain(conn: sqlite3.Connection) -> list[str]:
+    """The JSON blobs (by digest) whose value is outside the protocol's value domain: a lone
+    surrogate an older build let in (protocol/domain.py). A byte filter first: canonical JSON
+    writes a lone surrogate as an escape ``\\udxxx``; the exact check decides."""
+    found = []
+    rows = conn.execute(
+        "SELECT digest, bytes FROM blobs WHERE media_type = ? AND instr(bytes, X'5C7564') > 0", (MEDIA_JSON,)
+    )
+    for digest, data in rows:
+        try:
+            domain.check_json_bytes(bytes(data))
+        except ValueError:
+            found.append("sha256:" + bytes(digest).hex())
+    return found
+
+
 def violations(conn: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     """Every violated invariant with the ids involved (empty: consistent)."""
     found = {}
@@ -146,6 +164,9 @@ def verify(conn: sqlite3.Connection, now: int) -> tuple[dict[str, Any], list[str
     if not problems:
         try:
             found = violations(conn, now)
+            outside = values_outside_domain(conn)  # a scan of every value: verify only, never status
+            if outside:
+                found["valueOutsideDomain"] = outside
         except sqlite3.DatabaseError as exc:
             damaged = [f"invariants: {exc}"]
             problems += damaged

@@ -40,7 +40,7 @@ from piworkflows import faults
 from piworkflows.clock import Clock, SystemClock
 from piworkflows.errors import CommandError, StateCorrupt, StateIncompatible, StatePathRefused
 from piworkflows.paths import StatePaths
-from piworkflows.protocol import frames
+from piworkflows.protocol import domain, frames
 from piworkflows.protocol.internal.state import StateBackup, StateCompact, StatePrune
 from piworkflows.protocol.internal.writer import (
     Fatal,
@@ -56,7 +56,7 @@ from piworkflows.settings import Settings
 from piworkflows.writer import backup, health, invariants, records, schema, viewer_notify
 from piworkflows.writer.commands import REGISTRY
 from piworkflows.writer.commands import state as state_commands
-from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, connect, open_database
+from piworkflows.writer.db import GroupExecutor, GroupFailed, Submitted, connect, open_database, refusal_reply
 from piworkflows.writer.health import condition_of
 from piworkflows.writer.reads import VIEW_READS, Reader
 
@@ -100,7 +100,7 @@ class PipeLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            body = LogRecord(level=record.levelno, message=self.format(record)[:4096]).model_dump()
+            body = LogRecord(level=record.levelno, message=domain.text(self.format(record))[:4096]).model_dump()
             frames.send(self.sock, LogRecord.kind, 0, body)
         except Exception:
             self.handleError(record)
@@ -136,6 +136,7 @@ class WriterLoop:
         while True:
             if self.reader.damage is not None and self.health.code != "databaseCorrupt":
                 self._tell_health("databaseCorrupt", self.reader.damage)  # a view read met a damaged file
+            self.reader.ensure_alive()
             if not self.queue:
                 readable, _, _ = select.select([self.sock], [], [], self.settings.parent_check_ms / 1000)
                 if not readable:
@@ -214,7 +215,8 @@ class WriterLoop:
             log.warning("the state database did not close cleanly: %s", condition_of(exc) or type(exc).__name__)
 
     def _send_reply(self, corr_id: int, reply: Reply) -> None:
-        self.sock.sendall(_encode_reply(corr_id, reply))
+        """A view read's reply: text an older build stored outside the domain shows as U+FFFD."""
+        self.sock.sendall(_encode_reply(corr_id, reply, shown=True))
 
     def _tell_viewer(self) -> None:
         """The runs whose views the commits since the last call changed (writer/viewer_notify.py),
@@ -227,7 +229,11 @@ class WriterLoop:
             return
         if runs:
             # the ops as the projection recorded them (RunOps fields): validated once, by the receiver
-            frames.send(self.sock, ViewerAdvanced.kind, 0, {"runs": runs, "patches": patches})
+            try:
+                frames.send(self.sock, ViewerAdvanced.kind, 0, {"runs": runs, "patches": patches})
+            except frames.Unencodable as exc:  # a value an older build stored: the watchers resync
+                log.error("the ops of changed run views could not be encoded (%s); their watchers resync", exc)
+                frames.send(self.sock, ViewerAdvanced.kind, 0, {"runs": runs, "patches": {}})
 
     def _run_batch(self, batch: list[Submitted]) -> None:
         refused: list[tuple[int, Reply]] = []
@@ -426,17 +432,27 @@ def _writes(item: Submitted) -> bool:
     return item.kind in MAINTENANCE_KINDS or (handler is not None and not handler.read_only)
 
 
-def _encode_reply(corr_id: int, reply: Reply) -> bytes:
+def _encode_reply(corr_id: int, reply: Reply, shown: bool = False) -> bytes:
+    """The reply's frame. One that cannot be a frame fails that one request, never the writer: too
+    large (``responseTooLarge``), or unencodable (``internalError``, its cause in the log: a value
+    outside the protocol's domain that an older build stored, or a bug). A reply only ``shown`` to
+    people (a view read) is sent with each lone surrogate as U+FFFD instead; a value that code
+    would go on with (a runner's launch) is never changed."""
+    body = reply.model_dump()
     try:
-        return frames.encode(Reply.kind, corr_id, reply.model_dump())
-    except frames.FrameError:  # a read too large for one frame: refused, the writer carries on
+        return frames.encode(Reply.kind, corr_id, body)
+    except frames.FrameTooLarge:
         log.error("a reply did not fit one frame")
-        too_large = CommandError("responseTooLarge", "the answer is larger than one message; ask for less")
-        return frames.encode(
-            Reply.kind,
-            corr_id,
-            Reply(outcome="rejected", receipt=too_large.receipt(), error=too_large.message).model_dump(),
-        )
+        failed = CommandError("responseTooLarge", "the answer is larger than one message; ask for less")
+    except frames.Unencodable as exc:
+        log.error("a reply could not be encoded (%s)%s", exc, "; sent with U+FFFD for its text" if shown else "")
+        if shown:
+            try:
+                return frames.encode(Reply.kind, corr_id, domain.texts(body))
+            except frames.FrameError:
+                pass
+        failed = CommandError("internalError", "the server could not encode this answer; server.log says why")
+    return frames.encode(Reply.kind, corr_id, refusal_reply(failed).model_dump())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,8 +69,23 @@ class Reader:
         self.send = send  # one reply frame, sent whole on the shared link
         self.damage: str | None = None  # what a read found damaged, for the loop to tell
         self.items: queue.Queue[Submitted | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._serve, name="writer-reader", daemon=True)
-        self.thread.start()
+        self.restarts = 0  # how often ensure_alive found the thread ended
+        self.thread = self._start()
+
+    def _start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._serve, name="writer-reader", daemon=True)
+        thread.start()
+        return thread
+
+    def ensure_alive(self) -> bool:
+        """The writer's loop asks before each wait: a thread that ended (a bug it could not answer)
+        is started again on the same queue, so no read waits for ever. True when it had ended."""
+        if self.thread.is_alive():
+            return False
+        self.restarts += 1
+        log.error("the reader thread had ended; started again (restart %d)", self.restarts)
+        self.thread = self._start()
+        return True
 
     def submit(self, item: Submitted) -> None:
         self.items.put(item)
@@ -82,6 +97,13 @@ class Reader:
         self.conn.close()
 
     def _serve(self) -> None:
+        try:
+            self._serve_items()
+        except BaseException as exc:
+            log.error("the reader thread failed: %s: %s", type(exc).__name__, exc)
+            raise
+
+    def _serve_items(self) -> None:
         while (item := self.items.get()) is not None:
             try:
                 reply = self.answer(item)

@@ -100,7 +100,7 @@ def test_512_levels_are_answered_513_are_closed_without_a_traceback(stopped_clea
                 conn.send(nested_line(client_v1.MAX_NESTING, leaf))
                 response = conn.read_message()
                 assert response["requestId"] == "req-1"
-                assert_refusal(response, "rejected", "validationFailed")  # parsed; the payload is not {}
+                assert_refusal(response, "rejected", "invalidRequest")  # parsed; deeper than a value a run keeps
                 assert_status_ok(conn)
         for depth in (client_v1.MAX_NESTING + 1, 5_000, 100_000):
             with Conn(path) as deep:

@@ -55,10 +55,23 @@ def test_stdout_is_json_with_a_schema_and_text_otherwise(expected, stdout, outpu
     [
         pytest.param(SCHEMA, Finished(3, b"{}", last_stderr="boom"), "the command exited with status 3: boom", id="3"),
         pytest.param(SCHEMA, Finished(-signal.SIGKILL, b""), "the command was killed by SIGKILL", id="signal"),
-        pytest.param(SCHEMA, ok(b"Sure! Here it is."), "the command's stdout is not JSON (Expecting value", id="prose"),
-        pytest.param(SCHEMA, ok(b'{"a": 1, "a": 2}'), "the command's stdout is not JSON (duplicate", id="dup-key"),
-        pytest.param(SCHEMA, ok(b"[1e999]"), "the command's stdout is not JSON (number", id="overflow"),
-        pytest.param(SCHEMA, ok(b"[" * 600 + b"]" * 600), "nests deeper than 512 levels", id="deep"),
+        pytest.param(
+            SCHEMA,
+            ok(b"Sure! Here it is."),
+            "the command's stdout is not a JSON value a run can keep ($: not JSON: Expecting value",
+            id="prose",
+        ),
+        pytest.param(
+            SCHEMA,
+            ok(b'{"a": 1, "a": 2}'),
+            "the command's stdout is not a JSON value a run can keep ($: duplicate",
+            id="dup-key",
+        ),
+        pytest.param(
+            SCHEMA, ok(b"[1e999]"), "the command's stdout is not a JSON value a run can keep ($: number", id="overflow"
+        ),
+        pytest.param(SCHEMA, ok(b"[" * 600 + b"]" * 600), "nests deeper than 256 levels", id="deep"),
+        pytest.param(SCHEMA, ok(b'{"a": "\\ud800"}'), "$.a: a string holds the lone surrogate U+D800", id="surrogate"),
         pytest.param(DESCRIPTION, ok(b" \n\t\n"), "the command printed nothing on stdout", id="blank"),
         pytest.param(REPLY, ok(b"\xff\xfe"), "the command's stdout is not UTF-8 text", id="not-utf8"),
         pytest.param(

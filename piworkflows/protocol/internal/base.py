@@ -16,6 +16,8 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piworkflows import canonical
+from piworkflows.errors import CommandError
+from piworkflows.protocol import domain
 from piworkflows.protocol.internal.values import ActorClass, MediaType
 from piworkflows.states import MEDIA_JSON, MEDIA_TEXT
 
@@ -44,12 +46,14 @@ class Actor(Model):
 
 def verify_value(digest: bytes, media_type: str, data: bytes) -> None:
     """Raises ValueError unless ``data`` has this SHA-256 digest and is what the media type says
-    (UTF-8; JSON parses). Canonical form is the producer's duty (``BlobValue.of_json``)."""
+    (UTF-8; JSON that parses to a value of the protocol's domain, protocol/domain.py). Canonical
+    form is the producer's duty (``BlobValue.of_json``)."""
     if hashlib.sha256(data).digest() != digest:
         raise ValueError("blob digest does not match its bytes")
     text = data.decode("utf-8")
     if media_type == MEDIA_JSON:
         json.loads(text)
+        domain.check_json_bytes(data)
 
 
 class BlobValue(Model):
@@ -71,13 +75,30 @@ class BlobValue(Model):
 
     @classmethod
     def of_json(cls, value: Any) -> BlobValue:
-        """Canonical JSON of ``value`` (raises TypeError/ValueError if it is not JSON). Built here, so
-        not checked again; the receiver checks whatever it decodes."""
-        return cls.of_bytes(canonical.dumps_bytes(value), MEDIA_JSON)
+        """Canonical JSON of ``value``. Raises ``domain.OutsideDomain`` (a ValueError naming the path)
+        when the value is outside the protocol's value domain, TypeError/ValueError when it is not
+        JSON at all. Built here, so not checked again; the receiver checks whatever it decodes."""
+        try:
+            data = canonical.dumps_bytes(value)
+        except (TypeError, ValueError):
+            domain.check(value)  # the path and the reason, where the domain says why
+            raise
+        domain.check_json_bytes(data)
+        return cls.of_bytes(data, MEDIA_JSON)
+
+    @classmethod
+    def of_client_json(cls, field: str, value: Any) -> BlobValue:
+        """A client's value (payload member ``field``) as a run keeps it. Outside the protocol's value
+        domain: CommandError ``invalidRequest`` naming its path (``answer.items[2]``), nothing kept."""
+        try:
+            return cls.of_json(value)
+        except domain.OutsideDomain as exc:
+            raise CommandError("invalidRequest", f"{field}{exc.path[1:]}: {exc.reason}") from None
 
     @classmethod
     def of_text(cls, text: str) -> BlobValue:
-        return cls.of_bytes(text.encode("utf-8"), MEDIA_TEXT)
+        """Text for people: a lone surrogate (not Unicode text) is stored as U+FFFD."""
+        return cls.of_bytes(domain.text(text).encode("utf-8"), MEDIA_TEXT)
 
     @classmethod
     def of_bytes(cls, data: bytes, media_type: str) -> BlobValue:
