@@ -43,6 +43,11 @@ class Settings(BaseModel):
     # and how often the scheduler looks for claimable runs without a notice.
     max_runners: int = Field(default=4, ge=0, le=256)
     scheduler_tick_ms: int = Field(default=1000, ge=10)
+    # A runner that dies (a node that ends its process) after the run advanced: the run is queued
+    # again after runner_crash_backoff_ms, doubled for each death in a row at the same node
+    # visit; at runner_crash_limit deaths there the run parks runnerNoProgress with the count.
+    runner_crash_limit: int = Field(default=3, ge=1, le=100)
+    runner_crash_backoff_ms: int = Field(default=1000, ge=0)
     # How long a resolver child may take to load and compile a workflow, and
     # how many resolver children may exist at once.
     resolve_timeout_ms: int = Field(default=30_000, ge=100)

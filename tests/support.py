@@ -124,18 +124,27 @@ def claim_run(token: str = "tok", run_id: str = "run-1", epoch: int = 1, command
 
 
 def runner_exited(
-    runner_epoch: int, outcome: str = "exited", by_server: bool = False, run_id: str = "run-1"
+    runner_epoch: int,
+    outcome: str = "exited",
+    by_server: bool = False,
+    run_id: str = "run-1",
+    crash_backoff_ms: int = 0,
+    crash_limit: int = 3,
+    park_detail: str | None = None,
 ) -> Submitted:
-    return submitted(
-        "runner.exited",
-        {
-            "actor": SERVER,
-            "run_id": run_id,
-            "runner_epoch": runner_epoch,
-            "outcome": outcome,
-            "stopped_by_server": by_server,
-        },
-    )
+    """A runner's end; a death's requeue waits no backoff unless one is given (tests of it do)."""
+    body = {
+        "actor": SERVER,
+        "run_id": run_id,
+        "runner_epoch": runner_epoch,
+        "outcome": outcome,
+        "stopped_by_server": by_server,
+        "crash_backoff_ms": crash_backoff_ms,
+        "crash_limit": crash_limit,
+    }
+    if park_detail is not None:
+        body["park_detail"] = BlobValue.of_text(park_detail).model_dump()
+    return submitted("runner.exited", body)
 
 
 # WORKFLOWS.md, Run lifecycle: (run status, queue status, claim held, live runner).
@@ -150,6 +159,31 @@ LIFECYCLE = {
     ("timed_out", "failed", False, False),
     ("cancelled", "cancelled", False, False),
 }
+
+
+def node_start(
+    conn: sqlite3.Connection, attempt: int, generation: int, node_path: str = "greet", visit: int = 1
+) -> Submitted:
+    """A runner's node.start of run-1 under the claim ``claim_run()`` took (its ``generation``)."""
+    claim_body = {
+        "server_epoch": 1,
+        "owner_id": "server-1",
+        "claim_token_hash": token_hash("tok"),
+        "lease_generation": generation,
+        "ttl_ms": 10_000,
+    }
+    (revision,) = conn.execute("SELECT revision FROM resources WHERE resource_id = 'run-1'").fetchone()
+    body = {
+        "actor": {"actor_class": "runner"},
+        "run_id": "run-1",
+        "claim": claim_body,
+        "expected_revision": revision,
+        "node_path": node_path,
+        "node_kind": "compute",
+        "visit_number": visit,
+        "attempt_number": attempt,
+    }
+    return submitted("node.start", body)
 
 
 def run_state(executor: GroupExecutor, run_id: str = "run-1") -> tuple[tuple[str, str, bool, bool], str | None]:

@@ -94,6 +94,7 @@ class RunnerHandle:
     stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
     record_ended: bool = False  # a commit ended the runner record with the run's end or wait: no exit to record
     awaiting: asyncio.Event | None = None  # the runner waits for the pool to settle an effect
+    failure: str | None = None  # why no runner could be launched (the park detail: no process said it)
 
 
 @dataclass
@@ -235,6 +236,7 @@ class Scheduler:
         try:
             state = await self.request("run.resume_state", {"run_id": handle.run_id})
             if state.outcome != "accepted" or state.receipt is None:
+                handle.failure = f"the run's state could not be read for its runner ({state.error or state.outcome})"
                 return
             handle.proc = proc = await self._take_runner()
             self._stderr[proc.pid].take()  # what it said before this run is not this run's
@@ -527,10 +529,12 @@ class Scheduler:
             "runner_epoch": handle.runner_epoch,
             "outcome": outcome,
             "stopped_by_server": handle.stopping,
+            "crash_limit": self.settings.runner_crash_limit,
+            "crash_backoff_ms": self.settings.runner_crash_backoff_ms,
         }
         if handle.park_reason in RUNNER_PARK_REASONS:
             body["park_reason"] = handle.park_reason
-        detail = None if handle.stopping else park_detail(lines, returncode)
+        detail = None if handle.stopping else handle.failure or park_detail(lines, returncode)
         if detail is not None:
             body["park_detail"] = BlobValue.of_text(detail).model_dump()
         reply = await self.request("runner.exited", body)
@@ -553,6 +557,12 @@ class Scheduler:
             log.warning("%s parked runnerNoProgress: %s before it saved progress", run_id, ended)
         else:  # the run is requeued (or it finished meanwhile: placement)
             placement = f" (the run: {receipt['placement']})" if receipt.get("placement") else ""
+            if "availableAt" in receipt:  # a death in a row at one node: the run waits out a backoff
+                wait_ms = receipt["availableAt"] - self.clock.now_ms()
+                placement = (
+                    f" (the run: requeued in {max(wait_ms, 0)} ms; death {receipt['deaths']} of "
+                    f"{self.settings.runner_crash_limit} at one node before it parks)"
+                )
             log.warning("the runner of %s ended before it was done: %s%s", run_id, ended, placement)
         for line in lines:
             log.warning("runner of %s stderr: %s", run_id, line)

@@ -139,6 +139,7 @@ def test_a_runner_that_dies_after_progress_leaves_how_it_ended_and_its_stderr_li
     done = wait_status(server, run_id, "completed", "failed")
     assert done["display"]["status"] == "completed", done["state"].get("error")  # requeued: the next runner finished it
     log_line(
-        server, f"the runner of {run_id} ended before it was done: the runner exited with code 3 (the run: requeued)"
+        server,
+        f"the runner of {run_id} ended before it was done: the runner exited with code 3 (the run: requeued in ",
     )
     log_line(server, f"runner of {run_id} stderr: the helper table is missing")

@@ -19,6 +19,7 @@ from tests.support import (
     claim_run,
     effect_request,
     effect_row,
+    node_start,
     reserve,
     run_create,
     run_group,
@@ -26,7 +27,6 @@ from tests.support import (
     settle,
     submitted,
     take_epoch,
-    token_hash,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -92,27 +92,6 @@ def test_a_claim_is_dead_at_its_expiry_instant(executor, clock):
 
 
 # --- node attempt numbering ---------------------------------------------------------------------
-
-
-def node_start(conn: sqlite3.Connection, attempt: int, generation: int):
-    claim_body = {
-        "server_epoch": 1,
-        "owner_id": "server-1",
-        "claim_token_hash": token_hash("tok"),
-        "lease_generation": generation,
-        "ttl_ms": 10_000,
-    }
-    body = {
-        "actor": RUNNER,
-        "run_id": "run-1",
-        "claim": claim_body,
-        "expected_revision": revision(conn, "run-1"),
-        "node_path": "greet",
-        "node_kind": "compute",
-        "visit_number": 1,
-        "attempt_number": attempt,
-    }
-    return submitted("node.start", body)
 
 
 def test_an_interrupted_visit_takes_a_new_attempt_number_and_id(executor):

@@ -7,6 +7,7 @@ import pytest
 from tests.support import (
     SERVER,
     claim_run,
+    node_start,
     run_create,
     run_group,
     run_state,
@@ -191,3 +192,60 @@ def test_a_park_detail_is_short_text_and_only_kept_with_a_no_progress_park(queue
     (requeued,) = run_group(queued, died)
     assert requeued.receipt["placement"] == "requeued"
     assert queued.conn.execute("SELECT count(*) FROM events WHERE payload_digest IS NOT NULL").fetchone() == (0,)
+
+
+# --- a runner that keeps dying at one node (a node that ends its own process) -------------------
+
+
+def _die_at_greet(executor, clock, attempt: int, **exit_args):
+    """One launch that starts greet's next attempt and dies there; the reply to its exit."""
+    (claimed,) = run_group(executor, claim_run())
+    assert claimed.outcome == "accepted", claimed
+    generation, epoch = claimed.receipt["leaseGeneration"], claimed.receipt["runnerEpoch"]
+    (started,) = run_group(executor, node_start(executor.conn, attempt, generation))
+    assert started.outcome == "accepted", started
+    (exited,) = run_group(executor, runner_exited(epoch, outcome="crashed", **exit_args))
+    return exited
+
+
+def test_a_death_at_a_node_requeues_after_a_doubling_backoff_then_parks_with_the_count(queued, clock):
+    exits = dict(crash_backoff_ms=1000, crash_limit=3, park_detail="the runner exited with code 3")
+    first = _die_at_greet(queued, clock, 1, **exits)
+    assert first.receipt["placement"] == "requeued" and first.receipt["deaths"] == 1
+    assert first.receipt["availableAt"] == clock.now_ms() + 1000
+    assert claimable(queued) == []  # it waits out the backoff
+    clock.advance(999)
+    assert claimable(queued) == []
+    clock.advance(1)
+    assert claimable(queued) == ["run-1"]
+    second = _die_at_greet(queued, clock, 2, **exits)
+    assert second.receipt["deaths"] == 2 and second.receipt["availableAt"] == clock.now_ms() + 2000
+    clock.advance(2000)
+    third = _die_at_greet(queued, clock, 3, **exits)
+    assert third.receipt == {"runId": "run-1", "placement": "parked", "parkReason": "runnerNoProgress"}
+    assert run_state(queued)[1] == "runnerNoProgress"
+    (digest,) = queued.conn.execute(
+        "SELECT payload_digest FROM events WHERE event_type = 'runner.exited' ORDER BY resource_revision DESC LIMIT 1"
+    ).fetchone()
+    (detail,) = queued.conn.execute("SELECT bytes FROM blobs WHERE digest = ?", (digest,)).fetchone()
+    assert detail.decode() == "the runner exited with code 3 (3 times in a row at node 'greet')"
+    clock.advance(60_000)
+    assert claimable(queued) == []  # parked: only an operator's resume goes on
+
+
+def test_a_death_at_another_node_visit_starts_the_count_again(queued, clock):
+    exits = dict(crash_backoff_ms=0, crash_limit=2)
+    assert _die_at_greet(queued, clock, 1, **exits).receipt["placement"] == "requeued"
+    (claimed,) = run_group(queued, claim_run())
+    (started,) = run_group(queued, node_start(queued.conn, 1, claimed.receipt["leaseGeneration"], node_path="tell"))
+    assert started.outcome == "accepted"
+    (exited,) = run_group(queued, runner_exited(claimed.receipt["runnerEpoch"], outcome="crashed", **exits))
+    assert exited.receipt["placement"] == "requeued" and exited.receipt["deaths"] == 1
+
+
+def test_a_runner_the_server_stopped_is_no_death(queued, clock):
+    for attempt in (1, 2, 3):
+        (claimed,) = run_group(queued, claim_run())
+        run_group(queued, node_start(queued.conn, attempt, claimed.receipt["leaseGeneration"]))
+        (exited,) = run_group(queued, runner_exited(claimed.receipt["runnerEpoch"], outcome="exited", crash_limit=1))
+        assert exited.receipt["placement"] == "requeued" and "deaths" not in exited.receipt

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from piworkflows.clock import FakeClock
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.internal.runner import EffectAwait
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
@@ -120,6 +121,7 @@ def test_a_run_that_cannot_start_is_handed_back_and_frees_its_place():
         await built.admit()
         await stop_serving(built, writer)  # its resume state is not found: no runner starts
         exited = [body for kind, body in writer.sent if kind == "runner.exited"]
+        detail = BlobValue.of_text("the run's state could not be read for its runner (gone)").model_dump()
         assert exited == [
             {
                 "actor": {"actor_class": "server"},
@@ -127,6 +129,9 @@ def test_a_run_that_cannot_start_is_handed_back_and_frees_its_place():
                 "runner_epoch": 101,
                 "outcome": "crashed",
                 "stopped_by_server": False,
+                "crash_limit": 3,
+                "crash_backoff_ms": 1000,
+                "park_detail": detail,
             }
         ]
         assert built.active == {} and retention == ["looked"]

@@ -49,6 +49,11 @@ class RunnerExited(Command):
     # a runner that died: its last stderr line (the exception class and message), kept with a
     # runnerNoProgress park as the runner.exited event's payload
     park_detail: BlobValue | None = None
+    # a runner that died (outcome crashed) after the run advanced: the run is queued again after
+    # crash_backoff_ms, doubled for each death in a row at the same node visit; at crash_limit
+    # deaths there it parks runnerNoProgress instead, the count in its detail
+    crash_limit: int = Field(default=3, ge=1)
+    crash_backoff_ms: int = Field(default=1000, ge=0)
 
     @model_validator(mode="after")
     def _short_text(self) -> RunnerExited:

@@ -18,7 +18,11 @@ advances the run's presentation revision.
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 from piworkflows.errors import CommandError
+from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.internal.runners import (
     ClaimableRuns,
     ClaimRenew,
@@ -37,10 +41,11 @@ from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
 MAX_STEP_ERROR = 1000  # characters of a failed step's error in run.resume_state
+MAX_DETAIL = 300  # characters of a park detail that counts the deaths
 
 _CLAIMABLE = """
     FROM runs r JOIN run_queue q ON q.run_id = r.run_id LEFT JOIN leases l ON l.resource_id = r.run_id
-    WHERE r.paused = 0 AND r.status IN ('queued', 'running')
+    WHERE r.paused = 0 AND r.status IN ('queued', 'running') AND q.available_at <= :now
       AND (q.queue_status = 'queued' OR (q.queue_status = 'parked' AND r.park_reason = 'shutdown'))
       AND (l.owner_id IS NULL OR l.expires_at <= :now)
       AND NOT EXISTS (SELECT 1 FROM effects e JOIN leases el ON el.resource_id = e.effect_id
@@ -170,6 +175,16 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         else:
             queue, run_status, park = "parked", "running", "runnerNoProgress"
             placement = "parked"
+        detail = cmd.park_detail
+        available_at, deaths = None, 0  # a requeue after a death waits out its backoff
+        if placement == "requeued" and cmd.outcome == "crashed" and not reviewed:
+            deaths, node_path = _deaths_in_a_row(conn, cmd.run_id)
+            if deaths >= cmd.crash_limit:
+                queue, run_status, park, placement = "parked", "running", "runnerNoProgress", "parked"
+                died = cmd.park_detail.data.decode("utf-8") if cmd.park_detail else "the runner died"
+                detail = BlobValue.of_text(f"{died} ({deaths} times in a row at node '{node_path}')"[:MAX_DETAIL])
+            elif deaths:
+                available_at = now + cmd.crash_backoff_ms * 2 ** (deaths - 1)
 
         def apply(stamp: Stamp) -> None:
             conn.execute(
@@ -186,7 +201,9 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
             )
             if queue is not None:
                 conn.execute(
-                    "UPDATE run_queue SET queue_status = ?, updated_at = ? WHERE run_id = ?", (queue, now, cmd.run_id)
+                    "UPDATE run_queue SET queue_status = ?, available_at = coalesce(?, available_at), updated_at = ? "
+                    "WHERE run_id = ?",
+                    (queue, available_at, now, cmd.run_id),
                 )
                 conn.execute(
                     "UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
@@ -194,9 +211,15 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
                 )
             projection.touch(conn, cmd.run_id)
 
-        receipt = {"runId": cmd.run_id, "placement": placement, **({"parkReason": park} if park else {})}
+        receipt: dict[str, Any] = {
+            "runId": cmd.run_id,
+            "placement": placement,
+            **({"parkReason": park} if park else {}),
+        }
+        if available_at is not None:
+            receipt.update(availableAt=available_at, deaths=deaths)
         # Why it parked, for the run view (piworkflows.parkDetail): only with a runnerNoProgress park.
-        detail = cmd.park_detail if park == "runnerNoProgress" else None
+        detail = detail if park == "runnerNoProgress" else None
         return Change(
             event_type="runner.exited",
             apply=apply,
@@ -205,6 +228,24 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
             blobs=[detail] if detail else [],
             event_payload=detail.digest if detail else None,
         )
+
+
+def _deaths_in_a_row(conn: sqlite3.Connection, run_id: str) -> tuple[int, str | None]:
+    """How many runners died (outcome crashed) at the node visit the dying runner was executing,
+    this one included, and that node's path; (0, None) when it executed none."""
+    active = conn.execute(
+        "SELECT node_path, visit_number FROM node_attempts WHERE run_id = ? AND attempt_status = 'running'", (run_id,)
+    ).fetchone()
+    if active is None:
+        return 0, None
+    (before,) = conn.execute(
+        "SELECT count(*) FROM node_attempts a JOIN run_workers w "
+        "ON w.run_id = a.run_id AND w.lease_generation = a.lease_generation "
+        "WHERE a.run_id = ? AND a.node_path = ? AND a.visit_number = ? AND a.attempt_status = 'interrupted' "
+        "AND a.error_code = 'runnerExited' AND w.outcome = 'crashed'",
+        (run_id, active[0], active[1]),
+    ).fetchone()
+    return int(before) + 1, str(active[0])
 
 
 class ListClaimable(Handler[ClaimableRuns]):
