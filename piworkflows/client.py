@@ -225,12 +225,14 @@ class WorkflowClient:
     def ensure_running(self) -> None:
         """Connect, starting a server first if none is running."""
         if not self.running():
-            start_server(self.paths)
+            start_server(self.paths, join=True)  # losing a race to start it: the winner serves
             self.connect()
 
 
-def start_server(paths: StatePaths, timeout: float = 60.0) -> None:
-    """Start a detached server and wait for its ready handshake."""
+def start_server(paths: StatePaths, timeout: float = 60.0, join: bool = False) -> None:
+    """Start a detached server and wait for its ready handshake. When another server holds the
+    lock (a start that raced this one), ``join`` waits until that one serves; without, it is
+    StartFailed ("already running": ``server start``'s answer)."""
     read_fd, write_fd = os.pipe()
     try:
         server = subprocess.Popen(
@@ -253,10 +255,26 @@ def start_server(paths: StatePaths, timeout: float = 60.0) -> None:
         os.close(write_fd)
     # Reap it if it exits while this process still lives (no zombie); it outlives us otherwise.
     threading.Thread(target=server.wait, name="server-reaper", daemon=True).start()
+    deadline = time.monotonic() + timeout
     with os.fdopen(read_fd, "rb") as ready:
         line = _read_line_with_timeout(ready, timeout)
-    if line != "ready":
-        raise StartFailed(line.removeprefix("error: ") if line else "the server exited before it was ready")
+    if line.startswith("running: ") and join:  # another start won the lock: that server is the one to use
+        _wait_serving(paths, deadline, line.removeprefix("running: "))
+    elif line != "ready":
+        why = line.removeprefix("error: ").removeprefix("running: ")
+        raise StartFailed(why if line else "the server exited before it was ready")
+
+
+def _wait_serving(paths: StatePaths, deadline: float, why: str) -> None:
+    """Until the server that holds the lock answers on its socket (it may still be starting)."""
+    probe = WorkflowClient(paths.state_dir, retry_for=0)
+    try:
+        while not probe.running():
+            if time.monotonic() > deadline:
+                raise StartFailed(f"{why} (it did not answer in time)")
+            time.sleep(0.05)
+    finally:
+        probe.close()
 
 
 def _read_line_with_timeout(stream: Any, timeout: float) -> str:

@@ -1,8 +1,9 @@
 """``python -m piworkflows.supervisor``: run the server (the CLI's ``server run``/``start``).
 
 With ``--ready-fd N`` the process writes one line to fd N once it serves
-(``ready``) or failed to start (``error: <message>``), then closes it: the
-``server start`` handshake.
+(``ready``), when another server holds the state dir's lock (``running:
+<message>``: the starter connects to that one), or when it failed to start
+(``error: <message>``), then closes it: the ``server start`` handshake.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
 
     def refuse(exc: BaseException) -> int:
         message = _describe(exc, paths)
-        tell("error: " + message)
+        tell(("running: " if isinstance(exc, AlreadyRunning) else "error: ") + message)
         print(f"pi-workflows: {message}", file=sys.stderr)
         if isinstance(exc, StateIncompatible):
             command = shlex.join(
