@@ -1,17 +1,19 @@
 """``pi-workflows view [RUN_ID] [--once]``: the terminal viewer (piworkflows/viewer/).
 
 --once prints one plain render instead (the run list, or the run's story) and exits: 0, or 1
-when the run is unknown or no server runs.
+when the run is unknown or no server runs. Without a terminal on stdin and stdout the live
+viewer is a usage error that names ``--once`` (it would wait for keys no one can press).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
 
 from piworkflows.cli import run_view
-from piworkflows.cli.base import accepted, check, connection, main
+from piworkflows.cli.base import accepted, check, command_line, connection, main
 from piworkflows.paths import StatePaths
 
 
@@ -39,6 +41,11 @@ def view(paths: StatePaths, run_id: str | None, once: bool) -> None:
         for line in lines:
             click.echo(line)
         return
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # the full-screen app needs a terminal both ways
+        raise click.UsageError(
+            "the live viewer needs a terminal (stdin and stdout); for one plain render run "
+            + command_line("view", *([run_id] if run_id else []), "--once")
+        )
     from piworkflows.viewer.app import Viewer  # Textual loads only for the live viewer
 
     if run_id is not None:
