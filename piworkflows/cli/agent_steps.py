@@ -24,7 +24,7 @@ import click
 
 from piworkflows import canonical
 from piworkflows.cli import story
-from piworkflows.cli.base import OPERATOR_CLIENT_ID, accepted, check, fail, json_argument, main, request
+from piworkflows.cli.base import OPERATOR_CLIENT_ID, accepted, check, fail, json_argument, main, request, say
 from piworkflows.cli.logs import Ask, asker, read_content
 from piworkflows.cli.runs import run_group
 from piworkflows.client import ServerNotRunning, ServerRefused, WorkflowClient
@@ -60,12 +60,12 @@ def run_transcript(paths: StatePaths, run_id: str, node: str | None, as_json: bo
             else:
                 if item["attemptId"] != step or not printed:
                     step = item["attemptId"]
-                    click.echo(f"== {item['nodePath']} ({step})" if step else "== outside any agent step")
+                    say(f"== {item['nodePath']} ({step})" if step else "== outside any agent step")
                 for line in entry_lines(item):
-                    click.echo(line)
+                    say(line)
             printed = True
     if not printed and not as_json:
-        click.echo("no conversation captured" + (f" for {node}" if node else "") + " yet")
+        say("no conversation captured" + (f" for {node}" if node else "") + " yet")
 
 
 def _agent_node(view: dict[str, Any], node: str) -> None:

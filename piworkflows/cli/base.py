@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -24,6 +25,36 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2  # click's own code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
+
+
+# What a terminal would act on rather than show: C0 controls (tab aside), DEL, C1 controls, and
+# the marks that reorder text (bidi embeddings, overrides and isolates).
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\x1b": "\\e"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    point = ord(char)
+    return _SHORT.get(char) or (f"\\x{point:02x}" if point < 0x100 else f"\\u{point:04x}")
+
+
+def visible(text: str) -> str:
+    """Text from a run (a title, an error, a command's output) as a terminal must show it: each control
+    character as a visible escape (``\\e``, ``\\r``, ``\\n``, ``\\x9b``, ``\\u202e``) and each lone surrogate
+    as U+FFFD, so no data can move the cursor, retitle the window or forge a line. Cut text after this,
+    never before (a cut between ESC and ``[`` would leave half a sequence)."""
+    return _CONTROLS.sub(_escape, domain.text(text))
+
+
+def visible_lines(text: str) -> list[str]:
+    """Multi-line text from a run as the lines a terminal shows, each ``visible`` (only ``\\n`` ends one)."""
+    return [visible(line) for line in text.split("\n")]
+
+
+def say(line: str) -> None:
+    """One line for people on stdout, ``visible``: every human renderer prints through here."""
+    click.echo(visible(line))
 
 
 def fail(message: str) -> NoReturn:

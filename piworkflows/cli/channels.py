@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from piworkflows import canonical, isotime
-from piworkflows.cli.base import EXIT_RUNTIME, accepted, main, request
+from piworkflows.cli.base import EXIT_RUNTIME, accepted, main, request, say
 from piworkflows.paths import StatePaths
 
 
@@ -41,21 +41,21 @@ def channels_status(paths: StatePaths, as_json: bool) -> None:
 
 def _show(status: dict[str, Any]) -> None:
     if not status["channels"]:
-        click.echo("no channels (configure channels.json, then run 'pi-workflows channels reload')")
+        say("no channels (configure channels.json, then run 'pi-workflows channels reload')")
     for channel in status["channels"]:
         polled = isotime.iso(channel["lastPollAt"]) if channel.get("lastPollAt") else "never"
         fault = f", last fault {channel['lastFault']}" if channel.get("lastFault") else ""
-        click.echo(
+        say(
             f"{channel['channelId']}  {channel['state']}  cursor {channel['cursor']}  last poll {polled}{fault}  "
             f"pending {channel['pending']}  failed {channel['failed']}  ambiguous {len(channel['ambiguous'])}"
         )
         for message in channel["ambiguous"]:
-            click.echo(
+            say(
                 f"  ambiguous {message['messageId']}  {message['effectType']}  run {message['runId'] or '-'}  "
                 f"attempts {message['attempts']}"
             )
     if status["unroutedDecisions"]:
-        click.echo(f"{status['unroutedDecisions']} waiting decision(s) delivered to no channel")
+        say(f"{status['unroutedDecisions']} waiting decision(s) delivered to no channel")
 
 
 @channels_group.command("reload")

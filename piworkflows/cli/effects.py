@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import accepted, fail, json_argument, main, request, span
+from piworkflows.cli.base import accepted, fail, json_argument, main, request, say, span
 from piworkflows.paths import StatePaths
 from piworkflows.states import EFFECT_STATUSES
 
@@ -34,11 +34,11 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
             click.echo(canonical.dumps(item))
         return
     if not page["items"]:
-        click.echo("no effects")
+        say("no effects")
     for item in page["items"]:
         age = span(page["now"] - item["createdAt"])
         node = f"{item['nodePath']}#{item['visit']}" if item["nodePath"] else "-"
-        click.echo(
+        say(
             f"{item['effectId']}  {item['effectType']:<18} {item['status']:<10} {item['runId'] or '-'}  "
             f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}"
         )

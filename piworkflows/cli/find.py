@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import accepted, main, request, span
+from piworkflows.cli.base import accepted, main, request, say, span, visible
 from piworkflows.isotime import epoch_ms
 from piworkflows.paths import StatePaths
 from piworkflows.states import RUN_STATUS_VALUES
@@ -111,7 +111,7 @@ def runs(
             break
         payload["cursor"] = page["cursor"]
     if not as_json and table is None:
-        click.echo("no runs")
+        say("no runs")
 
 
 class _RunTable:
@@ -124,7 +124,7 @@ class _RunTable:
         self.workflow_width = min(16, max(len("WORKFLOW"), *(len(item["workflowName"]) for item in first_page)))
         fixed = self.id_width + self.workflow_width + self.STATUS + 2 * self.SPAN + 5  # five separating spaces
         self.title_width = max(5, max(80, shutil.get_terminal_size((80, 24)).columns) - fixed)
-        click.echo(self._line("ID", "WORKFLOW", "TITLE", "STATUS", "AGE", "RAN"))
+        say(self._line("ID", "WORKFLOW", "TITLE", "STATUS", "AGE", "RAN"))
 
     def echo(self, items: list[dict[str, Any]], now: int) -> None:
         for item in items:
@@ -132,7 +132,7 @@ class _RunTable:
             finished = item["manifest"].get("finishedAt")  # (its startedAt is the creation until it starts)
             started = epoch_ms(ours["startedAt"]) if ours["startedAt"] is not None else None
             ran = span((epoch_ms(finished) if finished else now) - started) if started is not None else "-"
-            click.echo(
+            say(
                 self._line(
                     item["runId"],
                     item["workflowName"],
@@ -152,7 +152,7 @@ class _RunTable:
 
 
 def _cut(text: str, width: int) -> str:
-    text = " ".join(text.split())  # one line
+    text = visible(" ".join(text.split()))  # one line, then cut: never inside an escape's characters
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -181,18 +181,19 @@ def workflows(paths: StatePaths, project: str, as_json: bool) -> None:
     if as_json:
         click.echo(canonical.dumps(receipt))
         return
-    click.echo(f"project workflows: {receipt['projectDirectory']}")
-    click.echo(f"user workflows:    {receipt['userDirectory']}")
+    say(f"project workflows: {receipt['projectDirectory']}")
+    say(f"user workflows:    {receipt['userDirectory']}")
     width = max([len(item["name"]) for item in receipt["items"]], default=0)
     for item in receipt["items"]:
         shadowed = f", shadowed by {item['shadowedBy']}" if item["shadowedBy"] else ""
-        click.echo(f"{item['name']:<{width}}  {item['origin']:<7}  {_source(item['source'])}{shadowed}")
+        say(f"{item['name']:<{width}}  {item['origin']:<7}  {_source(item['source'])}{shadowed}")
         if item["error"] is not None:
-            click.echo("    does not load: " + "\n    ".join(item["error"]["text"].splitlines()))
+            for index, line in enumerate(item["error"]["text"].split("\n")):
+                say(("    does not load: " if index == 0 else "    ") + line)
         elif item["description"]:
-            click.echo("    " + _cut(item["description"], 76))
+            say("    " + _cut(item["description"], 76))
     if receipt["truncated"]:
-        click.echo(f"(only the first {len(receipt['items'])}: list them with --json, or look in the directories)")
+        say(f"(only the first {len(receipt['items'])}: list them with --json, or look in the directories)")
 
 
 @main.group("workflow")
@@ -225,27 +226,27 @@ def workflow_show(paths: StatePaths, workflow: str, project: str, as_json: bool)
         click.echo(canonical.dumps(shown))
         return
     snapshot = shown["snapshot"]
-    click.echo(f"{shown['workflowName']} ({shown['origin']}: {_source(shown['source'])})")
+    say(f"{shown['workflowName']} ({shown['origin']}: {_source(shown['source'])})")
     if shown["description"]:
         for line in textwrap.wrap(shown["description"], 76):
-            click.echo("  " + line)
-    click.echo(f"  definition {shown['definitionDigest']}")
-    click.echo("  input: not declared (define_workflow takes no input schema; the description says what it expects)")
-    click.echo(f"  starts at {snapshot['startAt']}; at most {snapshot['maxSteps']} steps")
+            say("  " + line)
+    say(f"  definition {shown['definitionDigest']}")
+    say("  input: not declared (define_workflow takes no input schema; the description says what it expects)")
+    say(f"  starts at {snapshot['startAt']}; at most {snapshot['maxSteps']} steps")
     routes = {edge["from"]: edge for edge in snapshot["edges"]}
     for path in _graph_order(snapshot["startAt"], snapshot["nodes"], routes):
         line = f"  {path} [{snapshot['nodes'][path]['kind']}]"
         edge = routes.get(path)
         if edge is None:
-            click.echo(f"{line} (end)")
+            say(f"{line} (end)")
         elif "to" in edge:
-            click.echo(f"{line} -> {edge['to']}")
+            say(f"{line} -> {edge['to']}")
         else:
-            click.echo(f"{line} switch on {edge['on']}")
+            say(f"{line} switch on {edge['on']}")
             for value, target in edge["cases"].items():
-                click.echo(f"      {value} -> {target}")
+                say(f"      {value} -> {target}")
     for mount, included in snapshot["mounts"].items():
-        click.echo(f"  {mount}/ is the included workflow {included['workflow']}")
+        say(f"  {mount}/ is the included workflow {included['workflow']}")
 
 
 def _graph_order(start: str, nodes: dict[str, Any], routes: dict[str, dict[str, Any]]) -> list[str]:

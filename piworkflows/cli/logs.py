@@ -21,11 +21,12 @@ from typing import IO, Any
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, fail
+from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, fail, visible, visible_lines
 from piworkflows.cli.runs import run_group
 from piworkflows.cli.watch import settled
 from piworkflows.client import ClientError, ServerNotRunning, ServerRefused, WorkflowClient
 from piworkflows.paths import StatePaths
+from piworkflows.states import MEDIA_JSON
 from piworkflows.views.watch import RunWatch, WatchEnded
 
 STREAMS = ("stdout", "stderr")
@@ -175,18 +176,31 @@ def _raw(out: IO[bytes], ask: Ask, only: str) -> Emit:
     return emit
 
 
+def _output(ask: Ask, step: dict[str, Any]) -> Any:
+    """The step's output whole: one the page left out for its size (``{"omitted": {byteLength,
+    digest}}``) is read in parts, as the streams are."""
+    output = step["output"]
+    if isinstance(output, dict) and set(output) == {"omitted"} and isinstance(output["omitted"], dict):
+        reference = {"digest": output["omitted"]["digest"], "mediaType": MEDIA_JSON}
+        return canonical.loads(read_content(ask, reference))
+    return output
+
+
 def _json(out: IO[bytes], ask: Ask) -> Emit:
     def emit(step: dict[str, Any]) -> None:
         texts = {name: data.decode("utf-8") for name, (_, data) in _streams(ask, step).items()}
-        _line(out, canonical.dumps({**step, **{name: texts.get(name) for name in STREAMS}}))
+        whole = {**step, "output": _output(ask, step), **{name: texts.get(name) for name in STREAMS}}
+        _line(out, canonical.dumps(whole))
         out.flush()
 
     return emit
 
 
 def _human(out: IO[bytes], ask: Ask) -> Emit:
+    """For people: every text from the run (streams, output, error) ``visible``, line by line."""
+
     def emit(step: dict[str, Any]) -> None:
-        _line(out, _header(step))
+        _line(out, visible(_header(step)))
         for name, (reference, data) in _streams(ask, step).items():
             seen, kept = reference["seenBytes"], reference["keptBytes"]
             if not seen:
@@ -195,15 +209,17 @@ def _human(out: IO[bytes], ask: Ask) -> Emit:
                 _line(out, f"-- {name}: {seen:,} bytes, not stored --")
                 continue
             _line(out, f"-- {name}: {seen:,} bytes --")
-            out.write(data if data.endswith(b"\n") else data + b"\n")
+            for line in visible_lines(data.decode("utf-8", "replace").removesuffix("\n")):
+                _line(out, line)
             if kept < seen:
                 _line(out, f"-- {name} cut: {seen - kept:,} bytes not kept (the cap is {kept:,} bytes) --")
         if step["output"] is not None:
             _line(out, "-- output --")
-            _line(out, canonical.dumps(step["output"]))
+            _line(out, visible(canonical.dumps(_output(ask, step))))
         if step["error"] is not None:
             _line(out, "-- error --")
-            _line(out, step["error"].removesuffix("\n"))
+            for line in visible_lines(step["error"].removesuffix("\n")):
+                _line(out, line)
         out.flush()
 
     return emit

@@ -21,6 +21,7 @@ from piworkflows.cli.base import (
     json_argument,
     main,
     request,
+    say,
     start_failed,
 )
 from piworkflows.client import ServerNotRunning, ServerRefused, StartFailed, WorkflowClient
@@ -102,7 +103,7 @@ def _follow_and_exit(paths: StatePaths, run_id: str, as_json: bool, events: bool
         click.echo(canonical.dumps(sent))
     else:
         for line in story.outcome(view):
-            click.echo(line)
+            say(line)
     if view["display"]["status"] != "completed":
         sys.exit(EXIT_RUNTIME)
 
@@ -141,7 +142,7 @@ def run_status(paths: StatePaths, run_id: str, as_json: bool) -> None:
     with connection(paths) as client:
         view = run_view.get(client, run_id)
     for line in story.story(view):
-        click.echo(line)
+        say(line)
 
 
 def _control(name: str, summary: str, done: str) -> None:

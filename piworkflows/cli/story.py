@@ -16,7 +16,7 @@ from typing import Any
 
 from piworkflows import canonical
 from piworkflows.cli import run_view
-from piworkflows.cli.base import command_line
+from piworkflows.cli.base import command_line, visible
 from piworkflows.states import ACTIVE_ATTEMPT_STATUSES
 
 WIDTH = 80
@@ -79,6 +79,7 @@ def json_text(value: Any) -> str:
 
 
 def cut(text: str, width: int) -> str:
+    text = visible(text)  # first: a cut never leaves half an escape sequence
     return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
 
 
@@ -87,10 +88,10 @@ def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> li
     A word longer than a line (a path) stays whole on its own line, so it can be copied."""
     pad = " " * indent
     lines: list[str] = []
-    for paragraph in text.splitlines() or [""]:
+    for paragraph in text.split("\n") if text else [""]:
         lead = pad + "  " if lines else f"{pad}{label}: "
         lines += textwrap.wrap(
-            paragraph.expandtabs(),
+            visible(paragraph.expandtabs()),
             WIDTH,
             initial_indent=lead,
             subsequent_indent=pad + "  ",
@@ -105,6 +106,7 @@ def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> li
 def command(label: str, text: str, indent: int) -> list[str]:
     """``label: command``, never wrapped (it is copied whole); on its own line when it does not fit."""
     pad = " " * indent
+    text = visible(text)
     line = f"{pad}{label}: {text}"
     return [line] if len(line) <= WIDTH else [f"{pad}{label}:", f"{pad}  {text}"]
 
@@ -160,7 +162,7 @@ def _shell(output: dict[str, Any], indent: int) -> list[str]:
         if not isinstance(text, str):
             lines += block(stream, json_text(text), indent)
             continue
-        rows = text.rstrip("\n").splitlines()
+        rows = text.rstrip("\n").split("\n") if text.strip("\n") else []
         if not rows:
             lines.append(f"{pad}{stream}: (empty)")
             continue

@@ -13,7 +13,7 @@ import time
 import click
 
 from piworkflows.cli import run_view
-from piworkflows.cli.base import accepted, check, command_line, connection, main
+from piworkflows.cli.base import accepted, check, command_line, connection, main, say
 from piworkflows.paths import StatePaths
 
 
@@ -39,7 +39,7 @@ def view(paths: StatePaths, run_id: str | None, once: bool) -> None:
             else:
                 lines = text.run_lines(run_view.get(client, run_id))
         for line in lines:
-            click.echo(line)
+            say(line)
         return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # the full-screen app needs a terminal both ways
         raise click.UsageError(

@@ -25,7 +25,7 @@ import click
 
 from piworkflows import canonical
 from piworkflows.cli import run_view, story
-from piworkflows.cli.base import EXIT_INTERRUPTED, command_line, fail
+from piworkflows.cli.base import EXIT_INTERRUPTED, command_line, fail, say
 from piworkflows.client import ClientError, ServerNotRunning, WorkflowClient
 from piworkflows.paths import StatePaths
 from piworkflows.states import ACTIVE_ATTEMPT_STATUSES, AGENT_NODE_KINDS, TERMINAL_RUN_STATUSES
@@ -208,7 +208,7 @@ def interrupted(run_id: str) -> NoReturn:
 
 def print_human(event: dict[str, Any], step: dict[str, Any] | None) -> None:
     for text in event_lines(event, step):
-        click.echo(text)
+        say(text)
 
 
 def print_json(event: dict[str, Any], step: dict[str, Any] | None) -> None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -33,6 +34,7 @@ from textual.widgets import DataTable, Footer, Input, Label, Static, TabbedConte
 from textual.worker import get_current_worker
 
 from piworkflows.cli import run_view, story
+from piworkflows.cli.base import visible
 from piworkflows.client import ClientError, WorkflowClient
 from piworkflows.paths import StatePaths
 from piworkflows.protocol import envelope
@@ -58,7 +60,7 @@ class Confirm(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Vertical(Label(self.question), Label("y: yes   n: no"), id="dialog")
+        yield Vertical(Label(visible(self.question), markup=False), Label("y: yes   n: no"), id="dialog")
 
     def action_yes(self) -> None:
         self.dismiss(True)
@@ -77,7 +79,8 @@ class Ask(ModalScreen[str | None]):
         self.prompt, self.placeholder = prompt, placeholder
 
     def compose(self) -> ComposeResult:
-        yield Vertical(Static(self.prompt), Input(placeholder=self.placeholder, id="answer"), id="dialog")
+        prompt = Static("\n".join(map(visible, self.prompt.split("\n"))), markup=False)  # a run's question
+        yield Vertical(prompt, Input(placeholder=self.placeholder, id="answer"), id="dialog")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -141,7 +144,7 @@ class RunListScreen(Screen[None]):
         table.clear()
         now = int(time.time() * 1000)
         for item in self.page["items"]:
-            table.add_row(*text.list_row(item, now), key=item["runId"])
+            table.add_row(*map(escape, text.list_row(item, now)), key=item["runId"])  # cells are markup
         if self.page["items"]:
             table.move_cursor(row=min(row, len(self.page["items"]) - 1))
 
@@ -188,16 +191,16 @@ class RunScreen(Screen[None]):
         self.older_start: int | None = None  # the position of the first of them
 
     def compose(self) -> ComposeResult:
-        yield Static(f"{self.run_id}: waiting for its view", id="head")
+        yield Static(f"{self.run_id}: waiting for its view", id="head", markup=False)
         with TabbedContent():
             with TabPane("Story", id="story-tab"):
-                yield VerticalScroll(Static(id="story"))
+                yield VerticalScroll(Static(id="story", markup=False))
             with TabPane("Transcript", id="transcript-tab"):
-                yield VerticalScroll(Static(id="transcript"))
+                yield VerticalScroll(Static(id="transcript", markup=False))
             with TabPane("Trace", id="trace-tab"):
-                yield VerticalScroll(Static(id="trace"))
+                yield VerticalScroll(Static(id="trace", markup=False))
             with TabPane("History", id="history-tab"):
-                yield VerticalScroll(Static("o: the steps before the Story tab's", id="history"))
+                yield VerticalScroll(Static("o: the steps before the Story tab's", id="history", markup=False))
         yield Footer()
 
     def on_mount(self) -> None:
@@ -229,16 +232,16 @@ class RunScreen(Screen[None]):
             viewer.call_from_thread(self.ended, f"the run's view is not available: {exc}")
 
     def ended(self, why: str) -> None:
-        self.query_one("#head", Static).update(f"{self.run_id}: {why}")
+        self.query_one("#head", Static).update(visible(f"{self.run_id}: {why}"))
 
     def show(self, view: dict[str, Any]) -> None:
         self.view = view
         display = view["display"]
-        head = f"{view['runId']}  {view['state']['workflowName']}  {story.status_text(display)}"
+        head = visible(f"{view['runId']}  {view['state']['workflowName']}  {story.status_text(display)}")
         if view["piworkflows"]["title"]:
-            head += f"\n{view['piworkflows']['title']}"
+            head += f"\n{visible(view['piworkflows']['title'])}"
         if display["reason"]:
-            head += f"\n{display['reason']}"
+            head += f"\n{visible(display['reason'])}"
         current = view["piworkflows"]["currentStep"]
         if current is not None:
             head += f"\ncurrent node: {current['nodeId']} ({current['nodeType']}, {current['status']})"

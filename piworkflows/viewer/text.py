@@ -17,6 +17,7 @@ from typing import Any
 
 from piworkflows.cli import story
 from piworkflows.cli.agent_steps import entry_lines
+from piworkflows.cli.base import visible
 
 COLUMNS = ("status", "workflow", "title", "age", "duration", "run")
 
@@ -32,11 +33,11 @@ def list_row(item: dict[str, Any], now_ms: int) -> tuple[str, ...]:
         duration = max(0, end - story.epoch_ms(started))
     return (
         story.status_text(item["display"]),
-        item["workflowName"],
-        item["piworkflows"]["title"] or "-",
+        visible(item["workflowName"]),
+        visible(item["piworkflows"]["title"] or "-"),
         story.duration(max(0, now_ms - created)),
         story.duration(duration),
-        item["runId"],
+        visible(item["runId"]),
     )
 
 
@@ -49,7 +50,7 @@ def list_lines(page: dict[str, Any], now_ms: int) -> list[str]:
 
 
 def run_lines(view: dict[str, Any]) -> list[str]:
-    return story.story(view)
+    return [visible(line) for line in story.story(view)]
 
 
 def trace_lines(view: dict[str, Any]) -> list[str]:
@@ -72,7 +73,7 @@ def transcript_lines(view: dict[str, Any]) -> list[str]:
         text = entry if isinstance(entry, str) else json.dumps(entry)
         role = _role(text)
         lines += entry_lines({"runSeq": item["seq"], "role": role, "settledAt": item["at"], "entry": text})
-    return lines or ["no conversation captured"]
+    return [visible(line) for line in lines] or ["no conversation captured"]
 
 
 def _role(text: str) -> str:

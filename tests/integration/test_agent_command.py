@@ -173,7 +173,9 @@ def test_two_command_steps_complete_the_run_with_their_outputs(server, project, 
     ("mode", "code", "error"),
     [
         pytest.param("words", "validationFailed", "'three' is not of type 'integer'", id="schema-mismatch"),
-        pytest.param("prose", "commandFailed", "the command's stdout is not a JSON value a run can keep", id="not-json"),
+        pytest.param(
+            "prose", "commandFailed", "the command's stdout is not a JSON value a run can keep", id="not-json"
+        ),
         pytest.param("fail", "commandFailed", "the command exited with status 3: the build is broken", id="exit-3"),
     ],
 )

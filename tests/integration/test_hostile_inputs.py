@@ -268,3 +268,57 @@ def test_the_live_viewer_without_a_terminal_is_a_usage_error_naming_once(server,
         result = server.cli(*args, timeout=30)  # stdin /dev/null, stdout a pipe: no terminal
         usage_error(result, "the live viewer needs a terminal", "--once")
     assert run_id in server.cli("view", run_id, "--once").stdout
+
+
+# Run data that a terminal would act on: a title that retitles the window, an output that moves
+# the cursor, a shell step that prints a forged row and colours, and a node output of 900 KB.
+INJECTS = r"""
+from piworkflows.workflows import compute, define_workflow, edge, idempotent_effect, shell
+
+workflow = define_workflow(
+    "injects", "say",
+    {
+        "say": compute(lambda ctx: {"text": "ok\x1b[2J\rforged row\n\x9b31m\u202eevil"}),
+        "print": shell(
+            idempotent_effect("test.print"),
+            lambda ctx: {"command": "printf", "args": ["line\\033]0;pwned\\007\\r\\nrun-fake  demo  completed\\n"]},
+        ),
+        "big": compute(lambda ctx: {"big": "x" * 900_000}),
+    },
+    [edge("say", "print"), edge("print", "big")],
+    title=lambda ctx: "t\x1b]0;owned\x07itle\r\nrun-forged",
+)
+"""
+
+RAW_CONTROLS = ("\x1b", "\x07", "\r", "\x9b", "\u202e")
+
+
+def test_control_characters_in_run_data_reach_no_terminal_raw(server, project):
+    write(project, "injects", INJECTS)
+    run_id = start(server, project, "injects")
+    wait_status(server, run_id, "completed")
+    outputs = {}
+    for command in (
+        ["runs"],
+        ["run", "status", run_id],
+        ["view", run_id, "--once"],
+        ["view", "--once"],
+        ["run", "logs", run_id],
+        ["run", "watch", run_id],
+    ):
+        shown = server.cli(*command, text=False)
+        assert shown.returncode == 0, command + [shown.stderr]
+        text = shown.stdout.decode("utf-8")
+        for char in RAW_CONTROLS:
+            assert char not in text, (command, char, text[:2000])
+        outputs[" ".join(command[:2])] = text
+    listed = outputs["runs"]
+    assert "t\\e]0;owned" in listed  # cut to the column after it became visible
+    assert not any(line.startswith("run-forged") for line in listed.split("\n"))
+    status = outputs["run status"]
+    assert "ok\\u001b[2J\\rforged row\\n\\x9b31m\\u202eevil" in status  # JSON's escapes, then C1 and bidi
+    logs = outputs["run logs"]
+    assert "line\\e]0;pwned\\x07\\r" in logs and "\nrun-fake  demo  completed\n" in logs  # its own line, shown
+    assert '{"big":"' + "x" * 900_000 + '"}' in logs  # read whole, in parts
+    raw = server.cli("run", "logs", run_id, "print", "--stdout", text=False)
+    assert raw.stdout == b"line\x1b]0;pwned\x07\r\nrun-fake  demo  completed\n"  # --stdout stays raw, for piping
