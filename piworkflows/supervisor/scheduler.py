@@ -266,8 +266,11 @@ class Scheduler:
         except ChildNotRecorded as exc:  # ended before it ran anything; the run waits for the next launch
             log.warning("no runner for %s: %s", handle.run_id, exc)
             handle.stopping = True
-        except (ConnectionResetError, BrokenPipeError):  # its pipe closed under a write: it died (a crash)
-            log.warning("the runner of %s died", handle.run_id)
+        except (ConnectionResetError, BrokenPipeError):  # its pipe closed under a write
+            if handle.stopping:  # the server ended it (pause, cancel, a lost claim): no death
+                log.info("the runner of %s was stopped by the server", handle.run_id)
+            else:
+                log.warning("the runner of %s died", handle.run_id)
         except Exception as exc:
             log_failure(log, f"the runner of {handle.run_id} failed", exc)
         finally:

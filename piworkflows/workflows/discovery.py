@@ -89,7 +89,8 @@ def every_source(project_path: Path, user_workflows: Path | None = None) -> list
     found = []
     for origin, directory in directories(project_path, user_workflows).items():
         if directory.is_dir():
-            files = sorted(path for path in directory.glob("*" + SUFFIX) if path.is_file())
+            # a link that leads nowhere (a loop, a missing target) is listed too: its load error says why
+            files = sorted(path for path in directory.glob("*" + SUFFIX) if path.is_file() or path.is_symlink())
             found += [(origin, path.name.removesuffix(SUFFIX), path) for path in files]
     return found
 

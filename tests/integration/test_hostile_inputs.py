@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from piworkflows import canonical
 from piworkflows.protocol import domain
-from tests.engine_util import CHECKPOINT, start, start_waiting, view, wait_status, write
+from tests.engine_util import CHECKPOINT, start, start_blocked, start_waiting, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
@@ -322,3 +322,29 @@ def test_control_characters_in_run_data_reach_no_terminal_raw(server, project):
     assert '{"big":"' + "x" * 900_000 + '"}' in logs  # read whole, in parts
     raw = server.cli("run", "logs", run_id, "print", "--stdout", text=False)
     assert raw.stdout == b"line\x1b]0;pwned\x07\r\nrun-fake  demo  completed\n"  # --stdout stays raw, for piping
+
+
+def test_a_runner_the_server_stopped_is_never_called_dead(server, project, tmp_path):
+    for control in ("pause", "cancel"):
+        run_id = start_blocked(server, project, tmp_path / f"flag-{control}")
+        result = server.cli("run", control, run_id)
+        assert result.returncode == 0, result.stderr
+        wait_status(server, run_id, "paused" if control == "pause" else "cancelled")
+        wait_until(lambda run_id=run_id: run_id not in _busy_runs(server), what="its runner gone")
+        log = server.server_log()
+        assert f"the runner of {run_id} died" not in log and "ended before it was done" not in log, log
+
+
+def _busy_runs(server: ServerProcess) -> str:
+    return "".join(child.get("runId") or "" for child in server.registry()["children"])
+
+
+def test_a_workflow_file_that_is_a_link_loop_is_listed_as_a_load_error(server, project):
+    link = project / ".pi" / "workflows" / "loop.workflow.py"
+    link.symlink_to(link)
+    write(project, "poison", POISON)
+    listed = server.cli("workflows", "--project", str(project))
+    assert listed.returncode == 0, listed.stderr
+    assert "loop " in listed.stdout and "does not load" in listed.stdout, listed.stdout
+    assert "Too many levels of symbolic links" in listed.stdout
+    assert "poison " in listed.stdout
