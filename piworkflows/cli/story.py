@@ -138,11 +138,12 @@ def review(effect: dict[str, Any], indent: int) -> list[str]:
     line = f"{' ' * indent}ambiguous effect {effect_id}"
     if len(line) + len(effect["effectType"]) + 3 <= WIDTH:
         line += f" ({effect['effectType']})"
-    return [
-        line,
-        *command("it acted", command_line("effect", "confirm", effect_id), indent + 2),
-        *command("run again", command_line("effect", "retry", effect_id), indent + 2),
-    ]
+    lines = [line, *command("it acted", command_line("effect", "confirm", effect_id), indent + 2)]
+    if "retry" in effect.get("controls", ("retry",)):
+        lines += command("run again", command_line("effect", "retry", effect_id), indent + 2)
+    else:  # its run ended: nothing attempts it again, only the evidence can be recorded
+        lines.append(f"{' ' * (indent + 2)}(its run ended: it is not attempted again)")
+    return lines
 
 
 def step_label(step: dict[str, Any]) -> str:

@@ -348,3 +348,20 @@ def test_a_workflow_file_that_is_a_link_loop_is_listed_as_a_load_error(server, p
     assert "loop " in listed.stdout and "does not load" in listed.stdout, listed.stdout
     assert "Too many levels of symbolic links" in listed.stdout
     assert "poison " in listed.stdout
+
+
+def test_an_ambiguous_effect_of_an_ended_run_offers_only_what_works(server, project):
+    from tests.integration.test_run_story import NAP
+
+    write(project, "nap", NAP)
+    run_id = start(server, project, "nap")
+    wait_status(server, run_id, "ambiguous")
+    assert server.cli("run", "cancel", run_id).returncode == 0
+    ended = wait_status(server, run_id, "cancelled")
+    (effect,) = ended["piworkflows"]["effects"]
+    assert effect["controls"] == ["confirm"]
+    shown = server.cli("run", "status", run_id)
+    assert "effect retry" not in shown.stdout and "its run ended: it is not attempted again" in shown.stdout
+    assert "effect confirm " + effect["effectId"] in shown.stdout
+    confirmed = server.cli("effect", "confirm", effect["effectId"], "--note", "checked by hand")
+    assert confirmed.returncode == 0, confirmed.stderr

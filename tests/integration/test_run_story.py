@@ -139,7 +139,13 @@ def test_an_ambiguous_effect_shows_its_id_and_the_commands_that_settle_it(server
     wait_status(server, run_id, "ambiguous")
     (effect,) = view(server, run_id)["piworkflows"]["effects"]
     effect_id = effect["effectId"]
-    assert effect == {"effectId": effect_id, "effectType": "test.nap", "nodePath": "nap", "visit": 1}
+    assert effect == {
+        "effectId": effect_id,
+        "effectType": "test.nap",
+        "nodePath": "nap",
+        "visit": 1,
+        "controls": ["confirm", "retry"],
+    }
 
     shown = server.cli("run", "status", run_id)
     assert shown.returncode == 0, shown.stderr

@@ -36,7 +36,7 @@ from typing import Any
 
 from piworkflows.isotime import iso, iso_or_none
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
-from piworkflows.states import MEDIA_JSON
+from piworkflows.states import MEDIA_JSON, TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
@@ -557,8 +557,19 @@ def _ambiguous_effects(conn: sqlite3.Connection, run_id: str) -> list[dict[str, 
         "AND channel_id IS NULL AND effect_status = 'ambiguous' ORDER BY created_at, effect_id LIMIT ?",
         (run_id, WINDOW),
     ).fetchall()
+    (status,) = conn.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone() or (None,)
     items = []
     for effect_id, effect_type, scope, key in rows:
         node_path, visit = records.effect_node(scope, key)
-        items.append({"effectId": effect_id, "effectType": effect_type, "nodePath": node_path, "visit": visit})
+        # what an operator can do now: a run-scoped effect of an ended run is never attempted again
+        controls = ["confirm"] if scope == "run" and status in TERMINAL_RUN_STATUSES else ["confirm", "retry"]
+        items.append(
+            {
+                "effectId": effect_id,
+                "effectType": effect_type,
+                "nodePath": node_path,
+                "visit": visit,
+                "controls": controls,
+            }
+        )
     return items
