@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 import shlex
 import sys
@@ -23,6 +24,19 @@ from piworkflows.protocol import domain, envelope
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2  # click's own code for a usage error
+
+
+# How long a command waits for an answer: longer than the server's own bound on a resolver child
+# (resolve_timeout_ms, read from the environment as the server does), so a slow listing is
+# answered by the server (its error) before the CLI gives up.
+def _answer_wait_s() -> float:
+    try:
+        return int(os.environ.get("PI_WORKFLOWS_RESOLVE_TIMEOUT_MS") or 30_000) / 1000 + 15
+    except ValueError:  # the server refuses such a setting at its start; the CLI waits the default
+        return 45.0
+
+
+ANSWER_WAIT_S = _answer_wait_s()
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 OPERATOR_CLIENT_ID = "pi-workflows-cli-operator"  # stored receipts are per client id
 
@@ -191,10 +205,13 @@ def connection(
     """A client of the running server, without retries; no server (or a lost one) is the CLI's
     failure, after ``unanswered`` (a check that may find a usage error first)."""
     try:
-        with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id) as client:
+        with WorkflowClient(paths.state_dir, retry_for=0, client_id=client_id, timeout=ANSWER_WAIT_S) as client:
             yield client
     except ServerRefused as exc:
         fail(str(exc))
+    except TimeoutError:  # it runs but is slow: never "no server is running"
+        status = command_line("server", "status")
+        fail(f"the server did not answer within {ANSWER_WAIT_S:g} s; '{status}' shows whether it is busy or stuck")
     except (ServerNotRunning, OSError, ConnectionError):
         if unanswered is not None:
             unanswered()

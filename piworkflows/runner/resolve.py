@@ -19,14 +19,17 @@ the bytes that were hashed, once per child and source (``discovery.compiled``);
 the child answers requests until stdin closes, and the supervisor recycles it
 after a bounded number of them. A module that fails to load is reported with
 its file and line (``workflows/failures.py``); in a listing it is one item
-with its error, never the end of the list.
+with its error, never the end of the list, and so is one that takes longer than
+the listing's ``module_timeout_ms`` to load (it hangs at import: SIGALRM ends its load).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -134,7 +137,7 @@ def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
         winner = first_origin.setdefault(name, origin)
         if len(items) == MAX_LISTED_WORKFLOWS or size > LISTING_BYTES:
             break
-        items.append(_listed(origin, name, path, None if winner == origin else winner))
+        items.append(_listed(origin, name, path, None if winner == origin else winner, request.module_timeout_ms))
         size += len(items[-1].model_dump_json())
     directories = discovery.directories(project)
     return WorkflowListing(
@@ -145,7 +148,28 @@ def list_workflows(request: WorkflowListRequest) -> WorkflowListing:
     )
 
 
-def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> ListedWorkflow:
+class _TookTooLong(BaseException):
+    """A module's load ran out of its time (a BaseException: workflow code's ``except Exception``
+    does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _within(timeout_ms: int) -> Iterator[None]:
+    """Interrupt the code inside after ``timeout_ms`` (SIGALRM: the resolver's main thread runs it)."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _TookTooLong
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout_ms / 1000)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _listed(origin: str, name: str, path: Path, shadowed_by: str | None, module_timeout_ms: int) -> ListedWorkflow:
     listed: dict[str, Any] = {"name": name, "origin": origin, "shadowed_by": shadowed_by, "source": None}
     if not NAME.match(name):
         message = f"{name!r} is not a workflow name ([A-Za-z_][A-Za-z0-9_-]*); rename the file"
@@ -161,7 +185,13 @@ def _listed(origin: str, name: str, path: Path, shadowed_by: str | None) -> List
         )
     listed["source"] = source.identity.to_json()
     try:
-        compiled = discovery.compiled(source)
+        with _within(module_timeout_ms):
+            compiled = discovery.compiled(source)
+    except _TookTooLong:
+        message = f"{name}: did not load within {module_timeout_ms / 1000:g} s (it hangs at import?)"
+        return ListedWorkflow(
+            **listed, error=LoadError(file=str(path), line=None, message=message, text=f"{path}: {message}")
+        )
     except LOAD_FAILURES as exc:
         failure = failures.describe(exc, source, max_text=LISTED_TEXT)
         return ListedWorkflow(

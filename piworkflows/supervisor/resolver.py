@@ -141,7 +141,9 @@ class Resolvers:
     async def list_workflows(self, project_path: str) -> WorkflowListing:
         """Every workflow of the project, the user dir and the built-ins; Unanswered if the child
         took too long (a module that hangs) or broke."""
-        answer = await self._ask(WorkflowListRequest(project_path=project_path))
+        # a third of the request's time per module: a module that hangs is listed, not the whole list lost
+        module_ms = max(1, self.settings.resolve_timeout_ms // 3)
+        answer = await self._ask(WorkflowListRequest(project_path=project_path, module_timeout_ms=module_ms))
         assert isinstance(answer, WorkflowListing)
         return answer
 

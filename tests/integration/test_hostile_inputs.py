@@ -365,3 +365,20 @@ def test_an_ambiguous_effect_of_an_ended_run_offers_only_what_works(server, proj
     assert "effect confirm " + effect["effectId"] in shown.stdout
     confirmed = server.cli("effect", "confirm", effect["effectId"], "--note", "checked by hand")
     assert confirmed.returncode == 0, confirmed.stderr
+
+
+HANGS = """
+import time
+time.sleep(600)
+"""
+
+
+@pytest.mark.server_env(PI_WORKFLOWS_RESOLVE_TIMEOUT_MS="3000")
+def test_a_module_that_hangs_at_import_is_listed_and_the_others_still_are(server, project):
+    write(project, "hangs", HANGS)
+    write(project, "poison", POISON)
+    listed = server.cli("workflows", "--project", str(project), env={"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000"})
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "hangs: did not load within 1 s" in listed.stdout, listed.stdout
+    assert "poison " in listed.stdout and "builtin:demo" in listed.stdout
+    assert "no server is running" not in listed.stderr

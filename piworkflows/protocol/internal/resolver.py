@@ -139,6 +139,9 @@ class WorkflowListRequest(ResolverRequest):
     kind: ClassVar[str] = "list"
     answer: ClassVar[type[Frame]] = WorkflowListing
     project_path: str
+    # how long one module may take to load before it is listed as "did not load within ..." (the
+    # others are still listed); the whole request has resolve_timeout_ms
+    module_timeout_ms: int = Field(default=10_000, ge=1)
 
 
 class ValidateRequest(ResolverRequest):
