@@ -175,9 +175,17 @@ def run_restart(paths: StatePaths, run_id: str, as_json: bool) -> None:
     Example: pi-workflows run restart run-0123abcd
     """
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
-    response = request(paths, "run.restart", {}, run_id=run_id, expected_revision=view["runRevision"])
+    revision = view["runRevision"]
+    # The key names the run as this command saw it: restarts that saw the same finished run adopt one
+    # child (a competing one at another key is a conflict: the restart advanced the run's revision).
+    seen = hashlib.sha256(f"{run_id}\n{revision}".encode()).hexdigest()[:32]
+    response = request(
+        paths, "run.restart", {}, run_id=run_id, expected_revision=revision, idempotency_key=f"run.restart:{seen}"
+    )
     receipt = accepted(response)
     click.echo(canonical.dumps(receipt) if as_json else receipt["runId"])
+    if response.outcome == "adopted" and not as_json:
+        click.echo(f"pi-workflows: {run_id} was already restarted as {receipt['runId']}", err=True)
 
 
 @main.command("decide")

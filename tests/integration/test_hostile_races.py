@@ -1,14 +1,17 @@
 """Races a hostile (or just busy) user makes: many commands at once against one state dir.
 
 Through the CLI on real processes: parallel on-demand starts on a stopped state dir all connect to
-the one server that won the lock (docs/STRESS.md, Hostile inputs).
+the one server that won the lock; concurrent restarts of one finished run make one child (docs/STRESS.md,
+Hostile inputs).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +47,30 @@ def test_parallel_on_demand_starts_connect_to_the_one_server_that_won(tmp_path: 
         assert stopped.returncode == 0, stopped.stderr
     wait_until(lambda: not ServerProcess(server.state_dir).client(retry_for=0).running(), what="stopped")
     check_state(server.state_dir)
+
+
+def test_concurrent_restarts_of_one_finished_run_make_one_child(server):
+    done = server.cli("run", "start", "builtin:shell-check", "--input", '{"command": "true"}', "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.splitlines()[0]
+    with server.client() as client:
+        revision = client.request("run.status", {}, run_id=run_id).receipt["runRevision"]
+
+    def restart(key: str) -> Any:
+        with server.client(client_id="operator", retry_for=10) as client:
+            return client.request("run.restart", {}, run_id=run_id, expected_revision=revision, idempotency_key=key)
+
+    with ThreadPoolExecutor(10) as pool:
+        same_key = list(pool.map(restart, ["restart-as-seen"] * 10))
+    children = {response.receipt["runId"] for response in same_key}
+    assert len(children) == 1, same_key
+    assert sorted(r.outcome for r in same_key) == ["accepted"] + ["adopted"] * 9
+    with ThreadPoolExecutor(10) as pool:
+        other_keys = list(pool.map(restart, [f"other-{i}" for i in range(10)]))
+    assert {(r.outcome, r.receipt["code"]) for r in other_keys} == {("conflict", "staleRevision")}
+    # A later `run restart` sees the revision the first restart advanced: one more child, as asked
+    # (its key names that revision, so a CLI that saw the same one would adopt this child).
+    again = server.cli("run", "restart", run_id)
+    assert again.returncode == 0 and again.stdout.strip() not in children, again.stdout + again.stderr
+    listed = json.loads(server.cli("runs", "--json").stdout)
+    assert listed["total"] == 3  # the run, the one child of the ten, the CLI's own
