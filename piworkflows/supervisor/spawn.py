@@ -5,7 +5,8 @@
     spawn_child(role, marker, module args)
       python -m <module args>   stdin/stdout: frames, stderr: a bounded tail (StderrTail)
       its identity (pid, create time, marker) into host.json before it acts;
-      not recorded (ChildNotRecorded): killed (its group), waited for, and the error raised
+      not recorded (ChildNotRecorded): killed (its group), waited for, and the error raised;
+      once it exited, what still holds its pipes is ended (supervisor/leftovers.py)
     signal_group(pid, sig)          a signal to the group of a child spawned here (or identity-checked)
     GroupStopper.stop(proc, ...)    SIGTERM to its group now, SIGKILL after the grace if it is still there
 """
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 from piworkflows.clock import Clock
 from piworkflows.settings import Settings
+from piworkflows.supervisor import leftovers
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder
 from piworkflows.supervisor.stderr import StderrTail
@@ -62,6 +64,7 @@ async def spawn_child(
         await proc.wait()
         stderr.close()
         raise
+    leftovers.watch(proc, role, settings.child_stderr_drain_ms / 1000)
     return proc, stderr
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.server_util import ServerProcess, check_state, make_server, wait_until
+from tests.server_util import ServerProcess, alive, check_state, gone, make_server, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
 
@@ -74,3 +75,38 @@ def test_concurrent_restarts_of_one_finished_run_make_one_child(server):
     assert again.returncode == 0 and again.stdout.strip() not in children, again.stdout + again.stderr
     listed = json.loads(server.cli("runs", "--json").stdout)
     assert listed["total"] == 3  # the run, the one child of the ten, the CLI's own
+
+
+# A node (and the module, at import) that starts a process in a session of its own: it escapes the
+# runner's group and holds its stdout and stderr.
+DETACHES = """
+import subprocess
+from piworkflows.workflows import compute, define_workflow
+
+AT_IMPORT = subprocess.Popen(["sleep", "600"], start_new_session=True)
+
+def detach(ctx):
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    return {"pid": child.pid, "atImport": AT_IMPORT.pid}
+
+workflow = define_workflow("detaches", "detach", {"detach": compute(detach)})
+"""
+
+
+def test_processes_a_runner_left_in_a_session_of_their_own_end_with_it(tmp_path: Path):
+    project = tmp_path / "proj"
+    (project / ".pi" / "workflows").mkdir(parents=True)
+    (project / ".pi" / "workflows" / "detaches.workflow.py").write_text(DETACHES)
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}).start()
+    try:
+        done = server.cli("run", "start", "detaches", "--project", str(project), "--wait", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        output = json.loads(done.stdout.splitlines()[-1])["state"]["finalOutput"]
+        left = [output["pid"], output["atImport"]]
+        assert all(alive(pid) for pid in left)
+    finally:
+        started = time.monotonic()
+        assert server.stop(timeout=60) == 0, server.output()
+    assert time.monotonic() - started < 30  # it hung past 60 s on the leftovers' pipes
+    wait_until(lambda: all(gone(pid) for pid in left), timeout=10, what="the detached processes ended")
+    assert "holding its pipes; ended" in server.server_log()
