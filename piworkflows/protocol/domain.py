@@ -3,9 +3,9 @@ boundary where a value enters (the CLI, the client protocol, results of workflow
 
 ::
 
-    CLI argument ── loads(text) ─────────────┐
-    client request ── request_problem() ─────┤  OutsideDomain(path, reason): nothing is sent,
-    runner, resolver, title ── check(value) ─┘  stored or committed; the message names the path
+    CLI argument ── loads(text) ──────────────────────┐
+    client request ── client_v1.outside_domain() ─────┤  OutsideDomain(path, reason): nothing is
+    runner, resolver, agent ── BlobValue.of_json() ───┘  sent, stored or committed; it names the path
     text meant for people (errors, titles) ── text(s): lone surrogates become U+FFFD
 
 A value is in the domain when

@@ -63,9 +63,16 @@ class _Correlator:
             self._pending[corr_id] = future
             return corr_id
 
-    def _forget(self, corr_id: int) -> None:
-        with self._lock:
-            self._pending.pop(corr_id, None)
+    def _encode(self, kind: str, corr_id: int, body: dict[str, Any], future: Any) -> bytes | None:
+        """The request's frame; None when its body cannot be one (nothing is sent: ``future`` is
+        answered with the refusal and forgotten)."""
+        try:
+            return frames.encode(kind, corr_id, body)
+        except frames.Unencodable as exc:
+            with self._lock:
+                self._pending.pop(corr_id, None)
+            future.set_result(unsent(exc))
+            return None
 
     def _received(self, data: bytes) -> None:
         """Resolve the futures of the replies in ``data``; raises FrameError."""
@@ -109,11 +116,8 @@ class Link(_Correlator):
         if corr_id is None:
             future.set_result(LOST)
             return future
-        try:
-            data = frames.encode(kind, corr_id, body)
-        except frames.Unencodable as exc:
-            self._forget(corr_id)
-            future.set_result(unsent(exc))
+        data = self._encode(kind, corr_id, body, future)
+        if data is None:
             return future
         try:
             with self._send_lock:
@@ -179,11 +183,8 @@ class AsyncLink(_Correlator):
         if corr_id is None:
             future.set_result(LOST)
             return future
-        try:
-            data = frames.encode(kind, corr_id, body)
-        except frames.Unencodable as exc:
-            self._forget(corr_id)
-            future.set_result(unsent(exc))
+        data = self._encode(kind, corr_id, body, future)
+        if data is None:
             return future
         if not self._outgoing:
             asyncio.get_running_loop().call_soon(self._flush)
