@@ -20,7 +20,7 @@ ENV_PREFIX = "PI_WORKFLOWS_"
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Group commit (ARCHITECTURE.md, The write path): a group holds the
+    # Group commit (docs/design/group-commit.md): a group holds the
     # commands already waiting, at most this many, and stops taking more once
     # it has executed for group_max_ms.
     group_max_commands: int = Field(default=256, ge=1, le=10_000)
@@ -33,7 +33,7 @@ class Settings(BaseModel):
     parent_check_ms: int = Field(default=1000, ge=10)
     # How long a spawner waits for a child's ready handshake.
     child_ready_timeout_ms: int = Field(default=30_000, ge=100)
-    # Claims (ARCHITECTURE.md, Leases, epochs and respawn): TTL and renewal.
+    # Claims (docs/workflows.md): TTL and renewal.
     claim_ttl_ms: int = Field(default=30_000, ge=100)
     claim_renew_ms: int = Field(default=10_000, ge=10)
     # Writer restart backoff after it died: first delay, doubling up to the max.
@@ -96,7 +96,7 @@ class Settings(BaseModel):
     # Protected human decisions: the deadline timer sleeps at most this long between two sweeps
     # (a new decision wakes it sooner).
     decision_timer_max_sleep_ms: int = Field(default=60_000, ge=10)
-    # The Telegram channel (DECISIONS.md): getUpdates long-poll seconds, one Bot API request's
+    # The Telegram channel (docs/decisions.md): getUpdates long-poll seconds, one Bot API request's
     # bound, and the adapter child's restart delay (doubling from min to max).
     telegram_poll_timeout_s: int = Field(default=25, ge=0, le=50)
     telegram_request_timeout_ms: int = Field(default=30_000, ge=100)

@@ -33,7 +33,7 @@ MEDIA_JSON = "application/json"
 MEDIA_TEXT = "text/plain;charset=utf-8"
 MEDIA_TYPES = frozenset({MEDIA_JSON, MEDIA_TEXT})
 
-# Runs (WORKFLOWS.md, Run lifecycle).
+# Runs (docs/workflows.md, Run lifecycle).
 RUN_STATUSES = frozenset({"queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled"})
 RUN_STATUS_VALUES = tuple(sorted(RUN_STATUSES))  # the protocol's order (run.list's status filter)
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
@@ -66,13 +66,13 @@ RUN_FINISH_STATUSES = frozenset({"completed", "failed", "timed_out"})
 NODE_KINDS = frozenset(
     {"agent", "decision", "compute", "notify", "action", "shell", "http", "checkpoint", "human_decision", "workflow"}
 )
-# The node kinds whose step an agent performs (an interactive request; AGENTS.md).
+# The node kinds whose step an agent performs (an interactive request; docs/agents.md).
 AGENT_NODE_KINDS = frozenset({"agent", "decision"})
 ATTEMPT_STATUSES = frozenset({"running", "waiting", "completed", "failed", "timed_out", "cancelled", "interrupted"})
 NODE_OUTCOMES = frozenset({"ok", "failed", "timed_out", "cancelled"})
 ACTIVE_ATTEMPT_STATUSES = frozenset({"running", "waiting"})  # an attempt that has not finished
 
-# Effects (WORKFLOWS.md, Effects: the status table is the contract).
+# Effects (docs/workflows.md, Effects: the status table is the contract).
 EFFECT_STATUSES = frozenset({"pending", "applying", "applied", "rejected", "ambiguous", "cancelled"})
 EFFECT_CLASSES = frozenset({"local", "external"})
 # Who applies an effect: the writer (local effects), the runner (an action node's own code),
@@ -158,7 +158,7 @@ WRITER_HEALTH_CODES = ("diskFull", "ioError", "databaseCorrupt")
 WRITER_START_FAILURES = (*WRITER_HEALTH_CODES, "stateIncompatible", "statePathRefused", "cannotOpen")
 UNAVAILABLE_REASONS = (*WRITER_START_FAILURES, "writerRestarting")
 
-# The Telegram channel's effects (DECISIONS.md, Effects): effect type -> recovery policy. A send is
+# The Telegram channel's effects (docs/decisions.md, Effects): effect type -> recovery policy. A send is
 # manual (an uncertain send is never repeated without an operator: channel.recover); an answer to a
 # button press and an edit are idempotent (repeating one is harmless).
 TELEGRAM_EFFECT_POLICIES: dict[str, str] = {

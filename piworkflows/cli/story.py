@@ -23,7 +23,7 @@ WIDTH = 80
 SHOWN_LINES = 5  # of a shell node's stdout and stderr: the last ones
 TEXT_LINES = 4  # of a value, an error or a question
 
-# A display activity in words (VIEWS.md's vocabulary); others show as they are.
+# A display activity in words (docs/protocol.md, Run views); others show as they are.
 ACTIVITY_WORDS = {"origin_turn": "agent turn", "supervised_runner": "runner"}
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-# applied / rejected / ambiguous: as WORKFLOWS.md's effect table says. retry: the attempt
+# applied / rejected / ambiguous: as docs/workflows.md's effect table says. retry: the attempt
 # definitely did not act (a connection refused, a 5xx answer to an idempotent request): the
 # writer schedules the next attempt under the same key (or rejects: retriesExhausted).
 Settlement = Literal["applied", "rejected", "ambiguous", "retry"]

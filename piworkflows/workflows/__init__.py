@@ -1,4 +1,4 @@
-"""The workflow authoring API (WORKFLOWS.md): declare nodes and edges, compile.
+"""The workflow authoring API (docs/workflows.md): declare nodes and edges, compile.
 
 A workflow module ``<name>.workflow.py`` sets ``workflow = define_workflow(...)``.
 Its code runs only in a supervised resolver or runner child.

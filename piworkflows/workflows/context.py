@@ -1,4 +1,4 @@
-"""The node context ``ctx`` that workflow code receives (WORKFLOWS.md, Node kinds)."""
+"""The node context ``ctx`` that workflow code receives (docs/workflows.md, Node kinds)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Active execution time (SQLITE_STATE.md): an agent attempt's numbered intervals and its budget.
+"""Active execution time (docs/storage.md): an agent attempt's numbered intervals and its budget.
 
 An interval opens at a turn's start and ends at its end, a pause, the host's
 exit or the attempt's settlement; at most one is open per attempt. The host

@@ -1,4 +1,4 @@
-"""The rows of an agent step (AGENTS.md), changed from the transactions of several commands.
+"""The rows of an agent step (docs/agents.md), changed from the transactions of several commands.
 
 ::
 

@@ -11,7 +11,7 @@
             attempt_active_intervals     the sample (elapsed_ms only rises)
 
 The batch is its own journal: no ``events`` row and no resource revision
-(SQLITE_STATE.md, Write contract). The handler checks the claim and the
+(docs/storage.md, Write contract). The handler checks the claim and the
 counter; everything here writes inside its savepoint.
 """
 

@@ -90,7 +90,7 @@ FAULT_KINDS = ("crash", "enospc", "eio")
 # Where a disk fault strikes: the writer's next groups (answered unavailable, nothing committed), and
 # the supervisor's own writes.
 DISK_POINTS = (faults.WRITER_BEFORE_COMMIT, faults.SUPERVISOR_REGISTRY_SAVE, faults.SUPERVISOR_LOG_WRITE)
-# Short durations (ARCHITECTURE.md, Time and identity): recovery within seconds, not minutes.
+# Short durations (docs/workflows.md): recovery within seconds, not minutes.
 SERVER_ENV = {
     "PI_WORKFLOWS_CLAIM_TTL_MS": "3000",
     "PI_WORKFLOWS_CLAIM_RENEW_MS": "300",

@@ -21,7 +21,7 @@ STORED_OPERATIONS = frozenset(
 )
 DONE = frozenset({"accepted", "adopted"})
 TERMINAL = frozenset({"completed", "failed", "timed_out", "cancelled"})
-# The park reasons a run may end a quiet period with (WORKFLOWS.md): each waits for a person.
+# The park reasons a run may end a quiet period with (docs/workflows.md): each waits for a person.
 DOCUMENTED_PARKS = frozenset({"paused", "effectAmbiguous", "runnerNoProgress", "workflowSourceChanged"})
 _2XX = re.compile(r"2[0-9][0-9]\Z")
 

@@ -1,4 +1,4 @@
-"""Run control: pause, resume, cancel, restart (WORKFLOWS.md, Run lifecycle).
+"""Run control: pause, resume, cancel, restart (docs/workflows.md, Run lifecycle).
 
 Each commits its state change together with its receipt, fenced by the
 run's state rather than by the runner's claim (control wins over a running

@@ -1,7 +1,7 @@
 """The transactional outbox: reserve, claim (numbered attempt), settle, and operator recovery.
 
 Statuses and allowed transitions are ``states.EFFECT_TRANSITIONS`` (the table
-of WORKFLOWS.md, Effects). A claim records the next numbered attempt in the
+of docs/workflows.md, Effects). A claim records the next numbered attempt in the
 same transaction, before the claimant acts; a settlement is fenced by that
 claim's token, generation and expiry. An operator settles an ambiguous
 effect (``effect.confirm`` -> applied, ``effect.retry`` -> pending: the next

@@ -5,7 +5,7 @@ its expected execution revision, and deduplicated through worker_messages
 when the supervisor attaches the message key. A terminal node result (or a
 ``run.finish`` where no node is active) ends the run, settles its queue row,
 ends the runner record and releases the claim in one transaction
-(``ending``; the lifecycle table of WORKFLOWS.md holds after every commit;
+(``ending``; the lifecycle table of docs/workflows.md holds after every commit;
 the runner process exits right after).
 """
 

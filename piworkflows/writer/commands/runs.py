@@ -1,4 +1,4 @@
-"""Runs: creation (run.start). The run lifecycle of WORKFLOWS.md starts here:
+"""Runs: creation (run.start). The run lifecycle of docs/workflows.md starts here:
 a new run is committed ``queued`` with its queue row ``queued``, no claim and
 no runner, together with its receipt.
 """

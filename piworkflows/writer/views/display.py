@@ -1,4 +1,4 @@
-"""Display status, activity, controls and reason: the one reducer every renderer uses (VIEWS.md §5,
+"""Display status, activity, controls and reason: the one reducer every renderer uses (docs/protocol.md, Run views;
 upstream's vocabulary and sentences). First match wins:
 
 1. terminal: the error text as the reason (above 16 KiB, a notice); an open turn gives

@@ -1,6 +1,6 @@
 """The viewer projection: every transaction that changes what a run view shows advances the run's
 presentation revision once and writes its ordered ops to ``viewer_deltas`` before the same commit
-(VIEWS.md §2 and §3), so a watcher that holds revision R is brought to R+k by the ops alone.
+(docs/protocol.md, Live views), so a watcher that holds revision R is brought to R+k by the ops alone.
 
 ::
 

@@ -1,5 +1,5 @@
 """The run view, ``pi-workflows.run-view.v1``: one bounded snapshot of a run in upstream's
-top-level fields and meanings (VIEWS.md §4), what upstream's view does not have under ``piworkflows``.
+top-level fields and meanings (docs/protocol.md, Run views), what upstream's view does not have under ``piworkflows``.
 
 ::
 

@@ -1,4 +1,4 @@
-"""Agent steps on Pi: the writer's side of AGENTS.md, C2 to C12 (their rows: writer/agent_steps.py).
+"""Agent steps on Pi: the writer's side of docs/agents.md, C2 to C12 (their rows: writer/agent_steps.py).
 
 ::
 
@@ -20,7 +20,7 @@ A host's command names its segment and carries the segment's claim (the
 supervisor attaches it): the contract verifies and renews it, and the segment
 must still be ``recording``. ``agent.record`` is the exception to the contract's
 shape: a capture batch is journalled by ``session_events`` and fenced by the
-segment's contiguous ``event_count``, and SQLITE_STATE.md forbids a generic
+segment's contiguous ``event_count``, and docs/storage.md forbids a generic
 event per flush, so it is a plain Handler that verifies and renews the claim
 itself and writes neither a revision nor an ``events`` row (a sample that
 spends the budget still writes the run's ``agent.timed_out`` event). The

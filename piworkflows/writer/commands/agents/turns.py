@@ -1,4 +1,4 @@
-"""C7 and C9: a Pi model turn of a step starts and ends (AGENTS.md, steps 7 and 9).
+"""C7 and C9: a Pi model turn of a step starts and ends (docs/agents.md, steps 7 and 9).
 
 ::
 
