@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from piworkflows.supervisor.leftovers import Leftovers
 from piworkflows.supervisor.registry import Identity
 
 
@@ -10,6 +11,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.recorded: list[Identity] = []
+        self.leftovers = Leftovers("test", recorded=lambda: {i.pid for i in self.recorded})
 
     def record_child(self, identity: Identity) -> None:
         self.recorded.append(identity)

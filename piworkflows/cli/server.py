@@ -126,7 +126,9 @@ def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
     but whose processes live is waited for too). After --timeout it exits 1;
     with --kill it sends SIGKILL instead to the supervisor and to every recorded
     child (a process group a child leads as a whole), each only after its
-    identity (pid, start time, command line) matched, and prints what it killed.
+    identity (pid, start time, command line) matched, then to every process of
+    yours that descends from this server's children (their lineage in its
+    environment), and prints what it killed.
 
     Example: pi-workflows server stop --timeout 30 --kill
     """
@@ -148,13 +150,16 @@ def server_stop(paths: StatePaths, timeout: float, kill: bool) -> None:
 def _kill_server(paths: StatePaths) -> None:
     """``server stop --kill`` after the timeout: SIGKILL what host.json records; say what."""
     from piworkflows.settings import Settings  # pydantic: only where a setting is read
-    from piworkflows.supervisor import registry
+    from piworkflows.supervisor import lineage, registry
 
     killed = registry.kill_recorded(paths.registry, Settings.from_env().stop_grace_ms / 1000)
     for identity in killed:
         click.echo(
             f"killed {identity.role} (pid {identity.pid})" + (" and its process group" if identity.processGroup else "")
         )
+    left_behind = lineage.end(lineage.find(lineage.state_tag(paths.state_dir)))
+    if left_behind:
+        click.echo(f"killed what its children left behind: pids {', '.join(map(str, left_behind))}")
     left = registry.live(paths.registry)
     if left:
         fail(f"still running after SIGKILL: pids {', '.join(str(identity.pid) for identity in left)}")

@@ -69,7 +69,7 @@ def serve(state_dir: str | None, foreground: bool, ready_fd: int | None = None) 
     except (StatePathRefused, OSError) as exc:
         return refuse(exc)
     try:
-        asyncio.run(Supervisor(paths, settings).run(ready=lambda: tell("ready")))
+        asyncio.run(Supervisor(paths, settings).run(ready=lambda: tell("ready"), subreaper=True))
     except REFUSALS as exc:
         logging.getLogger("piworkflows.supervisor").error("the server did not start: %s", _describe(exc, paths))
         return refuse(exc)

@@ -40,10 +40,11 @@ from piworkflows.lock import HostLock
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.writer import Reply, ViewerAdvanced
 from piworkflows.settings import Settings
-from piworkflows.supervisor import registry
+from piworkflows.supervisor import lineage, registry
 from piworkflows.supervisor.agents import AgentManager
 from piworkflows.supervisor.channels import Channels
 from piworkflows.supervisor.decision_timer import DecisionTimer
+from piworkflows.supervisor.leftovers import Leftovers
 from piworkflows.supervisor.outbox import OutboxPool
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity, Registry
 from piworkflows.supervisor.resolver import Resolvers
@@ -81,6 +82,8 @@ class Supervisor:
         self.clock: Clock = clock or SystemClock()
         self.lock = HostLock(paths)
         self.registry = Registry()
+        self.leftovers = Leftovers(lineage.state_tag(paths.state_dir), recorded=self._recorded_pids)
+        _, writer_env = self.leftovers.issue(writer_env or {}, spawning=False)  # it starts nothing itself
         self.writer = WriterChild(paths, settings, self._record_writer, writer_env, on_viewer=self._viewer_advanced)
         self.views = Views(self.writer, watch=self.writer.watch)
         self.resolvers = Resolvers(self, settings)
@@ -201,6 +204,10 @@ class Supervisor:
             else:
                 self.save_registry()
 
+    def _recorded_pids(self) -> set[int]:
+        with self._registry_lock:
+            return {child.pid for child in self.registry.children}
+
     def record_child(self, identity: Identity) -> None:
         """In host.json before the child does anything, so a takeover can end it. Raises
         ChildNotRecorded when host.json cannot be written: the caller ends the child."""
@@ -237,14 +244,21 @@ class Supervisor:
             self._registry_unsaved = False
         return True
 
-    async def run(self, ready: Callable[[], None] | None = None) -> None:
-        """Serve until stopped. Raises AlreadyRunning / StateIncompatible / StartupFailed."""
+    async def run(self, ready: Callable[[], None] | None = None, subreaper: bool = False) -> None:
+        """Serve until stopped. Raises AlreadyRunning / StateIncompatible / StartupFailed.
+        ``subreaper``: this process is the server's own (not a test's), and follows what its
+        children leave behind (supervisor/leftovers.py)."""
         check_socket_path(self.paths.socket)  # before anything is touched
         self.lock.acquire()
         try:
             ended = registry.take_over(self.paths.registry, self.settings.stop_grace_ms / 1000)
             if ended:
                 log.warning("ended leftover processes of an older server: %s", ", ".join(ended))
+            left = lineage.end(lineage.find(self.leftovers.tag))
+            if left:
+                log.warning("ended what an older server's children left behind: pids %s", ", ".join(map(str, left)))
+            if subreaper:
+                self.leftovers.enable()
             self.registry = Registry(supervisor=Identity.of("supervisor", os.getpid(), SUPERVISOR_MARKER))
             self.registry.save(self.paths.registry)  # at the start a failed write is a failed start
             await self.writer.start()
@@ -277,6 +291,7 @@ class Supervisor:
             await self._shutdown()
         finally:
             await self.writer.stop()
+            self.leftovers.final(self.settings.stop_grace_ms / 1000)
             if self.registry.supervisor is not None:  # ours: an older server's record is kept otherwise
                 self.registry.children = []
                 self.save_registry()

@@ -30,6 +30,7 @@ from piworkflows.protocol.internal.resolver import Resolution, Validation, Workf
 from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
+from piworkflows.supervisor.leftovers import Leftovers
 from piworkflows.supervisor.registry import Identity
 
 
@@ -53,7 +54,10 @@ class WriterStatus(WriterRequests, Protocol):
 
 
 class ChildRecorder(Protocol):
-    """host.json: a child is recorded before it acts (ChildNotRecorded: the caller ends it)."""
+    """host.json: a child is recorded before it acts (ChildNotRecorded: the caller ends it); and
+    what it leaves behind is ended with it (``leftovers``)."""
+
+    leftovers: Leftovers
 
     def record_child(self, identity: Identity) -> None: ...
 

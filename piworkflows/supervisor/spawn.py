@@ -4,9 +4,10 @@
 
     spawn_child(role, marker, module args)
       python -m <module args>   stdin/stdout: frames, stderr: a bounded tail (StderrTail)
+      a lineage of its own in its environment (inherited by what it starts);
       its identity (pid, create time, marker) into host.json before it acts;
       not recorded (ChildNotRecorded): killed (its group), waited for, and the error raised;
-      once it exited, what still holds its pipes is ended (supervisor/leftovers.py)
+      once it exited, what it left behind is ended (supervisor/leftovers.py)
     signal_group(pid, sig)          a signal to the group of a child spawned here (or identity-checked)
     GroupStopper.stop(proc, ...)    SIGTERM to its group now, SIGKILL after the grace if it is still there
 """
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 
 from piworkflows.clock import Clock
 from piworkflows.settings import Settings
-from piworkflows.supervisor import leftovers
 from piworkflows.supervisor.registry import ChildNotRecorded, Identity
 from piworkflows.supervisor.seams import ChildRecorder
 from piworkflows.supervisor.stderr import StderrTail
@@ -39,6 +39,7 @@ async def spawn_child(
 ) -> tuple[asyncio.subprocess.Process, StderrTail]:
     """The child and its stderr tail, recorded; ``own_group``: its own process group (stopping it
     stops everything it started)."""
+    token, env = recorder.leftovers.issue(env)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -63,8 +64,9 @@ async def spawn_child(
             pass
         await proc.wait()
         stderr.close()
+        recorder.leftovers.ended(token)
         raise
-    leftovers.watch(proc, role, settings.child_stderr_drain_ms / 1000)
+    recorder.leftovers.watch(proc, token)
     return proc, stderr
 
 

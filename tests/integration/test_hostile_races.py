@@ -8,6 +8,8 @@ Hostile inputs).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,36 +79,111 @@ def test_concurrent_restarts_of_one_finished_run_make_one_child(server):
     assert listed["total"] == 3  # the run, the one child of the ten, the CLI's own
 
 
-# A node (and the module, at import) that starts a process in a session of its own: it escapes the
-# runner's group and holds its stdout and stderr.
+# A node (and the module, at import) that starts processes in a session of their own: they escape
+# the runner's group; one holds its stdout and stderr, one let go of its stdio.
 DETACHES = """
 import subprocess
 from piworkflows.workflows import compute, define_workflow
 
-AT_IMPORT = subprocess.Popen(["sleep", "600"], start_new_session=True)
+def sleeper(**stdio):
+    return subprocess.Popen(["sleep", "600"], start_new_session=True, **stdio).pid
+
+QUIET = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+AT_IMPORT = [sleeper(), sleeper(**QUIET)]
 
 def detach(ctx):
-    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    return {"pid": child.pid, "atImport": AT_IMPORT.pid}
+    return {"pids": AT_IMPORT + [sleeper(), sleeper(**QUIET)]}
 
 workflow = define_workflow("detaches", "detach", {"detach": compute(detach)})
 """
 
+# A node that starts a quiet detached process, then ends its own runner (once: the file says so).
+DETACHES_AND_DIES = """
+import os, subprocess
+from pathlib import Path
+from piworkflows.workflows import compute, define_workflow
+
+def detach(ctx):
+    mark = Path(__file__).with_name("first-pid")
+    if not mark.exists():
+        pid = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+        mark.write_text(str(pid))
+        os._exit(3)
+    return {"first": int(mark.read_text())}
+
+workflow = define_workflow("detaches-and-dies", "detach", {"detach": compute(detach)})
+"""
+
+
+def _project(tmp_path: Path, name: str, source: str) -> Path:
+    project = tmp_path / "proj"
+    (project / ".pi" / "workflows").mkdir(parents=True, exist_ok=True)
+    (project / ".pi" / "workflows" / f"{name}.workflow.py").write_text(source)
+    return project
+
+
+def _detached_pids(server: ServerProcess, project: Path) -> list[int]:
+    done = server.cli("run", "start", "detaches", "--project", str(project), "--wait", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    pids: list[int] = json.loads(done.stdout.splitlines()[-1])["state"]["finalOutput"]["pids"]
+    assert len(pids) == 4 and all(alive(pid) for pid in pids)
+    return pids
+
 
 def test_processes_a_runner_left_in_a_session_of_their_own_end_with_it(tmp_path: Path):
-    project = tmp_path / "proj"
-    (project / ".pi" / "workflows").mkdir(parents=True)
-    (project / ".pi" / "workflows" / "detaches.workflow.py").write_text(DETACHES)
+    project = _project(tmp_path, "detaches", DETACHES)
     server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}).start()
     try:
-        done = server.cli("run", "start", "detaches", "--project", str(project), "--wait", "--json")
-        assert done.returncode == 0, done.stdout + done.stderr
-        output = json.loads(done.stdout.splitlines()[-1])["state"]["finalOutput"]
-        left = [output["pid"], output["atImport"]]
-        assert all(alive(pid) for pid in left)
+        left = _detached_pids(server, project)
     finally:
         started = time.monotonic()
         assert server.stop(timeout=60) == 0, server.output()
     assert time.monotonic() - started < 30  # it hung past 60 s on the leftovers' pipes
     wait_until(lambda: all(gone(pid) for pid in left), timeout=10, what="the detached processes ended")
-    assert "holding its pipes; ended" in server.server_log()
+    assert "left behind: " in server.server_log()
+
+
+def test_a_quiet_detached_process_ends_when_its_runner_dies(tmp_path: Path):
+    project = _project(tmp_path, "detaches-and-dies", DETACHES_AND_DIES)
+    env = {"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100", "PI_WORKFLOWS_RUNNER_CRASH_BACKOFF_MS": "0"}
+    server = ServerProcess(tmp_path / "s", env=env).start()
+    try:
+        done = server.cli("run", "start", "detaches-and-dies", "--project", str(project), "--wait", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        first = json.loads(done.stdout.splitlines()[-1])["state"]["finalOutput"]["first"]
+        # the server still runs: the process went with the runner it descends from
+        wait_until(lambda: gone(first), timeout=10, what="the quiet detached process ended")
+        assert f"{first} (sleep)" in server.server_log()
+    finally:
+        assert server.stop(timeout=60) == 0, server.output()
+
+
+def test_server_stop_kill_ends_what_the_children_left_behind(tmp_path: Path):
+    project = _project(tmp_path, "detaches", DETACHES)
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}).start()
+    assert server.popen is not None
+    try:
+        left = _detached_pids(server, project)
+        os.kill(server.popen.pid, signal.SIGSTOP)  # a supervisor that no longer answers
+        killed = server.cli("server", "stop", "--timeout", "1", "--kill")
+        assert killed.returncode == 0, killed.stdout + killed.stderr
+        assert "killed what its children left behind" in killed.stdout, killed.stdout
+        wait_until(lambda: all(gone(pid) for pid in left), timeout=10, what="the detached processes ended")
+    finally:
+        if server.popen.poll() is None:
+            server.kill()
+
+
+def test_a_new_server_ends_what_a_dead_ones_children_left_behind(tmp_path: Path):
+    project = _project(tmp_path, "detaches", DETACHES)
+    server = ServerProcess(tmp_path / "s", env={"PI_WORKFLOWS_SCHEDULER_TICK_MS": "100"}).start()
+    left = _detached_pids(server, project)
+    server.kill()  # the supervisor alone: the detached processes live on, reparented
+    assert all(alive(pid) for pid in left)
+    again = ServerProcess(server.state_dir, env=server.env).start()
+    try:
+        wait_until(lambda: all(gone(pid) for pid in left), timeout=10, what="the detached processes ended")
+        assert "what an older server's children left behind" in again.server_log()
+    finally:
+        assert again.stop(timeout=60) == 0, again.output()

@@ -17,6 +17,7 @@ from piworkflows.protocol.internal.effects import EffectSettleFrame
 from piworkflows.protocol.internal.outbox import PerformEffect
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.settings import Settings
+from piworkflows.supervisor.leftovers import Leftovers
 from piworkflows.supervisor.outbox import Claimed, OutboxPool
 from piworkflows.supervisor.registry import Identity
 from piworkflows.supervisor.seams import HubWiring
@@ -54,6 +55,7 @@ class FakeWriter:
 class Recorder:
     def __init__(self) -> None:
         self.forgotten: list[int] = []
+        self.leftovers = Leftovers("test", recorded=set)
 
     def record_child(self, identity: Identity) -> None:
         pass
