@@ -21,7 +21,8 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
     """List unsettled and ambiguous effects, newest first: id, type, status, run, node, attempts, age.
 
     No payloads, results or secrets. An ambiguous effect waits for 'pi-workflows effect confirm'
-    or 'pi-workflows effect retry'.
+    or 'pi-workflows effect retry'; one whose run ended is marked "run ended: confirm only"
+    (nothing attempts it again).
 
     Example: pi-workflows effects --json
     """
@@ -38,9 +39,13 @@ def effects(paths: StatePaths, run_id: str | None, show_all: bool, as_json: bool
     for item in page["items"]:
         age = span(page["now"] - item["createdAt"])
         node = f"{item['nodePath']}#{item['visit']}" if item["nodePath"] else "-"
+        # an ambiguous effect of an ended run is never attempted again: say so where it is listed
+        ended = (
+            " (run ended: confirm only)" if item["status"] == "ambiguous" and "retry" not in item["controls"] else ""
+        )
         say(
             f"{item['effectId']}  {item['effectType']:<18} {item['status']:<10} {item['runId'] or '-'}  "
-            f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}"
+            f"{node:<16} attempts {item['attempts']}/{item['maxAttempts']}  {age}{ended}"
         )
 
 

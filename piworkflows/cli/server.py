@@ -100,9 +100,13 @@ def server_status(paths: StatePaths, as_json: bool) -> None:
         f"{counts['parkedRuns']} parked, {counts['waitingRuns']} waiting"
     )
     click.echo(f"  active runners: {counts['activeRunners']}, expired claims: {counts['expiredClaims']}")
-    click.echo(
-        f"  pending interactions: {counts['pendingInteractions']}, ambiguous effects: {counts['ambiguousEffects']}"
-    )
+    ambiguous = f"ambiguous effects: {counts['ambiguousEffects']}"
+    if receipt.get("ambiguousEffectsOfEndedRuns"):  # never attempted again: only a confirmation is left
+        ambiguous += (
+            f" ({receipt['ambiguousEffectsOfEndedRuns']} of ended runs: list them with "
+            f"'{command_line('effects')}', record one that acted with '{command_line('effect', 'confirm', 'ID')}')"
+        )
+    click.echo(f"  pending interactions: {counts['pendingInteractions']}, {ambiguous}")
     click.echo(
         f"  connections: {receipt['connections']} of at most {receipt['maxConnections']}, "
         f"fd limit {receipt['fdLimit'] or 'unlimited'}"

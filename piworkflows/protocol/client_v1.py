@@ -273,6 +273,7 @@ class ServerStatusReceipt(BaseModel):
     expiredClaims: int | None = None
     pendingInteractions: int | None = None
     ambiguousEffects: int | None = None
+    ambiguousEffectsOfEndedRuns: int | None = None  # of those, the ones whose run ended (confirm only)
     connections: int
     maxConnections: int
     fdLimit: int | None
@@ -740,6 +741,7 @@ class EffectListItem(BaseModel):
     createdAt: int
     updatedAt: int
     settledAt: int | None
+    controls: list[str]  # of an ambiguous effect, what review can do now (confirm, retry); else empty
 
 
 class EffectListReceipt(BaseModel):
@@ -810,6 +812,7 @@ class StateCounts(BaseModel):
     expiredClaims: int
     unsettledEffects: int
     ambiguousEffects: int
+    ambiguousEffectsOfEndedRuns: int  # of those, the ones whose run ended (confirm only)
     channelEffects: dict[str, int]  # the Telegram channel's messages, by status
 
 

@@ -23,7 +23,7 @@ from piworkflows.protocol.internal.base import (
     server_owner_id,
 )
 from piworkflows.protocol.internal.effects import EffectRequest
-from piworkflows.states import CHANNEL_PERFORMER, MEDIA_TEXT, POOL_PERFORMERS
+from piworkflows.states import CHANNEL_PERFORMER, MEDIA_TEXT, POOL_PERFORMERS, TERMINAL_RUN_STATUSES
 
 # --- projects -----------------------------------------------------------------
 
@@ -252,6 +252,21 @@ def effect_node(owner_scope: str, idempotency_key: str) -> tuple[str | None, int
         node_path, visit = canonical.loads(idempotency_key)[2:4]
         return node_path, visit
     return None, None
+
+
+def review_controls(owner_scope: str, run_status: str | None) -> list[str]:
+    """What an operator can do with an ambiguous effect now: a run-scoped effect of an ended run is
+    never attempted again, so only its confirmation is left (``effect.retry`` answers runFinished)."""
+    if owner_scope == "run" and run_status in TERMINAL_RUN_STATUSES:
+        return ["confirm"]
+    return ["confirm", "retry"]
+
+
+# The ambiguous effects of runs that ended: shown apart, since nothing will ever attempt them again.
+AMBIGUOUS_OF_ENDED_RUNS = (
+    "SELECT count(*) FROM effects e JOIN runs r ON r.run_id = e.run_id WHERE e.effect_status = 'ambiguous' "
+    f"AND e.owner_scope = 'run' AND r.status IN ({', '.join(repr(s) for s in sorted(TERMINAL_RUN_STATUSES))})"
+)
 
 
 def insert_effect(

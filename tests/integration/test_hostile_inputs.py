@@ -363,8 +363,16 @@ def test_an_ambiguous_effect_of_an_ended_run_offers_only_what_works(server, proj
     shown = server.cli("run", "status", run_id)
     assert "effect retry" not in shown.stdout and "its run ended: it is not attempted again" in shown.stdout
     assert "effect confirm " + effect["effectId"] in shown.stdout
+    # counted apart, and labelled where it is listed: nothing will attempt it again
+    status = server.cli("server", "status")
+    assert "ambiguous effects: 1 (1 of ended runs: list them with " in status.stdout, status.stdout
+    listed = server.cli("effects")
+    assert effect["effectId"] in listed.stdout and "(run ended: confirm only)" in listed.stdout, listed.stdout
+    assert json.loads(server.cli("effects", "--json").stdout)["controls"] == ["confirm"]
     confirmed = server.cli("effect", "confirm", effect["effectId"], "--note", "checked by hand")
     assert confirmed.returncode == 0, confirmed.stderr
+    after = json.loads(server.cli("server", "status", "--json").stdout)
+    assert (after["ambiguousEffects"], after["ambiguousEffectsOfEndedRuns"]) == (0, 0)
 
 
 HANGS = """

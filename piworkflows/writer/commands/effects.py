@@ -461,7 +461,8 @@ class ListEffects(Handler[EffectList]):
                 params.append(value)
         rows = tx.conn.execute(
             "SELECT effect_id, effect_type, effect_status, recovery_policy, performer, run_id, idempotency_key, "
-            "owner_scope, attempt_count, max_attempts, available_at, error_code, created_at, updated_at, settled_at "
+            "owner_scope, attempt_count, max_attempts, available_at, error_code, created_at, updated_at, settled_at, "
+            "(SELECT status FROM runs WHERE runs.run_id = effects.run_id) "
             f"FROM effects WHERE {' AND '.join(where)} ORDER BY created_at DESC, effect_id DESC LIMIT ?",
             (*params, cmd.limit),
         ).fetchall()
@@ -482,6 +483,7 @@ class ListEffects(Handler[EffectList]):
             created_at,
             updated_at,
             settled_at,
+            run_status,
         ) in rows:
             node_path, visit = records.effect_node(scope, key)
             item: dict[str, Any] = {
@@ -500,6 +502,7 @@ class ListEffects(Handler[EffectList]):
                 "createdAt": created_at,
                 "updatedAt": updated_at,
                 "settledAt": settled_at,
+                "controls": records.review_controls(scope, run_status) if status == "ambiguous" else [],
             }
             items.append(item)
         return Result(receipt={"items": items, "now": tx.now})

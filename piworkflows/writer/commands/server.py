@@ -136,7 +136,7 @@ class Counts(Handler[ServerCounts]):
         parked = conn.execute("SELECT count(*) FROM run_queue WHERE queue_status = 'parked'").fetchone()[0]
         shared = {
             name: state.count(conn, name, tx.now)
-            for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects")
+            for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects", "ambiguousEffectsOfEndedRuns")
         }
         return Result(
             receipt={

@@ -25,7 +25,7 @@ from piworkflows.protocol.internal.state import (
     StateStatus,
     StateVerify,
 )
-from piworkflows.writer import backup, invariants, prune
+from piworkflows.writer import backup, invariants, prune, records
 from piworkflows.writer.contract import Handler, Result, Tx
 
 MAINTAINERS = frozenset({"client", "operator", "server", "maintenance"})
@@ -50,6 +50,7 @@ COUNTS: dict[str, str] = {
     "expiredClaims": "SELECT count(*) FROM leases WHERE owner_id IS NOT NULL AND expires_at <= :now",
     "unsettledEffects": "SELECT count(*) FROM effects WHERE effect_status IN ('pending', 'applying')",
     "ambiguousEffects": "SELECT count(*) FROM effects WHERE effect_status = 'ambiguous'",
+    "ambiguousEffectsOfEndedRuns": records.AMBIGUOUS_OF_ENDED_RUNS,
 }
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from piworkflows.isotime import iso, iso_or_none
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
-from piworkflows.states import MEDIA_JSON, TERMINAL_RUN_STATUSES
+from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
@@ -561,8 +561,7 @@ def _ambiguous_effects(conn: sqlite3.Connection, run_id: str) -> list[dict[str, 
     items = []
     for effect_id, effect_type, scope, key in rows:
         node_path, visit = records.effect_node(scope, key)
-        # what an operator can do now: a run-scoped effect of an ended run is never attempted again
-        controls = ["confirm"] if scope == "run" and status in TERMINAL_RUN_STATUSES else ["confirm", "retry"]
+        controls = records.review_controls(scope, status)
         items.append(
             {
                 "effectId": effect_id,
