@@ -830,7 +830,7 @@ def test_retry_of_an_effect_of_a_running_run_or_one_not_run_scoped_is_accepted(e
 
 LIST_KEYS = set(
     "effectId effectType status recoveryPolicy performer runId nodePath visit attempts maxAttempts nextAttemptAt "
-    "errorCode createdAt updatedAt settledAt".split()
+    "errorCode createdAt updatedAt settledAt controls".split()
 )
 
 
@@ -884,6 +884,7 @@ def test_list_shows_unsettled_effects_newest_first_without_payloads(executor, cl
         "createdAt": t_pending,
         "updatedAt": t_pending,
         "settledAt": None,
+        "controls": [],  # only an ambiguous effect is reviewed
     }
     assert (by_id[failed]["status"], by_id[failed]["nextAttemptAt"], by_id[failed]["errorCode"]) == (
         "pending",
@@ -896,6 +897,7 @@ def test_list_shows_unsettled_effects_newest_first_without_payloads(executor, cl
         None,
     )
     assert (by_id[ambiguous]["status"], by_id[ambiguous]["nextAttemptAt"]) == ("ambiguous", None)
+    assert by_id[ambiguous]["controls"] == ["confirm", "retry"]  # not a run's: retry stays offered
     node = by_id[node_effect]
     assert (node["runId"], node["nodePath"], node["visit"], node["effectType"], node["performer"]) == (
         "run-1",

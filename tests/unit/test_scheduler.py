@@ -5,6 +5,7 @@ here; where a step signals a runner's group, the group is a real sleeping proces
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from typing import Any
@@ -17,6 +18,7 @@ from piworkflows.protocol.internal.runner import EffectAwait
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.settings import Settings
 from piworkflows.supervisor.scheduler import RELAYS, EffectInFlight, RunnerHandle, Scheduler
+from piworkflows.supervisor.stderr import StderrTail
 from tests.seam_fakes import Recorder
 
 pytestmark = pytest.mark.timeout(30)
@@ -296,3 +298,43 @@ def test_an_agent_request_gets_the_servers_budget_only_when_the_node_left_it_to_
     body = asyncio.run(scenario())
     assert body["timeout_ms"] == forwarded
     assert (body["run_id"], body["claim"]["owner_id"]) == ("run-a", "owner-run-a")  # under the run's claim
+
+
+def test_a_runner_the_server_stopped_whose_pipe_broke_is_logged_as_stopped_not_dead(caplog: pytest.LogCaptureFixture):
+    """A cancel commits while the run's runner is being taken; the runner is gone by the time the
+    launch is written, so the write breaks its pipe. That is the server's own stop, not a death."""
+
+    async def scenario() -> None:
+        writer = FakeWriter(["run-a"])
+        resume = {"projectPath": "/p", "source": {"kind": "builtin", "id": "demo", "revision": "1"}}
+        resume |= {"definitionDigest": "sha256:" + "0" * 64, "input": None, "steps": []}
+        writer.answers["run.resume_state"] = [Reply(outcome="accepted", receipt=resume)]
+        built, _, _ = scheduler(writer)
+        # closes its stdin (a write to it breaks the pipe), then says so on stderr and waits
+        script = "import os, sys, time; os.close(0); sys.stderr.write('closed\\n'); sys.stderr.flush(); time.sleep(60)"
+
+        async def take_runner() -> asyncio.subprocess.Process:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                script,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+            assert proc.stderr is not None and await proc.stderr.readline() == b"closed\n"
+            built._stderr[proc.pid] = StderrTail(proc.stderr, 20, 200)
+            built.stop_run("run-a")  # the cancel committed meanwhile
+            return proc
+
+        built._take_runner = take_runner  # type: ignore[method-assign]
+        await built.admit()
+        task = built.active["run-a"].task
+        assert task is not None
+        await task
+
+    with caplog.at_level(logging.INFO, logger="piworkflows.supervisor"):
+        asyncio.run(scenario())
+    assert "the runner of run-a was stopped by the server" in caplog.text
+    assert "died" not in caplog.text
