@@ -251,10 +251,12 @@ class Supervisor:
         check_socket_path(self.paths.socket)  # before anything is touched
         self.lock.acquire()
         try:
+            # a server that stopped cleanly recorded no children at the end and ended its orphans
+            unclean = bool(Registry.load(self.paths.registry).children)
             ended = registry.take_over(self.paths.registry, self.settings.stop_grace_ms / 1000)
             if ended:
                 log.warning("ended leftover processes of an older server: %s", ", ".join(ended))
-            left = lineage.end(lineage.find(self.leftovers.tag))
+            left = lineage.end(lineage.find(self.leftovers.tag)) if unclean else []
             if left:
                 log.warning("ended what an older server's children left behind: pids %s", ", ".join(map(str, left)))
             if subreaper:
