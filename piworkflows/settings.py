@@ -124,6 +124,14 @@ class Settings(BaseModel):
     agent_abort_grace_ms: int = Field(default=10_000, ge=10)
     agent_retry_settle_ms: int = Field(default=500, ge=0)
     validate_timeout_ms: int = Field(default=30_000, ge=100)
+    # An agent host that ends without finishing a model turn (Pi exited, crashed) is replaced after
+    # agent_host_backoff_ms, doubled for each such end in a row of one request; at
+    # agent_host_failure_limit in a row (at once when Pi is missing or refuses the step) the run
+    # parks agentNoProgress with the host's own error. A request fails after
+    # agent_max_rejections rejected submissions, naming the last rejection.
+    agent_host_failure_limit: int = Field(default=3, ge=1, le=100)
+    agent_host_backoff_ms: int = Field(default=1_000, ge=0)
+    agent_max_rejections: int = Field(default=20, ge=1, le=10_000)
     # How long a stopping child gets between SIGTERM and SIGKILL.
     stop_grace_ms: int = Field(default=5_000, ge=10)
     # Client connections: requests in flight per connection, and how many

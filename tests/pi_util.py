@@ -7,6 +7,8 @@
                              function; every parsed request recorded), for the workflow tool
     HostPeer                 an agent host (host.Host) in a thread on two pipes, and this test as its
                              supervisor: frames read, replies sent
+    agent_env(tmp, pi, model)  a server's settings for agent steps on the real Pi and the model
+    submit(output)           a scripted model turn that submits ``output`` through the workflow tool
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from piworkflows.protocol.internal.base import Frame
 from piworkflows.protocol.internal.writer import Reply
 from piworkflows.testing import scripted_model
 from piworkflows.testing.scripted_model import ScriptedModel
+from tests.server_util import SCHEDULER_TICK
 
 PROVIDER = scripted_model.PROVIDER
 
@@ -35,6 +38,25 @@ PROVIDER = scripted_model.PROVIDER
 def agent_dir(root: Path, model: ScriptedModel) -> Path:
     """A Pi agent dir whose models.json serves every scripted model id as provider ``scripted``."""
     return model.write_pi_config(root)
+
+
+def submit(output: Any) -> dict[str, Any]:
+    """A model turn that calls the workflow tool with ``output`` for the request it was given."""
+    arguments = {"action": "submit", "requestId": "${requestId}", "output": output}
+    return {"tool_calls": [{"name": "workflow", "arguments": arguments}]}
+
+
+def agent_env(tmp_path: Path, pi_command: list[str], model: ScriptedModel) -> dict[str, str]:
+    """A server's settings for agent steps on the real Pi and ``model`` (its first script's model)."""
+    return {
+        **SCHEDULER_TICK,
+        "HOME": str(tmp_path / "home"),
+        "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
+        "PI_CODING_AGENT_DIR": str(model.write_pi_config(tmp_path / "pi-agent")),
+        "PI_WORKFLOWS_AGENT_MODEL": f"scripted/{model.models()[0]}",
+        "PI_WORKFLOWS_ACTIVE_SAMPLE_MS": "100",
+        "PI_WORKFLOWS_AGENT_FLUSH_MS": "50",
+    }
 
 
 def pi_env(agent: Path, home: Path) -> dict[str, str]:

@@ -49,7 +49,9 @@ from piworkflows.protocol.internal.agents import (
     HOST_EXIT_DONE,
     HOST_EXIT_FAILED,
     HOST_EXIT_PI_EXITED,
+    HOST_EXIT_PI_REFUSED,
     HOST_EXIT_PI_UNAVAILABLE,
+    MAX_FAILURE_CHARS,
     ActiveSample,
     AgentBindSessionFrame,
     AgentBranchFrame,
@@ -58,6 +60,7 @@ from piworkflows.protocol.internal.agents import (
     AgentMessageSentFrame,
     AgentTurnFrame,
     BranchStep,
+    HostFailure,
     PendingStep,
     SettledReply,
 )
@@ -96,6 +99,7 @@ class Turn:
     started_ns: int
     response_entry_id: str | None = None
     stop_reason: str | None = None
+    error: str | None = None  # Pi's errorMessage of the turn's last assistant message
     end_due_ns: int | None = None  # an `error` end waits until then for Pi's auto-retry
 
     def elapsed_ms(self) -> int:
@@ -109,7 +113,7 @@ class Host:
         self.inbox: queue.Queue[Item] = queue.Queue()
         self.deferred: deque[Item] = deque()  # items that arrived while a reply was awaited
         self.ids = 0
-        self.failure: str | None = None  # why the host ended early (main prints it as the last stderr line)
+        self.failure: str | None = None  # why the host ended early (main sends it: HostFailure)
         self.pi: PiProcess | None = None
         self.stopping: str | None = None  # why the segment closes now
         self.timed_out = False
@@ -165,6 +169,15 @@ class Host:
             else:
                 log.warning("agent host: unexpected %s frame from the supervisor", value["k"])
 
+    def send_failure(self, why: str) -> None:
+        """The last frame: why the host ends early (the supervisor parks the run with it)."""
+        frame = HostFailure(why=why[:MAX_FAILURE_CHARS])
+        try:
+            self.stdout.write(frames.encode(frame.kind, 0, frame.model_dump()))
+            self.stdout.flush()
+        except OSError:
+            pass  # the supervisor is gone: nobody to tell
+
     def _observe(self, receipt: dict[str, Any]) -> None:
         if receipt.get("timedOut"):
             self.stopping, self.timed_out = "the step's active-time budget is spent", True
@@ -186,9 +199,7 @@ class Host:
                 return CommandStep(self, launch).drive()
             return self._drive(launch)
         except _Ended as ended:
-            if ended.why:
-                self.failure = ended.why
-                log.error("agent host: %s", ended.why)
+            self.failure = ended.why  # the supervisor logs it with the exit (HostFailure)
             return ended.status
         except Exception as exc:
             self.failure = f"the agent host failed: {type(exc).__name__}: {exc}"
@@ -349,7 +360,7 @@ class Host:
         kind = str(record.get("type"))
         if kind == "response":
             if record.get("id") == self.prompt_rpc and not record.get("success"):
-                raise _Ended(HOST_EXIT_FAILED, f"Pi refused the step: {record.get('error')}")
+                raise _Ended(HOST_EXIT_PI_REFUSED, f"Pi refused the step: {record.get('error')}")
             return
         if kind == "extension_ui_request" and record.get("method") in UI_DIALOGS:
             assert self.pi is not None  # nobody answers a dialog of a headless step
@@ -363,7 +374,7 @@ class Host:
         elif kind == "message_end" and isinstance(record.get("message"), dict):
             message = record["message"]
             if message.get("role") == "assistant" and self.turn is not None:
-                self.turn.stop_reason = message.get("stopReason") or self.turn.stop_reason
+                self._note_end(message)
         elif kind == "agent_end" and self.turn is not None:
             self._agent_end(record)
         elif kind == "auto_retry_start" and self.turn is not None:
@@ -398,12 +409,19 @@ class Host:
         messages = record.get("messages")
         for message in reversed(messages if isinstance(messages, list) else []):
             if isinstance(message, dict) and message.get("role") == "assistant":
-                self.turn.stop_reason = message.get("stopReason") or self.turn.stop_reason
+                self._note_end(message)
                 break
         if self.turn.stop_reason == "error":
             self.turn.end_due_ns = time.monotonic_ns() + self.launch.retry_settle_ms * 1_000_000
             return
         self._end_turn()
+
+    def _note_end(self, message: dict[str, Any]) -> None:
+        """How the open turn's last assistant message stopped, and Pi's error text when it failed."""
+        assert self.turn is not None
+        self.turn.stop_reason = message.get("stopReason") or self.turn.stop_reason
+        error = message.get("errorMessage")
+        self.turn.error = error if isinstance(error, str) and error else None
 
     def _end_turn(self) -> None:
         """C9: the turn's report, after what it settled is recorded; its receipt may hold a reminder."""
@@ -420,15 +438,20 @@ class Host:
         self.turn = None
         self.sample_due_ns = None
         self.spent_ms += elapsed
+        stopped = (turn.stop_reason or "stop")[:64]
+        provider_error = None
+        if stopped == "error":
+            provider_error = BlobValue.of_text((turn.error or "Pi gave no message")[:MAX_FAILURE_CHARS])
         receipt = self.call(
             AgentTurnFrame(
                 phase="ended",
                 workflow_turn_id=turn.turn_id,
                 workflow_message_id=turn.message_id,
-                stop_reason=(turn.stop_reason or "stop")[:64],
+                stop_reason=stopped,
                 response_entry_id=turn.response_entry_id,
                 reply=reply,
                 elapsed_ms=elapsed,
+                provider_error=provider_error,
             )
         )
         pending = receipt.get("pending") or []
@@ -546,7 +569,7 @@ def main() -> int:
     sys.stdout = sys.stderr  # nothing printed may corrupt the channel
     status = host.serve()
     if host.failure:
-        print(host.failure, file=sys.stderr, flush=True)  # the supervisor keeps the stderr tail
+        host.send_failure(host.failure)
     if os.getpgrp() == os.getpid():  # the supervisor started this group: end whatever Pi left in it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.killpg(os.getpgrp(), signal.SIGTERM)

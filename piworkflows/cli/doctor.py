@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from piworkflows.agents import pi
-from piworkflows.cli.base import EXIT_RUNTIME, main
+from piworkflows.cli.base import EXIT_RUNTIME, command_line, main
 
 if TYPE_CHECKING:
     from piworkflows.settings import Settings
@@ -21,15 +21,24 @@ PROBE_TIMEOUT_S = 120
 
 
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str]:
-    """Exit code (None: it could not run or timed out) and its output (stdout, else stderr's last line)."""
+    """Exit code (None: it could not run or timed out) and its output: stdout when it succeeded,
+    else the cause it gave (``cause``)."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout:g} s"
     except OSError as exc:
         return None, exc.strerror or str(exc)
-    said = done.stdout.strip() or (done.stderr.strip().splitlines() or [""])[-1]
-    return done.returncode, said
+    if done.returncode == 0 and done.stdout.strip():
+        return 0, done.stdout.strip()
+    return done.returncode, cause(done.stderr) or done.stdout.strip()
+
+
+def cause(stderr: str) -> str:
+    """What a failed command said first, its first paragraph on one line: Pi puts the cause ("No
+    API key found for anthropic.") before the help that follows it (paths to its docs)."""
+    paragraph = stderr.strip().split("\n\n", 1)[0] if stderr.strip() else ""
+    return " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
 
 
 def _where_pi(settings: Settings) -> str:
@@ -85,6 +94,9 @@ def doctor(offline: bool) -> None:
             click.echo(f"probe:      answered ({said.splitlines()[0][:60]})")
         else:
             click.echo(f"probe:      failed: {said[:300] or 'no answer'}")
+            click.echo("            agent steps on this model park until Pi can reach it: give Pi the")
+            click.echo("            model's key or log it in (docs/agents.md, The model), then run")
+            click.echo(f"            '{command_line('doctor')}' again")
             problems += 1
     if problems:
         raise SystemExit(EXIT_RUNTIME)

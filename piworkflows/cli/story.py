@@ -89,6 +89,8 @@ def block(label: str, text: str, indent: int, max_lines: int = TEXT_LINES) -> li
     pad = " " * indent
     lines: list[str] = []
     for paragraph in text.split("\n") if text else [""]:
+        if lines and not paragraph.strip():
+            continue  # a blank line spends one of max_lines on nothing
         lead = pad + "  " if lines else f"{pad}{label}: "
         lines += textwrap.wrap(
             visible(paragraph.expandtabs()),
@@ -319,7 +321,10 @@ def _reason(view: dict[str, Any]) -> list[str]:
         return []
     parked = "parked" if view["piworkflows"]["parkReason"] and display["status"] == "queued" else None
     label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or parked or display["status"]
-    return block(label, display["reason"], 2) + (block("runner", detail, 4) if detail else [])
+    lines = block(label, display["reason"], 2) + (block("runner", detail, 4) if detail else [])
+    if parked and "resume" in display["controls"]:
+        lines += command("once that is fixed", command_line("run", "resume", view["runId"]), 2)
+    return lines
 
 
 def _result(view: dict[str, Any]) -> list[str]:

@@ -18,8 +18,10 @@
          run's next request waits until this host's group is gone (Pi writes the session file
          until it exits)
       ── the host ends ── its group killed (a command or Pi it left) ── agent.exited unless it
-         closed its segment (the open turn lost, the interval at its last sample; nothing
-         committed after C3: the run parks)
+         closed its segment (the open turn lost, the interval at its last sample); the run parks
+         agentNoProgress with the host's failure (HostFailure, in Pi's words) when nothing was
+         committed after C3, Pi is missing or refused the step, or agent_host_failure_limit hosts
+         in a row finished no turn; else the request's next host waits out a doubling backoff
     renewal: claim.renew of every live segment every claim_renew_ms; a lost claim kills the host
     pause and cancel of a run: its host group is stopped (SIGTERM, SIGKILL after
          agent_abort_grace_ms); the commit already changed the rows
@@ -27,8 +29,9 @@
          imports); replaced when taken; killed when no segment took it for child_idle_exit_ms
          and at shutdown; spawned with the crash points only while no host has failed, and a
          dead one is never launched
-    logs:    a host's own log records (LOG frames) go to server.log with its pid; the last
-             stderr lines of a host that died go there too and, as the park detail, to the run
+    logs:    a host's own log records (LOG frames) go to server.log with its pid; the stderr lines
+             and the failure of a host that died go there too; the failure (else the last stderr
+             line) is the park's detail
 
 The manager depends on narrow seams (supervisor/seams.py) and waits on its Clock; ``admit()``
 is one admission step and ``renew()`` one renewal pass.
@@ -49,7 +52,14 @@ from typing import Any
 from piworkflows import canonical, faults
 from piworkflows.agents.pi import NEEDS_PI, find_pi
 from piworkflows.protocol import frames
-from piworkflows.protocol.internal.agents import HOST_FRAMES, AgentContract, AgentLaunch, PendingStep
+from piworkflows.protocol.internal.agents import (
+    HOST_EXIT_LASTING,
+    HOST_FRAMES,
+    AgentContract,
+    AgentLaunch,
+    HostFailure,
+    PendingStep,
+)
 from piworkflows.protocol.internal.base import BlobValue, new_claim
 from piworkflows.protocol.internal.writer import LogRecord, Reply
 from piworkflows.supervisor import interactions
@@ -71,7 +81,6 @@ log = logging.getLogger("piworkflows.supervisor")
 HOST_MARKER = "piworkflows.agents"
 SERVER = {"actor_class": "server"}
 HOST_KINDS = frozenset(frame.kind for frame in HOST_FRAMES)
-EXIT_PI_UNAVAILABLE = 3  # the host's declared exit: Pi could not be started (the run parks, no respawn)
 
 
 @dataclass
@@ -84,6 +93,9 @@ class HostHandle:
     stderr: StderrTail | None = None
     closed: bool = False  # agent.close committed: no agent.exited to send
     stopping: bool = False  # the server ends it (pause, cancel, shutdown, a lost claim)
+    turned: bool = False  # a model turn's end was committed: the host made progress
+    failure: str | None = None  # why it ended early, as it said (HostFailure)
+    lasting: bool = False  # it ended so that another host cannot help (Pi missing or refusing)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -112,6 +124,9 @@ class AgentManager(ChildHub):
         self._stopper = GroupStopper(self.clock)
         self._stopping = False
         self._failures = 0  # hosts that ended without closing their segment, not stopped by the server
+        # by request: hosts in a row that ended without finishing a turn, and when the next may start
+        self._unproductive: dict[str, int] = {}
+        self._not_before: dict[str, int] = {}
         self._ready: ReadyHost | None = None
         self._readying: asyncio.Task[None] | None = None
         self._expiring: asyncio.Task[None] | None = None  # ends the ready host no segment took
@@ -139,7 +154,9 @@ class AgentManager(ChildHub):
         reply = await self.request("interaction.validating", {"limit": 256})
         for item in (reply.receipt or {}).get("submissions", []):
             try:
-                settled = await interactions.settle(self.writer, self.resolvers, self.runs, item, item["output"])
+                settled = await interactions.settle(
+                    self.writer, self.resolvers, self.runs, item, item["output"], self.settings.agent_max_rejections
+                )
             except Exception as exc:  # one submission's failure never stops the start
                 log_failure(log, f"validating submission {item['submissionId']} again failed", exc)
                 continue
@@ -158,9 +175,12 @@ class AgentManager(ChildHub):
         if free <= 0 or self._stopping:
             return
         reply = await self.request("agent.claimable", {"limit": free, "exclude_request_ids": sorted(self.active)[:256]})
+        now = self.clock.now_ms()
         for item in (reply.receipt or {}).get("requests", []):
             if item["requestId"] in self.active or self._stopping:
                 continue
+            if self._not_before.get(item["requestId"], 0) > now:
+                continue  # its last host ended without a turn: the backoff runs (woken by the tick)
             if any(handle.run_id == item["runId"] for handle in self.active.values()):
                 continue  # its run's last host still ends (its Pi may write the session file): woken then
             try:
@@ -313,6 +333,9 @@ class AgentManager(ChildHub):
                 if frame["k"] == LogRecord.kind:
                     relay_child_log("agent host", proc.pid, frame["b"])
                     continue
+                if frame["k"] == HostFailure.kind:
+                    handle.failure = HostFailure.model_validate(frame["b"]).why
+                    continue
                 reply = await self._forward(handle, frame)
                 proc.stdin.write(frames.encode(Reply.kind, frame["id"], reply.model_dump()))
                 await proc.stdin.drain()
@@ -323,10 +346,13 @@ class AgentManager(ChildHub):
             lines = handle.stderr.take()
         if handle.closed or handle.stopping:
             return None
+        handle.lasting = code in HOST_EXIT_LASTING
         for line in lines:
             log.warning("agent host of %s stderr: %s", handle.run_id, line)
-        log.warning("the agent host of %s ended: %s", handle.run_id, exit_text("agent host", code))
-        return lines[-1] if lines else exit_text("agent host", code)
+        ended = exit_text("agent host", code)
+        said = f": {handle.failure}" if handle.failure else ""
+        log.warning("the agent host of %s ended: %s%s", handle.run_id, ended, said)
+        return handle.failure or (lines[-1] if lines else ended)
 
     async def _forward(self, handle: HostHandle, frame: dict[str, Any]) -> Reply:
         """The writer command of the frame's kind under the segment's claim, deduplicated by the
@@ -353,6 +379,8 @@ class AgentManager(ChildHub):
             self.writer, kind, body, self.settings, self.clock, within_ms=self.settings.claim_ttl_ms
         )
         if reply.outcome in ("accepted", "adopted"):
+            if kind == "agent.turn" and body.get("phase") == "ended":
+                handle.turned = True
             if kind == "agent.close":
                 handle.closed = True
                 self.wake_scheduler()  # the run is claimable again (its next request waits for this host)
@@ -380,7 +408,11 @@ class AgentManager(ChildHub):
         if not handle.closed:
             if proc is not None and not handle.stopping:
                 self._failures += 1
-            body: dict[str, Any] = {"segment_id": handle.segment_id, "stopped_by_server": handle.stopping}
+            body: dict[str, Any] = {
+                "segment_id": handle.segment_id,
+                "stopped_by_server": handle.stopping,
+                "no_progress": not handle.stopping and self._given_up(handle),
+            }
             if detail is not None and not handle.stopping:
                 body["detail"] = BlobValue.of_text(detail[:2000]).model_dump()
             reply = await ask_while_unavailable(
@@ -395,9 +427,35 @@ class AgentManager(ChildHub):
                 log.warning("the end of an agent host was not recorded: %s", reply.outcome)
             elif (reply.receipt or {}).get("parkReason") == "agentNoProgress":
                 log.warning("%s parked agentNoProgress: %s", handle.run_id, detail or "the agent host ended")
+                self._forgive(handle.request_id)  # a resume starts the count again
+        else:
+            self._forgive(handle.request_id)
         self.active.pop(handle.request_id, None)
         self.wake()
         self.wake_scheduler()
+
+    def _given_up(self, handle: HostHandle) -> bool:
+        """Count a host that ended on its own (not closed, not stopped); whether its run parks: Pi
+        missing or refusing, or agent_host_failure_limit hosts in a row that finished no turn.
+        Otherwise the next host waits agent_host_backoff_ms, doubled for each in a row."""
+        in_a_row = 1 if handle.turned else self._unproductive.get(handle.request_id, 0) + 1
+        self._unproductive[handle.request_id] = in_a_row
+        if handle.lasting or in_a_row >= self.settings.agent_host_failure_limit:
+            return True
+        delay = self.settings.agent_host_backoff_ms * 2 ** (in_a_row - 1)
+        self._not_before[handle.request_id] = self.clock.now_ms() + delay
+        log.warning(
+            "%s: agent host %d of %d in a row ended without progress; the next starts in %d ms",
+            handle.run_id,
+            in_a_row,
+            self.settings.agent_host_failure_limit,
+            delay,
+        )
+        return False
+
+    def _forgive(self, request_id: str) -> None:
+        self._unproductive.pop(request_id, None)
+        self._not_before.pop(request_id, None)
 
     async def _renewal(self) -> None:
         while not self._stopping:

@@ -58,7 +58,10 @@ def _answer(request: client_v1.Request, reply: Reply) -> client_v1.Response:
         )
     if reply.outcome in ("accepted", "adopted") and receipt.get("status") == "rejected":
         code = receipt.get("errorCode") or "validationFailed"
-        return _refuse(request, CommandError(code, receipt.get("error") or "the output was rejected"))
+        error = receipt.get("error") or "the output was rejected"
+        if receipt.get("requestStatus") == "failed":
+            error += f" (rejection {receipt.get('rejections')}: the most an attempt takes; the step failed)"
+        return _refuse(request, CommandError(code, error))
     return client_v1.Response(
         requestId=request.requestId,
         outcome=reply.outcome,
@@ -74,6 +77,7 @@ async def submit(
     runs: RunControl,
     request: client_v1.Request,
     payload: client_v1.InteractionSubmitPayload,
+    max_rejections: int,
 ) -> client_v1.Response:
     output = BlobValue.of_client_json("value.output", payload.value.output)
     body = {
@@ -90,7 +94,7 @@ async def submit(
     if recorded.outcome not in ("accepted", "adopted") or receipt.get("status") != "validating":
         return _answer(request, recorded)  # refused, or a repeat of a settled submission
     faults.hit(faults.SUPERVISOR_AFTER_SUBMISSION_RECORDED)
-    settled = await settle(writer, resolvers, runs, receipt, payload.value.output)
+    settled = await settle(writer, resolvers, runs, receipt, payload.value.output, max_rejections)
     if payload.operator and settled.outcome == "accepted" and (settled.receipt or {}).get("status") == "accepted":
         runs.stop_agent_host(receipt["runId"])  # a host still on the step (a turn may hang) ends
     return _answer(request, settled)
@@ -102,9 +106,10 @@ async def settle(
     runs: RunControl,
     submitted: dict[str, Any],
     output: Any,
+    max_rejections: int,
 ) -> Reply:
     """Validate a recorded submission (``submitted``: interaction.submit's receipt) and commit the
-    verdict (C11); the writer's reply."""
+    verdict (C11); the writer's reply. The ``max_rejections``-th rejection fails the attempt."""
     verdict = await _validate(writer, resolvers, submitted, output)
     body: dict[str, Any] = {"actor": SERVER, "submission_id": submitted["submissionId"]}
     if verdict.ok:
@@ -112,10 +117,18 @@ async def settle(
     else:
         code = verdict.code if verdict.code == "validationFailed" else "validatorFailed"
         error = verdict.error or "the output was rejected"
-        body.update(verdict="rejected", error=BlobValue.of_text(error).model_dump(), error_code=code)
+        body.update(
+            verdict="rejected",
+            error=BlobValue.of_text(error).model_dump(),
+            error_code=code,
+            max_rejections=max_rejections,
+        )
     settled = await writer.request("interaction.settle", body)
     if settled.outcome in ("accepted", "adopted") and verdict.ok:
         runs.wake_scheduler()  # the run is queued: a runner continues after the step
+    elif settled.outcome == "accepted" and (settled.receipt or {}).get("requestStatus") == "failed":
+        runs.wake_scheduler()  # too many rejections failed the attempt: the run goes on
+        runs.stop_agent_host(submitted["runId"])  # its model may go on submitting
     return settled
 
 

@@ -425,7 +425,9 @@ class Router:
         self, request: client_v1.Request, payload: client_v1.InteractionSubmitPayload
     ) -> client_v1.Response:
         """An agent step's output from the workflow tool: recorded, validated, settled, answered."""
-        return await interactions.submit(self.writer, self.resolvers, self.runs, request, payload)
+        return await interactions.submit(
+            self.writer, self.resolvers, self.runs, request, payload, self.settings.agent_max_rejections
+        )
 
     async def interaction_update(
         self, request: client_v1.Request, payload: client_v1.InteractionUpdatePayload

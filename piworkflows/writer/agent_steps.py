@@ -318,6 +318,16 @@ def accept(
     requeue_run(conn, request.run_id, now)
 
 
+def rejections(conn: sqlite3.Connection, request_id: str) -> int:
+    """The request's judged rejections (not those that lost to another outcome unjudged)."""
+    (count,) = conn.execute(
+        "SELECT count(*) FROM interactive_submissions WHERE request_id = ? AND outcome = 'rejected' "
+        "AND receipt_digest IS NOT NULL",
+        (request_id,),
+    ).fetchone()
+    return int(count)
+
+
 def reject_validating(conn: sqlite3.Connection, request_id: str, now: int) -> None:
     """A submission still being validated loses to the request's other outcome (no verdict receipt)."""
     conn.execute(

@@ -432,7 +432,7 @@ def test_a_decided_or_stale_request_is_told_to_the_model(world, pi_command):
     ]
 
 
-def test_the_host_process_logs_to_its_supervisor_and_ends_with_its_declared_status(tmp_path):
+def test_the_host_process_tells_its_supervisor_why_and_ends_with_its_declared_status(tmp_path):
     agreed = contract("any", ExpectedOutput(kind="description", description="anything"))
     launch = launch_of(agreed, tmp_path, ["/nonexistent/pi"], str(tmp_path / "none.sock"))
     proc = subprocess.Popen(
@@ -451,9 +451,8 @@ def test_the_host_process_logs_to_its_supervisor_and_ends_with_its_declared_stat
     # Its declared status, not SIGABRT after a second's wait for its stdin reader at interpreter shutdown.
     assert proc.returncode == HOST_EXIT_PI_UNAVAILABLE, err.decode()[-2000:]
     logged = [frame for frame in frames.FrameDecoder().feed(out)]
-    assert [frame["k"] for frame in logged] == ["log"]
-    assert "pi-workflows setup pi" in logged[0]["b"]["message"]
-    assert "pi-workflows setup pi" in err.decode().strip().splitlines()[-1]  # the supervisor keeps the tail
+    assert [frame["k"] for frame in logged] == ["agent.failure"]  # its last word, for the park's detail
+    assert "pi-workflows setup pi" in logged[0]["b"]["why"]
 
 
 @pytest.mark.parametrize(

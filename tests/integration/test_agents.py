@@ -15,7 +15,8 @@ import pytest
 
 from piworkflows.testing.scripted_model import ScriptedModel
 from tests.engine_util import start, view, wait_status, write
-from tests.server_util import SCHEDULER_TICK, ServerProcess, query, serving, wait_until
+from tests.pi_util import agent_env, submit
+from tests.server_util import ServerProcess, query, serving, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,25 +38,6 @@ workflow = define_workflow(
     edges=[edge("plan", "fix"), edge("fix", "done")],
 )
 """
-
-
-def submit(output: Any) -> dict[str, Any]:
-    """A model turn that calls the workflow tool with ``output`` for the request it was given."""
-    arguments = {"action": "submit", "requestId": "${requestId}", "output": output}
-    return {"tool_calls": [{"name": "workflow", "arguments": arguments}]}
-
-
-def agent_env(tmp_path: Path, pi_command: list[str], model: ScriptedModel) -> dict[str, str]:
-    """A server's settings for agent steps on the real Pi and ``model`` (its first script's model)."""
-    return {
-        **SCHEDULER_TICK,
-        "HOME": str(tmp_path / "home"),
-        "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
-        "PI_CODING_AGENT_DIR": str(model.write_pi_config(tmp_path / "pi-agent")),
-        "PI_WORKFLOWS_AGENT_MODEL": f"scripted/{model.models()[0]}",
-        "PI_WORKFLOWS_ACTIVE_SAMPLE_MS": "100",
-        "PI_WORKFLOWS_AGENT_FLUSH_MS": "50",
-    }
 
 
 @pytest.fixture

@@ -46,3 +46,19 @@ def test_doctor_exits_1_naming_the_fix_without_pi(tmp_path: Path) -> None:
     done = doctor({"HOME": str(tmp_path), "PI_WORKFLOWS_PI_COMMAND": str(tmp_path / "missing-pi")}, "--offline")
     assert done.returncode == 1
     assert "pi:         does not run" in done.stdout and "probe:      skipped" in done.stdout
+
+
+def test_doctor_prints_pis_own_cause_when_the_model_has_no_key(tmp_path: Path, pi_command: list[str]) -> None:
+    """Pi says why first and then where its docs are: doctor shows the why and the way on."""
+    env = {
+        "HOME": str(tmp_path),
+        "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
+        "PI_CODING_AGENT_DIR": str(tmp_path / "empty-pi"),
+        "PI_WORKFLOWS_AGENT_MODEL": "anthropic/claude-sonnet-4-5",
+        "ANTHROPIC_API_KEY": "",
+    }
+    done = doctor(env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    probe = next(line for line in done.stdout.splitlines() if line.startswith("probe:"))
+    assert probe == "probe:      failed: No API key found for anthropic."
+    assert "'pi-workflows doctor' again" in done.stdout

@@ -189,7 +189,7 @@ def test_a_run_whose_agent_could_not_start_is_queued_with_the_recorded_cause(ste
         "status": "queued",
         "activity": None,
         "controls": ["resume", "cancel"],
-        "reason": "The agent could not start: " + cause,
+        "reason": "The agent made no progress: " + cause,
     }
     assert shown["piworkflows"]["parkReason"] == "agentNoProgress"
     consistent(executor)

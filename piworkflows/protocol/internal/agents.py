@@ -40,16 +40,21 @@ PI_ENTRY_ID = r"^[0-9a-f]{8}$"  # a Pi session entry id (session-format.md)
 MAX_EVENTS_PER_RECORD = 64
 MAX_ENTRIES_PER_RECORD = 16
 MAX_UPDATE_CHARS = 2000
+MAX_FAILURE_CHARS = 4000  # an agent host's failure, as a park's detail
 CHECKPOINT_EVERY = 256  # a viewer_session_checkpoints row at each multiple of this run_seq
 
 # How an agent host ends (its exit status). Done: the segment was closed (agent.close). Failed: a
 # report was refused (claimLost ...) or the host broke; Pi was killed. Pi unavailable: Pi could not
 # start here (missing, exited at once, no answer within agent_start_timeout_ms); the host's last
-# stderr line names the fix, and starting another host cannot help. Pi exited: Pi ended mid-segment.
+# failure names the fix, and starting another host cannot help. Pi exited: Pi ended mid-segment.
+# Pi refused: Pi answered the step's prompt with an error (no API key, an unknown model); as with
+# Pi unavailable, another host cannot help until someone changes Pi's configuration.
 HOST_EXIT_DONE = 0
 HOST_EXIT_FAILED = 1
 HOST_EXIT_PI_UNAVAILABLE = 3
 HOST_EXIT_PI_EXITED = 4
+HOST_EXIT_PI_REFUSED = 5
+HOST_EXIT_LASTING = frozenset({HOST_EXIT_PI_UNAVAILABLE, HOST_EXIT_PI_REFUSED})
 
 
 def _hash(*parts: str) -> str:
@@ -254,7 +259,8 @@ class AgentTurnFrame(Frame):
     ``reply`` the final visible text (an assistant-message step is accepted with it),
     ``elapsed_ms`` the interval's measured active time at the end. A command step's run (one
     turn) that gave no accepted output ends with ``error_code`` and ``error``: its attempt fails
-    so (a command is not reminded).
+    so (a command is not reminded). A turn Pi ended ``error`` (after its own retries) carries
+    Pi's message as ``provider_error``: the attempt fails ``providerError`` with it.
     """
 
     kind: ClassVar[str] = "agent.turn"
@@ -268,13 +274,17 @@ class AgentTurnFrame(Frame):
     elapsed_ms: int = Field(default=0, ge=0)
     error_code: CommandStepFailure | None = None
     error: BlobValue | None = None  # text: why the command's run failed
+    provider_error: BlobValue | None = None  # text: Pi's message of a turn that ended ``error``
 
     @model_validator(mode="after")
     def _shape(self) -> AgentTurnFrame:
         if (self.error_code is None) != (self.error is None):
             raise ValueError("a failed run carries its error code and its error, and only it does")
-        if self.error is not None and (self.phase != "ended" or self.error.media_type != MEDIA_TEXT):
-            raise ValueError("a turn's error is text, at its end")
+        for error in (self.error, self.provider_error):
+            if error is not None and (self.phase != "ended" or error.media_type != MEDIA_TEXT):
+                raise ValueError("a turn's error is text, at its end")
+        if self.provider_error is not None and self.stop_reason != "error":
+            raise ValueError("only a turn that ended with an error carries the provider's error")
         return self
 
 
@@ -344,13 +354,24 @@ class AgentClose(UnderSegmentClaim, AgentCloseFrame):
 
 class AgentExited(Command):
     """The supervisor saw the host of a recording segment end: the segment closes (open turn
-    ``lost``, open interval at its last observation). A host that committed nothing after
-    C3 and was not stopped parks the run ``agentNoProgress`` with ``detail`` as a notification."""
+    ``lost``, open interval at its last observation). A host that committed nothing after C3, or
+    one the supervisor gives up on (``no_progress``: Pi missing or refusing the step, or
+    agent_host_failure_limit hosts in a row that finished no turn), and that was not stopped,
+    parks the run ``agentNoProgress`` with ``detail`` as a notification."""
 
     kind: ClassVar[str] = "agent.exited"
     segment_id: Id
     stopped_by_server: bool = False
-    detail: BlobValue | None = None  # text: why (Pi missing, its last stderr line)
+    no_progress: bool = False
+    detail: BlobValue | None = None  # text: why (the host's failure in Pi's words, else its stderr)
+
+
+class HostFailure(Frame):
+    """An agent host's last frame when it ends early: why, in Pi's own words where Pi gave them
+    (the supervisor keeps it as the park's detail; it is not a writer command)."""
+
+    kind: ClassVar[str] = "agent.failure"
+    why: str = Field(max_length=MAX_FAILURE_CHARS)
 
 
 class AgentLaunch(Frame):
@@ -410,7 +431,8 @@ class InteractionsValidating(ReadCommand):
 
 class InteractionSettle(Command):
     """C11: the validator's verdict on a submission: accepted (the attempt completes with
-    ``output``) or rejected with the error the model can act on."""
+    ``output``) or rejected with the error the model can act on (at ``max_rejections`` the
+    attempt fails instead)."""
 
     kind: ClassVar[str] = "interaction.settle"
     submission_id: Id
@@ -418,6 +440,9 @@ class InteractionSettle(Command):
     output: BlobValue | None = None  # JSON: the accepted output (as validated)
     error: BlobValue | None = None  # text: why it was rejected
     error_code: SubmissionRejection | None = None
+    # the rejection that reaches this many judged rejections of the request fails its attempt
+    # tooManyRejections, naming this one (the supervisor's agent_max_rejections)
+    max_rejections: int = Field(default=20, ge=1)
 
     @model_validator(mode="after")
     def _shape(self) -> InteractionSettle:

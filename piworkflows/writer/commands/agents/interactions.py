@@ -11,7 +11,9 @@
                          (operator) the same, with no epoch and no live segment needed
     interaction.settle   (server) accepted -> submission, request and attempt complete, interval
                                   ends settlement, pending steps cancelled, run queued;
-                                  rejected -> submission rejected {errorCode, error}, request pending
+                                  rejected -> submission rejected {errorCode, error}, request pending;
+                                  the max_rejections-th judged rejection of the request fails
+                                  the attempt tooManyRejections naming it, run queued
     interaction.update   (model)  a ``progress`` update {message, progress?} (JSON)
 
 Each targets the run and is ``fenced_by_transition``: a waiting run has no
@@ -185,6 +187,14 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
         code = cmd.error_code or "validationFailed"
         verdict = {"errorCode": code, "error": cmd.error.data.decode("utf-8")}
         rejected = BlobValue.of_json(verdict)
+        count = agent_steps.rejections(conn, request_id) + 1
+        verdict["rejections"] = count
+        last: BlobValue | None = None
+        if count >= cmd.max_rejections:
+            last = BlobValue.of_text(
+                f"{count} submissions were rejected (at most {cmd.max_rejections} per attempt); "
+                f"the last, {code}: {verdict['error']}"
+            )
 
         def reject(stamp: Stamp) -> None:
             conn.execute(
@@ -192,15 +202,18 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
                 "WHERE submission_id = ?",
                 (rejected.digest, now, cmd.submission_id),
             )
-            agent_steps.set_request(conn, request, "pending", now)
-            projection.touch(conn, request.run_id)
+            if last is None:
+                agent_steps.set_request(conn, request, "pending", now)
+                projection.touch(conn, request.run_id)
+            else:
+                agent_steps.fail(conn, request, "failed", "tooManyRejections", last, None, tx.actor, now)
 
         return Change(
             event_type="interaction.rejected",
             apply=reject,
             blobs=[rejected],
             event_payload=rejected.digest,
-            receipt={**receipt, "status": "rejected", **verdict},
+            receipt={**receipt, "status": "rejected", **verdict, "requestStatus": "failed" if last else "pending"},
         )
 
 

@@ -11,7 +11,8 @@
     agent.close          segment closed, claim released, open interval ends ``disconnect``,
                          open turn ``lost``
     agent.exited         the same from the supervisor, the interval at its last observation;
-                         a host that committed nothing after C3 parks the run agentNoProgress
+                         a host that committed nothing after C3, or one the supervisor gave up
+                         on (no_progress), parks the run agentNoProgress
 
 The same step on the branch as the same entry adopts; as another entry it is
 ``entryMismatch``.
@@ -221,8 +222,9 @@ class SegmentExited(ResourceHandler[AgentExited]):
         request = find_request(conn, request_id_of(segment.attempt_id))
         status, is_paused, park_reason, _, _ = run_row(tx, segment.run_id)
         # nothing after C3: every report advances the segment's revision, a batch its event count
-        silent = resource.revision == 1 and segment.event_count == 0 and not cmd.stopped_by_server
-        park = silent and request.status == "pending" and status == "waiting" and not is_paused and not park_reason
+        silent = resource.revision == 1 and segment.event_count == 0
+        waits = request.status == "pending" and status == "waiting" and not is_paused and not park_reason
+        park = (silent or cmd.no_progress) and not cmd.stopped_by_server and waits
         detail = (cmd.detail or BlobValue.of_text(NO_PROGRESS)) if park else None
         lease = records.get_lease(conn, segment.segment_id)
 

@@ -11,6 +11,8 @@
              otherwise, the budget spent -> timed out (the turn's end is its last sample)
              a command step's run        -> attempt failed with the run's error_code (a command
                                             is not reminded), run queued
+             Pi ended it ``error``       -> attempt failed providerError with Pi's message (Pi
+                                            retried what it retries), run queued
              otherwise, under 2 reminders -> a reminder step (source workflow_turn)
              otherwise                   -> attempt failed missingSubmission, run queued
 
@@ -119,6 +121,9 @@ def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
         else:
             problem = reply_problem(contract, cmd.reply)
             failure = ("validationFailed", BlobValue.of_text(f"the command's output was not accepted: {problem}"))
+    elif unproductive and not timed_out and cmd.stop_reason == "error":  # a reminder would fail alike
+        said = cmd.provider_error.data.decode("utf-8", "replace") if cmd.provider_error else "no message"
+        failure = ("providerError", BlobValue.of_text(f"the model's turn failed: {said}"))
     elif unproductive and not timed_out and not agent_steps.pending_steps(conn, request.request_id):
         # (a pending step left: the host still has it to send)
         count = agent_steps.reminders(conn, request.request_id)
