@@ -182,8 +182,7 @@ def submit(paths: StatePaths, run_id: str, node: str, output_json: str, as_json:
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
     pending = view["piworkflows"]["pending"]
     if pending is None or pending["kind"] in ("checkpoint", "human_decision") or pending["nodePath"] != node:
-        waits = f"it waits at {pending['nodePath']!r}" if pending else "it waits at no step"
-        raise click.BadParameter(f"{run_id} does not wait at an agent step {node!r}; {waits}", param_hint="NODE")
+        raise click.BadParameter(story.not_here(run_id, node, "agent", pending), param_hint="NODE")
     wanted = pending["request"]
     if wanted["expectedOutput"]["kind"] == "assistant-message":
         raise click.BadParameter(f"{node!r} takes the agent's visible reply, not a submitted output")

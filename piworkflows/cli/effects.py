@@ -83,8 +83,15 @@ def effect_confirm(paths: StatePaths, effect_id: str, note: str, output_json: st
     if output_json is not None:
         payload["output"] = json_argument(output_json, '{"ok": true}', "--output")
     response = request(paths, "effect.confirm", payload, idempotency_key=f"effect.confirm:{effect_id}")
+    code = (response.receipt or {}).get("code") if isinstance(response.receipt, dict) else None
+    if response.outcome == "conflict" and code in ("winnerDecided", "idempotencyKeyReused"):
+        if _effect(paths, effect_id)["status"] == "applied":  # confirmed before (another note), or it ran
+            click.echo(f"{effect_id} is already applied")
+            return
     accepted(response)
-    click.echo(f"{effect_id} confirmed applied" + (" (already)" if response.outcome == "adopted" else ""))
+    click.echo(
+        f"{effect_id} " + ("was already confirmed applied" if response.outcome == "adopted" else "confirmed applied")
+    )
 
 
 @effect_group.command("retry")

@@ -16,6 +16,7 @@ from piworkflows.cli.base import (
     accepted,
     check,
     check_run_id,
+    command_line,
     connection,
     fail,
     json_argument,
@@ -206,18 +207,33 @@ def decide(paths: StatePaths, run_id: str, node: str, choice: str, text: str | N
     if text is not None and not 1 <= len(text) <= 4000:
         raise click.BadParameter("--input takes 1-4000 characters", param_hint="--input")
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
-    pending = (view.get("piworkflows") or {}).get("pending") or {}
+    pending = view["piworkflows"]["pending"]
+    if pending is not None and (pending["kind"] != "human_decision" or pending["nodePath"] != node):
+        fail(story.not_here(run_id, node, "human_decision", pending))
     payload: dict[str, Any] = {"nodePath": node, "choice": choice, "source": "operator"}
     if text is not None:
         payload["input"] = text
-    key = None
-    if pending.get("kind") == "human_decision" and pending.get("nodePath") == node:
-        decision_id = pending["decision"]["decisionId"]
-        payload["decisionId"] = decision_id
-        answered = hashlib.sha256(canonical.dumps_bytes([choice, text])).hexdigest()[:32]
-        key = f"decide:{decision_id}:{answered}"  # the same answer again adopts its receipt
-    receipt = accepted(request(paths, "decision.answer", payload, run_id=run_id, idempotency_key=key))
-    click.echo(canonical.dumps(receipt) if as_json else f"decided {receipt['choice']}; {run_id} continues")
+    visit = "latest"
+    if pending is not None:  # this visit's decision only: a later visit of the node is another decision
+        visit = payload["decisionId"] = pending["decision"]["decisionId"]
+    # The key is the answer's: the same answer again adopts its receipt (and the writer adopts a
+    # repeat of the answer that won, whatever its key).
+    answered = hashlib.sha256(canonical.dumps_bytes([run_id, node, choice, text])).hexdigest()[:32]
+    response = request(paths, "decision.answer", payload, run_id=run_id, idempotency_key=f"decide:{visit}:{answered}")
+    receipt = accepted(response)
+    if as_json:
+        click.echo(canonical.dumps(receipt))
+        return
+    # with no decision waiting the writer accepts only a repeat of the answer that won
+    done = "already decided" if response.outcome == "adopted" or pending is None else "decided"
+    click.echo(f"{done} {receipt['choice']}; {_goes_on(run_id, view)}")
+
+
+def _goes_on(run_id: str, before: dict[str, Any]) -> str:
+    """What the run does after an answer: it continues, or it stays paused until resumed."""
+    if before["display"]["status"] == "paused":
+        return f"{run_id} stays paused: resume it with '{command_line('run', 'resume', run_id)}'"
+    return f"{run_id} continues"
 
 
 @main.command("answer")
@@ -232,5 +248,9 @@ def answer(paths: StatePaths, run_id: str, node: str, answer_json: str, as_json:
     Example: pi-workflows answer run-0123abcd ask '{"continue": true}'
     """
     value = json_argument(answer_json, '{"continue": true}', "ANSWER_JSON")
+    view = accepted(request(paths, "run.status", {}, run_id=run_id))
+    pending = view["piworkflows"]["pending"]
+    if pending is not None and (pending["kind"] != "checkpoint" or pending["nodePath"] != node):
+        fail(story.not_here(run_id, node, "checkpoint", pending))
     receipt = accepted(request(paths, "checkpoint.answer", {"nodePath": node, "answer": value}, run_id=run_id))
-    click.echo(canonical.dumps(receipt) if as_json else f"answered; {run_id} continues")
+    click.echo(canonical.dumps(receipt) if as_json else f"answered; {_goes_on(run_id, view)}")

@@ -118,6 +118,41 @@ def answer_command(run_id: str, node_path: str) -> str:
     return command_line("answer", run_id, node_path) + " 'JSON'"
 
 
+# What a run's pending step is, in words, by the view's pending kind.
+WAIT_KINDS = {
+    "checkpoint": "a checkpoint",
+    "human_decision": "a protected human decision",
+    "agent": "an agent step",
+    "decision": "an agent's decision",
+}
+
+
+def wait_command(run_id: str, pending: dict[str, Any]) -> str:
+    """The one command that moves a waiting step on, by its kind: ``answer`` a checkpoint,
+    ``decide`` a protected human decision (its choices named), ``submit`` an agent step's output."""
+    kind, node = pending["kind"], pending["nodePath"]
+    if kind == "checkpoint":
+        return answer_command(run_id, node)
+    if kind == "human_decision":
+        choices = pending["decision"]["choices"]
+        text = " [--input TEXT]" if any(choice["input"] for choice in choices.values()) else ""
+        return command_line("decide", run_id, node) + f" CHOICE{text} (CHOICE: {', '.join(choices)})"
+    return command_line("submit", run_id, node) + " 'JSON'"
+
+
+def not_here(run_id: str, node: str, wanted: str, pending: dict[str, Any] | None) -> str:
+    """Why a command for ``wanted`` (a kind of WAIT_KINDS) at NODE does not apply, naming where the
+    run waits and the command that does apply there."""
+    if pending is None:
+        return f"{run_id} waits at no step now; see it with '{command_line('run', 'status', run_id)}'"
+    what = WAIT_KINDS.get(pending["kind"], pending["kind"])
+    if pending["nodePath"] == node:
+        where = f"'{node}' is {what}, not {WAIT_KINDS[wanted]}"
+    else:
+        where = f"{run_id} waits at {what}, '{pending['nodePath']}', not at '{node}'"
+    return f"{where}; use: {wait_command(run_id, pending)}"
+
+
 def question(run_id: str, step: dict[str, Any], indent: int) -> list[str]:
     """A checkpoint's request (its summary and details); while it waits, the command that answers it."""
     request = step.get("request")

@@ -91,7 +91,7 @@ class Follower:
                         "status": "waiting",
                         "request": current.get("request"),
                     },
-                    current,
+                    {**current, "pending": view["piworkflows"].get("pending")},  # what waits, for its command
                 )
             )
         if status in TERMINAL_RUN_STATUSES and not self.ended:
@@ -125,10 +125,11 @@ def event_lines(event: dict[str, Any], step: dict[str, Any] | None) -> list[str]
         return [story.cut(line, story.WIDTH)]
     if step["nodeType"] in AGENT_NODE_KINDS:  # the server's agent works on it: the run goes on
         return [story.cut(f"{story.clock(step['startedAt'])}  {label} waits for its agent's result", story.WIDTH)]
-    return [
-        story.cut(f"{event['runId']} waits at {step['nodeId']}", story.WIDTH),
-        *story.question(event["runId"], step, indent=2),
-    ]
+    waits = story.cut(f"{event['runId']} waits at {step['nodeId']}", story.WIDTH)
+    pending = step.get("pending")
+    if pending is not None and pending["kind"] == "human_decision":  # decided, never answered
+        return [waits, *story.decision_wait(event["runId"], pending, indent=2)]
+    return [waits, *story.question(event["runId"], step, indent=2)]
 
 
 class _LiveLine:

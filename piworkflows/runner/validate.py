@@ -10,6 +10,9 @@ own workflow code (docs/agents.md, flow step 8).
         JSON Schema       jsonschema, the schema's $schema (else Draft 2020-12)
         pydantic model    model_validate; the accepted output is its model_dump(mode="json")
         validate(output)  when declared, on the accepted output
+        the route         a switch on the output must have a case for it (the run would fail)
+    (``checkpoint_answer``: a checkpoint's answer; only its route is checked, and a node that is no
+     checkpoint is left to the writer, which says where the run waits)
     <── validation Validation (ok + output, or the error text the model can act on)
 
 An error names where the output is wrong and what is wrong (the first few
@@ -27,7 +30,9 @@ import pydantic
 from piworkflows.protocol.internal.resolver import ValidateRequest, Validation
 from piworkflows.runner.run import load_checked, source_of
 from piworkflows.workflows import failures
-from piworkflows.workflows.nodes import AgentNode, AssistantMessage, is_pydantic_model
+from piworkflows.workflows.compiler import CompiledWorkflow
+from piworkflows.workflows.nodes import AgentNode, AssistantMessage, CheckpointNode, is_pydantic_model
+from piworkflows.workflows.routing import route
 
 MAX_ERRORS = 3  # schema errors named in a rejection
 MAX_ERROR_TEXT = 2000
@@ -52,9 +57,24 @@ def validate(request: ValidateRequest) -> Validation:
     if compiled is None:
         return _refused("the workflow's code changed since the run started", "workflowSourceChanged")
     node = compiled.nodes.get(request.node_path)
-    if not isinstance(node, AgentNode):
+    if request.checkpoint_answer:
+        if not isinstance(node, CheckpointNode):
+            return Validation(ok=True, output=request.output)
+        verdict = Validation(ok=True, output=request.output)
+    elif not isinstance(node, AgentNode):
         return _refused(f"node '{request.node_path}' is not an agent step of the run's workflow", "validatorFailed")
-    return check_output(node, request.output)
+    else:
+        verdict = check_output(node, request.output)
+    return _routed(compiled, request.node_path, verdict) if verdict.ok else verdict
+
+
+def _routed(compiled: CompiledWorkflow, node_path: str, verdict: Validation) -> Validation:
+    """An accepted output that no case of the node's switch takes is refused: accepted, it would
+    fail the run with routingError after the node completed."""
+    routing_error = route(compiled, node_path, "ok", verdict.output).routing_error
+    if routing_error is None:
+        return verdict
+    return _refused(f"no route takes this value: {routing_error.partition(': ')[2]}")
 
 
 def check_output(node: AgentNode, output: Any) -> Validation:

@@ -31,6 +31,7 @@ from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.internal.resolver import Validation
 from piworkflows.protocol.internal.runs import RunSource
 from piworkflows.protocol.internal.writer import Reply
+from piworkflows.supervisor.registry import ChildNotRecorded
 from piworkflows.supervisor.resolver import Unanswered
 from piworkflows.supervisor.seams import RunControl, WorkflowResolvers, WriterRequests
 
@@ -135,16 +136,24 @@ async def settle(
 async def _validate(
     writer: WriterRequests, resolvers: WorkflowResolvers, submitted: dict[str, Any], output: Any
 ) -> Validation:
-    state = await writer.request("run.resume_state", {"actor": SERVER, "run_id": submitted["runId"]})
+    return await judge(writer, resolvers, submitted["runId"], submitted["nodePath"], output)
+
+
+async def judge(
+    writer: WriterRequests, resolvers: WorkflowResolvers, run_id: str, node_path: str, output: Any, answer: bool = False
+) -> Validation:
+    """The run's own workflow code on a submitted output (``answer``: on a checkpoint's answer,
+    whose route only is checked) in a resolver child; refused ``validatorFailed`` when it could not
+    judge."""
+    state = await writer.request("run.resume_state", {"actor": SERVER, "run_id": run_id})
     if state.outcome != "accepted" or state.receipt is None:
         return Validation(ok=False, error="the run's workflow could not be read to judge the output")
     run = state.receipt
     try:
-        return await resolvers.validate(
-            run["projectPath"], RunSource.of_view(run["source"]), run["definitionDigest"], submitted["nodePath"], output
-        )
-    except Unanswered as exc:
-        log.warning("the validator of %s did not answer: %s", submitted["runId"], exc)
+        source = RunSource.of_view(run["source"])
+        return await resolvers.validate(run["projectPath"], source, run["definitionDigest"], node_path, output, answer)
+    except (Unanswered, ChildNotRecorded) as exc:
+        log.warning("the validator of %s did not answer: %s", run_id, exc)
         return Validation(ok=False, error=f"the output could not be validated ({exc}); submit it again")
 
 

@@ -148,21 +148,29 @@ class Resolvers:
         return answer
 
     async def validate(
-        self, project_path: str, source: RunSource, definition_digest: str, node_path: str, output: Any
+        self,
+        project_path: str,
+        source: RunSource,
+        definition_digest: str,
+        node_path: str,
+        output: Any,
+        answer: bool = False,
     ) -> Validation:
-        """The run's workflow code judges an agent step's submitted output (runner/validate.py);
-        Unanswered if it took longer than validate_timeout_ms or the child broke (the caller
-        rejects the submission ``validatorFailed``)."""
+        """The run's workflow code judges an agent step's submitted output, or the route of a
+        checkpoint's ``answer`` (runner/validate.py); Unanswered if it took longer than
+        validate_timeout_ms or the child broke (the caller rejects the submission
+        ``validatorFailed``)."""
         request = ValidateRequest(
             project_path=project_path,
             source=source,
             definition_digest=definition_digest,
             node_path=node_path,
             output=output,
+            checkpoint_answer=answer,
         )
-        answer = await self._ask(request, self.settings.validate_timeout_ms, "validating the output")
-        assert isinstance(answer, Validation)
-        return answer
+        verdict = await self._ask(request, self.settings.validate_timeout_ms, "validating the output")
+        assert isinstance(verdict, Validation)
+        return verdict
 
     async def _ask(
         self, request: ResolverRequest, timeout_ms: int | None = None, doing: str = "loading the workflow code"

@@ -382,6 +382,17 @@ class Router:
         if request.runId is None:
             return refuse(request, CommandError("validationFailed", "checkpoint.answer names the run in runId"))
         answer = BlobValue.of_client_json("answer", payload.answer)
+        stored = await self.stored_answer(request)  # a retry of a committed answer is not judged again
+        if stored is not None:
+            return stored
+        # An answer no route takes would complete the node and then fail the run (routingError):
+        # refused here, the run unchanged. When the code cannot judge (it changed, it broke) the
+        # answer goes on, and the runner reports what it finds.
+        verdict = await interactions.judge(
+            self.writer, self.resolvers, request.runId, payload.nodePath, payload.answer, answer=True
+        )
+        if not verdict.ok and verdict.code == "validationFailed":
+            return refuse(request, CommandError("validationFailed", f"the answer was refused: {verdict.error}"))
         body: dict[str, Any] = {
             "actor": client_actor(request),
             "client_receipt": receipt_key(request),

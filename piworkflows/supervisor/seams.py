@@ -111,7 +111,13 @@ class WorkflowResolvers(Protocol):
     async def list_workflows(self, project_path: str) -> WorkflowListing: ...
 
     async def validate(
-        self, project_path: str, source: RunSource, definition_digest: str, node_path: str, output: Any
+        self,
+        project_path: str,
+        source: RunSource,
+        definition_digest: str,
+        node_path: str,
+        output: Any,
+        answer: bool = False,
     ) -> Validation: ...
 
 

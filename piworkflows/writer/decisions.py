@@ -113,6 +113,26 @@ def winner(conn: sqlite3.Connection, run_id: str, node_path: str) -> dict[str, A
     return named
 
 
+def answered_so(
+    conn: sqlite3.Connection, run_id: str, node_path: str, choice: str, text: str | None
+) -> dict[str, Any] | None:
+    """When the node's newest resolved decision was won by a human with exactly this response: the
+    receipt its answer had (the run's status now); else None."""
+    row = conn.execute(
+        "SELECT d.decision_id, d.attempt_id, r.resolution_kind, r.response_digest, runs.status "
+        "FROM human_decisions d JOIN node_attempts a ON a.attempt_id = d.attempt_id "
+        "JOIN human_decision_resolutions r ON r.decision_id = d.decision_id JOIN runs ON runs.run_id = d.run_id "
+        "WHERE d.run_id = ? AND a.node_path = ? ORDER BY r.resolved_at DESC LIMIT 1",
+        (run_id, node_path),
+    ).fetchone()
+    if row is None or row[2] != "human" or row[3] is None:
+        return None
+    response = {"choice": choice} if text is None else {"choice": choice, "input": text}
+    if records.read_json(conn, row[3]) != response:
+        return None
+    return {"attemptId": row[1], "status": row[4], "decisionId": row[0], "resolution": "human", "choice": choice}
+
+
 def check_response(decision: Decision, choice: str, text: str | None) -> dict[str, Any]:
     """The response ``{choice, input?}`` when it is one the decision takes; else validationFailed."""
     choices = decision.request["choices"]

@@ -576,4 +576,7 @@ def test_a_repeated_cli_confirm_is_harmless(ledger, server, project):
     assert wait_status(server, run_id, "completed", "failed")["display"]["status"] == "completed"
     again = server.cli("effect", "confirm", effect_id, *CONFIRM_NOTE)
     assert again.returncode == 0, again.stderr
-    assert "confirmed applied (already)" in again.stdout
+    assert again.stdout.strip() == f"{effect_id} was already confirmed applied"
+    other = server.cli("effect", "confirm", effect_id, "--note", "another look at the log")
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == f"{effect_id} is already applied"

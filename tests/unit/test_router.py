@@ -274,7 +274,9 @@ def test_an_adopted_stop_of_an_older_epoch_is_not_carried_out():
 class Judge(NoResolvers):
     """A validator that accepts an output whose summary is a string (else it is refused)."""
 
-    async def validate(self, project_path: str, source: Any, digest: str, node_path: str, output: Any) -> Any:
+    async def validate(
+        self, project_path: str, source: Any, digest: str, node_path: str, output: Any, answer: bool = False
+    ) -> Any:
         from piworkflows.protocol.internal.resolver import Validation
 
         if isinstance(output.get("summary"), str):

@@ -125,9 +125,11 @@ def test_a_run_parked_because_its_agent_could_not_start_is_queued_with_the_cause
         "status": "queued",
         "activity": None,
         "controls": ["resume", "cancel"],
-        "reason": "The agent could not start: " + cause,
+        "reason": "The agent made no progress: " + cause,
     }
-    assert display(facts(park_reason="agentNoProgress"))["reason"] == "The agent could not start: no cause was recorded"
+    assert (
+        display(facts(park_reason="agentNoProgress"))["reason"] == "The agent made no progress: no cause was recorded"
+    )
     assert display(facts(status="waiting", paused=True, park_reason="agentNoProgress"))["status"] == "paused"
     assert display(facts(status="cancelled", park_reason="agentNoProgress"))["status"] == "cancelled"
 

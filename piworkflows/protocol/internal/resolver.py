@@ -145,8 +145,9 @@ class WorkflowListRequest(ResolverRequest):
 
 
 class ValidateRequest(ResolverRequest):
-    """To a resolver child: judge an agent step's submitted output with the run's workflow (loaded
-    from its source as a runner loads it; a changed source or digest is refused)."""
+    """To a resolver child: judge an agent step's submitted output (or a checkpoint's answer) with
+    the run's workflow (loaded from its source as a runner loads it; a changed source or digest is
+    refused)."""
 
     kind: ClassVar[str] = "validate"
     answer: ClassVar[type[Frame]] = Validation
@@ -155,6 +156,7 @@ class ValidateRequest(ResolverRequest):
     definition_digest: str  # "sha256:<hex>"
     node_path: str = Field(min_length=1, max_length=1024)
     output: Any = None  # the submitted JSON value
+    checkpoint_answer: bool = False  # the output is a checkpoint's answer: only its route is checked
 
 
 # What a resolver child answers, by kind.

@@ -9,15 +9,16 @@ from piworkflows.protocol.internal.base import BlobValue
 from piworkflows.protocol.internal.decisions import DecisionAnswer, DecisionExpire, DecisionNext
 from piworkflows.writer import decisions, records
 from piworkflows.writer.commands.runs import run_target
-from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx
+from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
 
 HUMANS = frozenset({"operator", "human"})  # the actor classes whose answer resolves a decision
 
 
 class AnswerDecision(ResourceHandler[DecisionAnswer]):
     """One winner: a verified human's answer completes the node while its deadline has not passed;
-    a later or other answer is a conflict naming the winner. A model's answer is refused and never
-    competes; an undeclared client is told to declare its human."""
+    the same answer again adopts it; a later other answer is a conflict naming the winner. A
+    model's answer is refused and never competes; an undeclared client is told to declare its
+    human."""
 
     model = DecisionAnswer
     actors = frozenset({"client", "model", "operator", "human"})
@@ -36,6 +37,9 @@ class AnswerDecision(ResourceHandler[DecisionAnswer]):
             )
         decision = decisions.waiting(conn, cmd.run_id, cmd.node_path)
         if decision is None or (cmd.decision_id is not None and cmd.decision_id != decision.decision_id):
+            repeat = decisions.answered_so(conn, cmd.run_id, cmd.node_path, cmd.choice, cmd.input)
+            if repeat is not None and cmd.decision_id in (None, repeat["decisionId"]):
+                return adoption({"runId": cmd.run_id, **repeat})  # this answer won already
             _refuse(tx, cmd)
         assert decision is not None
         response = decisions.check_response(decision, cmd.choice, cmd.input)

@@ -469,7 +469,8 @@ def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
     """Why no checkpoint NODE waits: it was answered, or the run waits elsewhere (named in the
     details ``waitingNode`` and the sentence) or nowhere."""
     row = conn.execute(
-        "SELECT node_path FROM node_attempts WHERE run_id = ? AND attempt_status = 'waiting'", (cmd.run_id,)
+        "SELECT node_path, node_kind FROM node_attempts WHERE run_id = ? AND attempt_status = 'waiting'",
+        (cmd.run_id,),
     ).fetchone()
     waiting = {"waitingNode": row[0]} if row is not None else {}
     answered = conn.execute(
@@ -484,12 +485,11 @@ def _refuse_answer(conn: sqlite3.Connection, cmd: CheckpointAnswer) -> NoReturn:
         )
     if row is None:
         raise CommandError("notWaiting", f"run {cmd.run_id} does not wait at any checkpoint", nodePath=cmd.node_path)
-    raise CommandError(
-        "notWaiting",
-        f"run {cmd.run_id} waits at node '{row[0]}', not '{cmd.node_path}'",
-        nodePath=cmd.node_path,
-        **waiting,
-    )
+    if row[0] == cmd.node_path:  # it waits there, at another kind of node
+        said = f"node '{row[0]}' ({row[1]}) waits for an agent's output, not an answer: submit it (interaction.submit)"
+    else:
+        said = f"run {cmd.run_id} waits at node '{row[0]}' ({row[1]}), not at '{cmd.node_path}'"
+    raise CommandError("notWaiting", said, nodePath=cmd.node_path, **waiting)
 
 
 HANDLERS = (StartNode(), FinishNode(), FinishRun(), WaitNode(), ReserveNodeEffect(), AnswerCheckpoint())
