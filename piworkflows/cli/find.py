@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from piworkflows import canonical
-from piworkflows.cli.base import accepted, main, request, say, span, visible
+from piworkflows.cli.base import accepted, fail, main, request, say, span, visible
 from piworkflows.isotime import epoch_ms
 from piworkflows.paths import StatePaths
 from piworkflows.states import RUN_STATUS_VALUES
@@ -173,13 +173,15 @@ def workflows(paths: StatePaths, project: str, as_json: bool) -> None:
     """List every workflow the server would find: the project's, the user dir's and the
     built-ins, with its source and description. A name found twice is shadowed by the first
     (run start finds that one; builtin:NAME still reaches a built-in). A module that does not
-    load is listed with its file, line and what went wrong.
+    load is listed with its file, line and what went wrong, and the command then exits 1 (a
+    check for CI).
 
     Example: pi-workflows workflows --project ~/src/app
     """
     receipt = accepted(request(paths, "workflow.list", {"projectPath": os.path.abspath(project)}))
     if as_json:
         click.echo(canonical.dumps(receipt))
+        _lint(receipt)
         return
     say(f"project workflows: {receipt['projectDirectory']}")
     say(f"user workflows:    {receipt['userDirectory']}")
@@ -194,6 +196,14 @@ def workflows(paths: StatePaths, project: str, as_json: bool) -> None:
             say("    " + _cut(item["description"], 76))
     if receipt["truncated"]:
         say(f"(only the first {len(receipt['items'])}: list them with --json, or look in the directories)")
+    _lint(receipt)
+
+
+def _lint(receipt: dict[str, Any]) -> None:
+    """Exit 1 when a module does not load, so the listing works as a check (after the list)."""
+    broken = [item["name"] for item in receipt["items"] if item["error"] is not None]
+    if broken:
+        fail(f"{len(broken)} workflow module{'s' * (len(broken) > 1)} did not load: {', '.join(broken)}")
 
 
 @main.group("workflow")

@@ -12,6 +12,7 @@ import click
 from piworkflows import canonical
 from piworkflows.cli import run_view, story, watch
 from piworkflows.cli.base import (
+    ANSWER_WAIT_S,
     EXIT_RUNTIME,
     accepted,
     check,
@@ -76,11 +77,14 @@ def run_start(paths: StatePaths, workflow: str, project: str, input_json: str, a
     }
     check("run.start", payload)
     try:
-        with WorkflowClient(paths.state_dir) as client:
+        with WorkflowClient(paths.state_dir, timeout=ANSWER_WAIT_S) as client:
             client.ensure_running()
             response = client.request("run.start", payload)
     except StartFailed as exc:
         start_failed(exc)
+    except TimeoutError:  # it runs but did not answer: never "no server" nor a bare "timed out"
+        status = command_line("server", "status")
+        fail(f"the server did not answer within {ANSWER_WAIT_S:g} s; '{status}' shows whether it is busy or stuck")
     except (ServerNotRunning, ServerRefused, OSError, ConnectionError) as exc:
         fail(str(exc))
     receipt = accepted(response)

@@ -70,8 +70,11 @@ class _Refused(Exception):
         self.code = code
 
 
-def _compiled(workflow_name: str, project_path: str) -> tuple[discovery.ResolvedSource, CompiledWorkflow]:
-    """The source ``workflow_name`` finds and its compiled workflow, or _Refused saying why not."""
+def _compiled(
+    workflow_name: str, project_path: str, module_timeout_ms: int
+) -> tuple[discovery.ResolvedSource, CompiledWorkflow]:
+    """The source ``workflow_name`` finds and its compiled workflow, or _Refused saying why not (a
+    module that takes more than ``module_timeout_ms`` to load is named)."""
     try:
         source = discovery.resolve(workflow_name, Path(project_path))
     except discovery.WorkflowNotFound as exc:
@@ -79,7 +82,14 @@ def _compiled(workflow_name: str, project_path: str) -> tuple[discovery.Resolved
     except (OSError, WorkflowDefinitionError) as exc:  # unreadable, or a built-in without REVISION
         raise _Refused("invalidDefinition", str(exc)) from None
     try:
-        return source, discovery.compiled(source)
+        with _within(module_timeout_ms):
+            return source, discovery.compiled(source)
+    except _TookTooLong:
+        message = (
+            f"the workflow module {source.path} did not load within {module_timeout_ms / 1000:g} s "
+            "(a statement at import that blocks?); fix it, then try again"
+        )
+        raise _Refused("invalidDefinition", message) from None
     except LOAD_FAILURES as exc:
         invalid = isinstance(exc, WorkflowDefinitionError)
         prefix = "the workflow definition is invalid: " if invalid else "the workflow module failed to load: "
@@ -88,7 +98,7 @@ def _compiled(workflow_name: str, project_path: str) -> tuple[discovery.Resolved
 
 def resolve(request: ResolveRequest) -> Resolution:
     try:
-        source, compiled = _compiled(request.workflow_name, request.project_path)
+        source, compiled = _compiled(request.workflow_name, request.project_path, request.module_timeout_ms)
     except _Refused as refused:
         return Resolution(ok=False, code=refused.code, message=str(refused))
     title = None
@@ -111,7 +121,7 @@ def resolve(request: ResolveRequest) -> Resolution:
 
 def show(request: WorkflowShowRequest) -> WorkflowShown:
     try:
-        source, compiled = _compiled(request.workflow_name, request.project_path)
+        source, compiled = _compiled(request.workflow_name, request.project_path, request.module_timeout_ms)
     except _Refused as refused:
         return WorkflowShown(ok=False, code=refused.code, message=str(refused))
     return WorkflowShown(

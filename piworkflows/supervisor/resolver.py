@@ -115,7 +115,9 @@ class Resolvers:
         if key is not None and (kept := self._kept.get(key)) is not None:
             self._kept.move_to_end(key)
             return kept
-        request = ResolveRequest(project_path=project_path, workflow_name=workflow_name, input=input_value)
+        request = ResolveRequest(
+            project_path=project_path, workflow_name=workflow_name, input=input_value, module_timeout_ms=self._module_ms
+        )
         answer = await self._ask_definition(request)
         assert isinstance(answer, Resolution)
         if key is not None and answer.ok and answer.title is None and answer.source == key[1]:
@@ -125,7 +127,9 @@ class Resolvers:
         return answer
 
     async def show(self, project_path: str, workflow_name: str) -> WorkflowShown:
-        request = WorkflowShowRequest(project_path=project_path, workflow_name=workflow_name)
+        request = WorkflowShowRequest(
+            project_path=project_path, workflow_name=workflow_name, module_timeout_ms=self._module_ms
+        )
         answer = await self._ask_definition(request)
         assert isinstance(answer, WorkflowShown)
         return answer
@@ -138,12 +142,16 @@ class Resolvers:
         except Unanswered as exc:
             return request.answer.model_validate({"ok": False, "code": "invalidDefinition", "message": str(exc)})
 
+    @property
+    def _module_ms(self) -> int:
+        """How long one module may take to load: a third of the request's time, so that a module
+        that hangs is named (and, in a listing, the others still listed)."""
+        return max(1, self.settings.resolve_timeout_ms // 3)
+
     async def list_workflows(self, project_path: str) -> WorkflowListing:
         """Every workflow of the project, the user dir and the built-ins; Unanswered if the child
         took too long (a module that hangs) or broke."""
-        # a third of the request's time per module: a module that hangs is listed, not the whole list lost
-        module_ms = max(1, self.settings.resolve_timeout_ms // 3)
-        answer = await self._ask(WorkflowListRequest(project_path=project_path, module_timeout_ms=module_ms))
+        answer = await self._ask(WorkflowListRequest(project_path=project_path, module_timeout_ms=self._module_ms))
         assert isinstance(answer, WorkflowListing)
         return answer
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -27,8 +28,8 @@ pytestmark = [
 HELLO = 'from piworkflows.workflows import *\nworkflow = define_workflow("hello", "a", {"a": compute(lambda c: 1)})\n'
 
 
-def json_lines(result) -> list[dict]:
-    assert result.returncode == 0, result.stderr
+def json_lines(result, code: int = 0) -> list[dict]:
+    assert result.returncode == code, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
@@ -177,7 +178,7 @@ def user_server(tmp_path: Path, sources: dict[str, Path]):
 
 
 def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_server, project, sources):
-    (receipt,) = json_lines(user_server.cli("workflows", "--project", str(project), "--json"))
+    (receipt,) = json_lines(user_server.cli("workflows", "--project", str(project), "--json"), code=1)
     assert (receipt["projectDirectory"], receipt["userDirectory"]) == (str(sources["project"]), str(sources["user"]))
     assert receipt["truncated"] is False
     rows = [(item["name"], item["origin"], item["shadowedBy"], item["error"] is None) for item in receipt["items"]]
@@ -205,7 +206,8 @@ def test_workflows_lists_project_user_and_builtin_sources_with_shadowing(user_se
     assert (error["file"], error["line"]) == (str(sources["project"] / "syntax.workflow.py"), 2)
 
     table = user_server.cli("workflows", "--project", str(project))
-    assert table.returncode == 0, table.stderr
+    assert table.returncode == 1, table.stderr  # a module does not load: a check fails
+    assert table.stderr == "pi-workflows: 2 workflow modules did not load: imports, syntax\n"
     lines = table.stdout.splitlines()
     assert (
         lines[0] == f"project workflows: {sources['project']}" and lines[1] == f"user workflows:    {sources['user']}"
@@ -274,7 +276,7 @@ def test_a_module_that_fails_to_load_is_reported_with_file_and_line_everywhere(u
         for text in says:
             assert text in result.stderr, (text, result.stderr)
         assert "piworkflows/" not in result.stderr and "Traceback" not in result.stderr  # no frames of ours
-    (receipt,) = json_lines(user_server.cli("workflows", "--project", str(project), "--json"))
+    (receipt,) = json_lines(user_server.cli("workflows", "--project", str(project), "--json"), code=1)
     (item,) = [item for item in receipt["items"] if (item["name"], item["origin"]) == (name, "project")]
     assert (item["error"]["file"], item["error"]["line"]) == (str(path), line)
     assert all(text in item["error"]["text"] for text in says)
@@ -379,3 +381,37 @@ def test_the_new_reads_follow_the_protocol_rules(user_server, project):
         again = client.request("workflow.list", {"projectPath": str(project)}, idempotency_key="same")
         assert (listed.outcome, again.outcome) == ("accepted", "accepted")  # a read: answered anew, never adopted
     assert query(user_server, "SELECT count(*) FROM host_commands") == [(0,)]
+
+
+HANGS = """
+import time
+time.sleep(3600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_module_that_hangs_at_import_is_named_not_taken_for_a_missing_server(tmp_path, project):
+    """run start names the module that did not load in time (the server runs and answers); the
+    listing names it too and exits 1; piped into head, the listing ends quietly."""
+    (project / ".pi" / "workflows" / "hangs.workflow.py").write_text(HANGS)
+    env = {"HOME": str(tmp_path / "home"), "PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000"}
+    with serving(tmp_path / "s", env) as server:
+        started = server.cli("run", "start", "hangs", "--project", str(project))
+        assert started.returncode == 1
+        said = " ".join(started.stderr.split())
+        assert (
+            f"the workflow module {project / '.pi' / 'workflows' / 'hangs.workflow.py'} did not load within 1 s" in said
+        )
+        assert "no server" not in said and "timed out" not in said
+        listed = server.cli("workflows", "--project", str(project))
+        assert listed.returncode == 1 and "hangs: did not load within 1 s" in listed.stdout
+        assert listed.stderr == "pi-workflows: 1 workflow module did not load: hangs\n"
+        piped = subprocess.run(
+            f"{shlex.join(server.cli_command('workflows', '--project', str(project)))} | head -1",
+            shell=True,
+            capture_output=True,
+            text=True,
+            env=server.env,
+            timeout=60,
+        )
+        assert piped.stdout.startswith("project workflows:") and piped.stderr == ""

@@ -121,6 +121,7 @@ class ResolveRequest(ResolverRequest):
     answer: ClassVar[type[Frame]] = Resolution
     project_path: str
     workflow_name: str
+    module_timeout_ms: int = Field(default=10_000, ge=1)  # the module's load, named when it takes longer
     input: Any = None
 
 
@@ -131,6 +132,7 @@ class WorkflowShowRequest(ResolverRequest):
     answer: ClassVar[type[Frame]] = WorkflowShown
     project_path: str
     workflow_name: str
+    module_timeout_ms: int = Field(default=10_000, ge=1)  # the module's load, named when it takes longer
 
 
 class WorkflowListRequest(ResolverRequest):
