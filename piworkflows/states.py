@@ -54,6 +54,9 @@ PARK_REASONS = frozenset(
 )
 # What a runner itself may ask its run to park for when it exits (runner.exited park_reason).
 RUNNER_PARK_REASONS = frozenset({"workflowSourceChanged", "effectAmbiguous"})
+# Parks whose runner exit recorded why (the run view's parkDetail): what a runner that made no
+# progress left, or what changed in the run's source.
+DETAILED_PARKS = frozenset({"runnerNoProgress", "workflowSourceChanged"})
 EXECUTION_MODES = frozenset({"headless", "interactive"})
 RUN_LINEAGES = frozenset({"root", "restart", "recovery", "child"})
 RUNNER_OUTCOMES = frozenset({"exited", "cancelled", "timedOut", "crashed", "claimLost", "orphaned"})

@@ -356,9 +356,18 @@ def _reason(view: dict[str, Any]) -> list[str]:
         return []
     parked = "parked" if view["piworkflows"]["parkReason"] and display["status"] == "queued" else None
     label = ACTIVITY_WORDS.get(display["activity"], display["activity"]) or parked or display["status"]
+    run_id, reason = view["runId"], view["piworkflows"]["parkReason"]
+    if reason == "workflowSourceChanged":  # the way on: the old file back, or a new run of the new one
+        lines = block(label, detail or display["reason"], 2)
+        lines += command("restore the file, then", command_line("run", "resume", run_id), 2)
+        source = view["state"]["workflowSource"]
+        name = source["id"] if source["kind"] == "builtin" else view["state"]["workflowName"]
+        start = command_line("run", "start", name, "--project", view["piworkflows"]["projectPath"])
+        lines += command("or start anew", f"{command_line('run', 'cancel', run_id)}; {start} --input JSON", 2)
+        return lines
     lines = block(label, display["reason"], 2) + (block("runner", detail, 4) if detail else [])
     if parked and "resume" in display["controls"]:
-        lines += command("once that is fixed", command_line("run", "resume", view["runId"]), 2)
+        lines += command("once that is fixed", command_line("run", "resume", run_id), 2)
     return lines
 
 
@@ -390,7 +399,9 @@ def story(view: dict[str, Any]) -> list[str]:
     lines += _reason(view)
     if ours["title"]:
         lines += block("title", ours["title"], 2)
-    lines += [f"  source: {_source(view)}", f"  project: {ours['projectPath']}", *_times(view), *_result(view)]
+    lines += [f"  source: {_source(view)}", f"  project: {ours['projectPath']}"]
+    lines += block("input", json_text(view["state"]["input"]), 2)
+    lines += [*_times(view), *_result(view)]
     steps, effects, total = run_view.steps(view), ours["effects"], view["stepTotal"]
     earlier = f" (the last {len(steps)}; run logs shows all)" if len(steps) < total else ""
     lines.append(f"  steps: {total}{earlier}" if steps else "  steps: none yet")

@@ -97,33 +97,56 @@ class Channel:
 
 
 def source_of(source: RunSource, project_path: str) -> discovery.ResolvedSource | None:
-    """The run's source as its bytes are now, or None if it changed since the run started."""
+    """The run's source as its bytes are now (its file may have changed since the run started:
+    ``load_checked`` judges by the definition), or None when its file or built-in is gone."""
     if source.source_kind == "file":
         assert source.source_path is not None
         path = Path(source.source_path)
-        data = path.read_bytes() if path.is_file() else b""
-        if hashlib.sha256(data).digest() != source.source_sha256:
+        if not path.is_file():
             return None
+        data = path.read_bytes()
         return discovery.ResolvedSource(
-            discovery.SourceIdentity("file", source.source_path, source.source_sha256),
+            discovery.SourceIdentity("file", source.source_path, hashlib.sha256(data).digest()),
             path.name.removesuffix(discovery.SUFFIX),
             path,
             data,
         )
     assert source.builtin_id is not None
     try:
-        resolved = discovery.resolve(source.builtin_id, Path(project_path))
+        return discovery.resolve(source.builtin_id, Path(project_path))
     except discovery.WorkflowNotFound:
         return None
-    return resolved if resolved.identity.builtin_revision == source.builtin_revision else None
 
 
 def load_checked(resolved: discovery.ResolvedSource | None, definition_digest: str) -> CompiledWorkflow | None:
-    """The run's workflow, or None if its code changed since the run started."""
+    """The run's workflow, or None when its definition changed since the run started. A source
+    whose compiled definition is the same (a comment, a function's body) goes on: the definition
+    (nodes, edges, effects) is what the run's stored steps were recorded against."""
     if resolved is None:
         return None
     compiled = discovery.compiled(resolved)
     return compiled if compiled.digest == definition_digest else None
+
+
+def source_changed(source: RunSource, resolved: discovery.ResolvedSource | None, definition_digest: str) -> str:
+    """Why a run cannot go on with its source as it is now: what changed, in words."""
+    name = (
+        f"builtin:{source.builtin_id}" if source.source_kind == "builtin" else f"the workflow file {source.source_path}"
+    )
+    if resolved is None:
+        return f"{name} is gone since the run started"
+    now = discovery.compiled(resolved).digest
+    return (
+        f"{name} changed since the run started, and its definition (nodes, edges, effects) with it: "
+        f"{definition_digest[:19]}... then, {now[:19]}... now"
+    )
+
+
+def _same_source(source: RunSource, resolved: discovery.ResolvedSource) -> bool:
+    identity = resolved.identity
+    if source.source_kind == "file":
+        return identity.source_sha256 == source.source_sha256
+    return identity.builtin_revision == source.builtin_revision
 
 
 def _source_name(launch: RunnerLaunch) -> str:
@@ -370,8 +393,12 @@ def run(channel: Channel, launch: RunnerLaunch) -> RunnerExiting:
         text = f"the workflow module failed to load: {said}"  # the report starts with the file (and line)
         return end_run(channel, RunFinishFrame(end_status="failed", error_code="loadFailed", error=_text(text)))
     if compiled is None:
-        log.warning("%s: its workflow source changed since the run started; it parks", launch.run_id)
-        return RunnerExiting(park_reason="workflowSourceChanged")
+        detail = source_changed(launch.source, resolved, launch.definition_digest)
+        log.warning("%s parks: %s", launch.run_id, detail)
+        return RunnerExiting(park_reason="workflowSourceChanged", detail=detail)
+    assert resolved is not None
+    if not _same_source(launch.source, resolved):
+        log.info("%s: its workflow source changed, its definition did not: it goes on", launch.run_id)
     outputs: dict[str, Any] = {}
     results: dict[str, Any] = {}
     visits: dict[str, int] = {}

@@ -5,7 +5,8 @@ own workflow code (docs/agents.md, flow step 8).
 
     supervisor ── validate ValidateRequest (project, source, digest, node path, output) ──> child
         load the run's workflow as a runner does (runner/run.py source_of, load_checked):
-            changed since the run started ─> refused, workflowSourceChanged (its code is not run)
+            its definition changed since the run started ─> refused, workflowSourceChanged (a
+            changed file with the same definition is judged by the file as it is now)
         decision          {"route": <one of its choices>}, nothing else
         JSON Schema       jsonschema, the schema's $schema (else Draft 2020-12)
         pydantic model    model_validate; the accepted output is its model_dump(mode="json")
@@ -55,7 +56,7 @@ def validate(request: ValidateRequest) -> Validation:
         said = failures.describe(exc, resolved).text if resolved else f"{type(exc).__name__}: {exc}"
         return _refused(f"the workflow module failed to load: {said}", "validatorFailed")
     if compiled is None:
-        return _refused("the workflow's code changed since the run started", "workflowSourceChanged")
+        return _refused("the workflow's definition changed since the run started", "workflowSourceChanged")
     node = compiled.nodes.get(request.node_path)
     if request.checkpoint_answer:
         if not isinstance(node, CheckpointNode):

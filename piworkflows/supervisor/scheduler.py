@@ -94,7 +94,7 @@ class RunnerHandle:
     stop_after_effect: bool = False  # paused while an effect applies: let it settle, then stop
     record_ended: bool = False  # a commit ended the runner record with the run's end or wait: no exit to record
     awaiting: asyncio.Event | None = None  # the runner waits for the pool to settle an effect
-    failure: str | None = None  # why no runner could be launched (the park detail: no process said it)
+    failure: str | None = None  # the park detail: why no runner could be launched, or why it asked to park
 
 
 @dataclass
@@ -379,7 +379,9 @@ class Scheduler:
 
     async def _exiting(self, handle: RunnerHandle, frame: dict[str, Any]) -> None:
         """The runner is done with its run; it may ask the run to park."""
-        handle.park_reason = RunnerExiting.model_validate(frame["b"]).park_reason or handle.park_reason
+        exiting = RunnerExiting.model_validate(frame["b"])
+        handle.park_reason = exiting.park_reason or handle.park_reason
+        handle.failure = exiting.detail or handle.failure  # the park's detail
         handle.done = True
 
     async def _request_agent(self, handle: RunnerHandle, frame: dict[str, Any]) -> Reply:

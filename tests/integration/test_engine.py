@@ -107,7 +107,9 @@ def test_a_changed_source_parks_the_run(tmp_path, project):
         first = start(server, project, "blocking", {"flag": str(flag)})
         wait_until(lambda: blocked_in_wait(server, first), what="the wait node running")
         second = start(server, project, "tenstep")  # queued: the only runner slot is busy
-        write(project, "tenstep", TENSTEP + "\n# edited after the run started\n")
+        changed = TENSTEP.replace('"n0", nodes, edges)', '"n0", nodes, edges, max_steps=99)')  # a new definition
+        assert changed != TENSTEP
+        write(project, "tenstep", changed)
         flag.write_text("go")
         parked = wait_until(
             lambda: (v := view(server, second))["piworkflows"]["parkReason"] == "workflowSourceChanged" and v,

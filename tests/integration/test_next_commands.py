@@ -124,3 +124,36 @@ def test_an_answer_to_an_agent_step_names_submit(tmp_path: Path, server, project
         refused = client.request("checkpoint.answer", {"nodePath": "fix", "answer": {}}, run_id=run_id)
     assert refused.receipt["code"] == "notWaiting"
     assert "'fix' (agent) waits for an agent's output, not an answer" in refused.error
+
+
+def test_a_source_edit_that_keeps_the_definition_does_not_park(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    path = project / ".pi" / "workflows" / "ask.workflow.py"
+    path.write_text("# a comment, and a function body that changed\n" + CHECKPOINT.replace("go on?", "go on now?"))
+    assert server.cli("answer", run_id, "ask", '{"go": true}').returncode == 0
+    done = wait_status(server, run_id, "completed", "failed", "queued")
+    assert done["display"]["status"] == "completed", done["display"]
+    assert done["state"].get("finalOutput") == {"answered": True}
+
+
+def test_a_changed_definition_parks_saying_what_changed_and_the_way_on(server, project):
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    path = project / ".pi" / "workflows" / "ask.workflow.py"
+    path.write_text(CHECKPOINT.replace('"no": compute(', '"extra": compute(lambda ctx: 1),\n    "no": compute('))
+    assert server.cli("answer", run_id, "ask", '{"go": true}').returncode == 0
+    wait_until(lambda: view(server, run_id)["piworkflows"]["parkReason"] == "workflowSourceChanged", what="the park")
+    status = _said(server.cli("run", "status", run_id))
+    assert f"the workflow file {path} changed since the run started, and its definition" in status
+    assert f"restore the file, then: pi-workflows --state-dir {server.state_dir} run resume {run_id}" in status
+    assert f"run cancel {run_id}; pi-workflows --state-dir {server.state_dir} run start ask --project" in status
+    # resumed with the file still changed, it parks again with the same words: it never runs new code
+    assert server.cli("run", "resume", run_id).returncode == 0
+    wait_until(lambda: view(server, run_id)["piworkflows"]["parkReason"] == "workflowSourceChanged", what="again")
+    write(project, "ask", CHECKPOINT)  # restored
+    assert server.cli("run", "resume", run_id).returncode == 0
+    done = wait_status(server, run_id, "completed", "failed")
+    assert done["display"]["status"] == "completed" and done["state"].get("finalOutput") == {"answered": True}

@@ -114,9 +114,8 @@ def test_workflow_code_that_prints_or_hangs_cannot_harm_the_server(server: Serve
     assert start(server, {"projectPath": str(project), "workflowName": "noisy"}).outcome == "accepted"
     write_workflow(project, "hangs", "import time\ntime.sleep(600)\n")
     hung = start(server, {"projectPath": str(project), "workflowName": "hangs"})
-    assert hung.outcome == "rejected" and "too long" in hung.error
-    roles = [c["role"] for c in server.registry()["children"] if c["role"] != "outbox"]
-    assert roles == ["writer"]  # the resolver was ended
+    assert hung.outcome == "rejected" and "hangs.workflow.py did not load within" in hung.error
+    assert start(server, {"projectPath": str(project), "workflowName": "noisy"}).outcome == "accepted"  # served on
     with server.client() as client:
         assert client.request("server.status").outcome == "accepted"
 

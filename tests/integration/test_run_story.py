@@ -119,7 +119,7 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
 def test_an_answer_for_another_node_names_the_node_that_waits(server, project):
     run_id = start_waiting(server, project)
     wrong = server.cli("answer", run_id, "prepare", '{"go": true}')
-    assert wrong.returncode == 1 and f"run {run_id} waits at node 'ask', not 'prepare'" in wrong.stderr
+    assert wrong.returncode == 1 and f"{run_id} waits at a checkpoint, 'ask', not at 'prepare'" in wrong.stderr
     with server.client() as client:
         refused = client.request("checkpoint.answer", {"nodePath": "prepare", "answer": {}}, run_id=run_id)
         assert (

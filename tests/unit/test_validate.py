@@ -174,13 +174,17 @@ def test_an_assistant_message_step_or_an_unknown_node_cannot_be_judged(project: 
     assert "'nowhere' is not an agent step" in rejected(verdict(project, "nowhere", 1), "validatorFailed")
 
 
-def test_a_changed_source_or_digest_is_refused_and_its_code_not_run(project: Path) -> None:
+def test_a_changed_definition_or_digest_is_refused_and_a_same_definition_judges(project: Path) -> None:
     before = request(project, "code", {"boom": True})
     path = project / ".pi" / "workflows" / "checks.workflow.py"
-    path.write_text(path.read_text() + "\nraise SystemExit('must not run')\n")
+    path.write_text(path.read_text() + "\n# a comment: the definition is the same\n")
+    same = resolve.answer("validate", before.model_dump())
+    assert isinstance(same, Validation) and same.code != "workflowSourceChanged", same
+    extended = textwrap.dedent(WORKFLOW).replace('"reply":', '"added": agent("More.", "anything"), "reply":', 1)
+    path.write_text(extended)
     changed = resolve.answer("validate", before.model_dump())
     assert changed == Validation(
-        ok=False, error="the workflow's code changed since the run started", code="workflowSourceChanged"
+        ok=False, error="the workflow's definition changed since the run started", code="workflowSourceChanged"
     )
     path.write_text(textwrap.dedent(WORKFLOW))
     other = resolve.answer("validate", request(project, "code", {}, digest="sha256:" + "0" * 64).model_dump())

@@ -78,6 +78,7 @@ class RunnerExiting(Frame):
 
     kind: ClassVar[str] = "exiting"
     park_reason: RunnerParkReason | None = None
+    detail: str | None = Field(default=None, max_length=2000)  # why it parks, in words (what changed)
 
 
 # What a runner sends, by kind.

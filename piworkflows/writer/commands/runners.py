@@ -32,7 +32,7 @@ from piworkflows.protocol.internal.runners import (
     RunnerExited,
     RunnerSpawned,
 )
-from piworkflows.states import TERMINAL_RUN_STATUSES
+from piworkflows.states import DETAILED_PARKS, TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
@@ -218,8 +218,9 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
         }
         if available_at is not None:
             receipt.update(availableAt=available_at, deaths=deaths)
-        # Why it parked, for the run view (piworkflows.parkDetail): only with a runnerNoProgress park.
-        detail = detail if park == "runnerNoProgress" else None
+        # Why it parked, for the run view (piworkflows.parkDetail): a runner that made no progress, or
+        # what changed in the run's source.
+        detail = detail if park in DETAILED_PARKS else None
         return Change(
             event_type="runner.exited",
             apply=apply,

@@ -36,7 +36,7 @@ from typing import Any
 
 from piworkflows.isotime import iso, iso_or_none
 from piworkflows.protocol.internal.runners import MAX_PARK_DETAIL_BYTES
-from piworkflows.states import MEDIA_JSON
+from piworkflows.states import DETAILED_PARKS, MEDIA_JSON
 from piworkflows.writer import records
 from piworkflows.writer.views.content import REFERENCE_BYTES, STATE_VALUE_BYTES, RunValues, reference
 from piworkflows.writer.views.display import REASON_BYTES, display
@@ -209,7 +209,7 @@ def head(conn: sqlite3.Connection, run_id: str, values: RunValues, session: bool
         "restartNumber": restart_number,
         "status": facts.status,
         "parkReason": facts.park_reason,
-        "parkDetail": _park_detail(conn, run_id) if facts.park_reason == "runnerNoProgress" else None,
+        "parkDetail": _park_detail(conn, run_id) if facts.park_reason in DETAILED_PARKS else None,
         "errorCode": error_code,
         "durationMs": finished - started if started is not None and finished is not None else None,
         "currentStep": current,
@@ -541,7 +541,8 @@ def _checkpoint(conn: sqlite3.Connection, run_id: str, values: RunValues) -> dic
 
 
 def _park_detail(conn: sqlite3.Connection, run_id: str) -> str | None:
-    """What the runner that parked the run left (its last stderr line), from the latest runner exit."""
+    """What the runner that parked the run left (its last stderr line, or what changed in the
+    run's source), from the latest runner exit."""
     row = conn.execute(
         "SELECT payload_digest FROM events WHERE resource_id = ? AND event_type = 'runner.exited' "
         "ORDER BY resource_revision DESC LIMIT 1",
