@@ -184,8 +184,9 @@ def _new_absolute_dir(ctx: click.Context, param: click.Parameter, value: str) ->
     callback=_new_absolute_dir,
     help="A new absolute directory on the same filesystem (created 0700) the files move into.",
 )
+@click.option("--yes", is_flag=True, help="Move a healthy database too, without asking.")
 @click.pass_obj
-def state_reset(paths: StatePaths, backup_dir: Path) -> None:
+def state_reset(paths: StatePaths, backup_dir: Path, yes: bool) -> None:
     """With the server stopped, move state.sqlite with its -wal and -shm into a new directory.
 
     The spec's instruction for an incompatible state as one command: it holds
@@ -193,14 +194,23 @@ def state_reset(paths: StatePaths, backup_dir: Path) -> None:
     state.sqlite opens read-only (changing no byte; if it does not, move it by
     hand), renames the files (state.sqlite first) into --backup and prints
     each move. Nothing is copied or deleted. The next 'pi-workflows server
-    start' creates a new database.
+    start' creates a new database. A database the server could still use
+    (this build's schema, undamaged) moves only after a yes on a terminal, or
+    with --yes.
 
     Example: pi-workflows state reset --backup /home/me/pi-workflows-state-2026-12-02/
     """
     from piworkflows.writer import reset
 
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"{question} stdin is not a terminal: pass --yes to move it")
+        return click.confirm(question, default=False)
+
     try:
-        moved = reset.reset(paths, backup_dir)
+        moved = reset.reset(paths, backup_dir, confirm)
     except (reset.ResetRefused, OSError) as exc:
         fail(str(exc))
     for source, target in moved:

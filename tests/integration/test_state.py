@@ -305,4 +305,9 @@ def test_state_reset_moves_an_incompatible_database_aside_and_the_next_start_cre
     finally:
         assert server.stop() == 0, server.output()
     check_state(state_dir)
+    healthy = server.cli("state", "reset", "--backup", str(tmp_path / "again"))  # no terminal, no --yes
+    assert healthy.returncode == 2 and "is healthy" in healthy.stderr and "pass --yes" in healthy.stderr
+    assert (state_dir / "state.sqlite").exists() and not (tmp_path / "again").exists()
+    moved = server.cli("state", "reset", "--backup", str(tmp_path / "again"), "--yes")
+    assert moved.returncode == 0 and not (state_dir / "state.sqlite").exists(), moved.stderr
     assert (backup / "state.sqlite").read_bytes() == files["state.sqlite"]  # never touched again
