@@ -77,14 +77,26 @@ def _read(path: Path) -> dict[str, str]:
     return secrets
 
 
+def value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a secret, or None. A secret travels as an HTTP header value or in a
+    URL (a bot token), so it is printable ASCII (spaces and tabs inside allowed): then it also has
+    one byte form, the one a scrub finds in any answer."""
+    if not value:
+        return "an empty secret is not stored"
+    if not value.isascii() or any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+        return "a secret is printable ASCII (no line break or other control character): no header can carry it"
+    return None
+
+
 def store_secret(name: str, value: str) -> Path:
     """Set secret ``name`` in ``paths.credentials_file()`` (made, with its directory 0700, when
     missing), keeping the others: written whole to a new 0600 file, synced, renamed over the old.
     Refuses an existing file that is unsafe or not of its shape. Returns the file's path."""
     if not valid_name(name):
         raise CredentialsError(f"invalid secret name {name!r}: use letters, digits, '_', '.', '-' (max 128)")
-    if not value:
-        raise CredentialsError("an empty secret is not stored")
+    problem = value_problem(value)
+    if problem is not None:
+        raise CredentialsError(problem)
     path = paths.credentials_file()
     directory = path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -91,6 +91,12 @@ class StatePaths:
     def log(self) -> Path:
         return self.host_dir / "server.log"
 
+    @property
+    def pi_tmp(self) -> Path:
+        """TMPDIR of agent hosts and their Pi (0700): Pi's extension cache (jiti) goes there, never
+        into a /tmp/jiti that other users share."""
+        return self.host_dir / "pi-tmp"
+
 
 # sockaddr_un.sun_path holds 108 bytes on Linux, one of them the terminating NUL.
 SOCKET_PATH_LIMIT = 107

@@ -62,7 +62,7 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> int
     type=click.Choice(RUN_STATUS_VALUES),
     help="Only runs with this durable status; repeat for several.",
 )
-@click.option("--workflow", help="Only runs of this workflow (its name: demo for builtin:demo).")
+@click.option("--workflow", help="Only runs of this workflow: its name (demo), or builtin:NAME for the built-in only.")
 @click.option(
     "--since",
     callback=_since,

@@ -25,6 +25,7 @@ from piworkflows.cli.base import EXIT_RUNTIME, accepted, check, fail, visible, v
 from piworkflows.cli.runs import run_group
 from piworkflows.cli.watch import settled
 from piworkflows.client import ClientError, ServerNotRunning, ServerRefused, WorkflowClient
+from piworkflows.isotime import iso_or_none
 from piworkflows.paths import StatePaths
 from piworkflows.states import MEDIA_JSON
 from piworkflows.views.watch import RunWatch, WatchEnded
@@ -58,6 +59,8 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
     out = sys.stdout.buffer
     with WorkflowClient(paths.state_dir, retry_for=0) as client, _watch(paths, run_id, follow) as watch:
         ask = asker(client, paths, run_id)
+        if node is not None:
+            _known_node(ask, run_id, node)
         emit: Emit = _raw(out, ask, only) if only else _json(out, ask) if as_json else _human(out, ask)
         after = None
         while True:
@@ -73,6 +76,16 @@ def run_logs(paths: StatePaths, run_id: str, node: str | None, follow: bool, onl
                 if only is None and not as_json:
                     _line(out, f"== {run_id} {status}" + (f" ({reason})" if reason else ""))
                 sys.exit(0 if status == "completed" else EXIT_RUNTIME)
+
+
+def _known_node(ask: Ask, run_id: str, node: str) -> None:
+    """NODE must be a node of the run's workflow: a typo is an error naming the nodes, not "no steps"."""
+    workflow = ask("run.status", {})["workflow"]
+    nodes = workflow["nodes"]
+    if nodes and node not in nodes:  # (a definition too large to inline lists none: not checked)
+        raise click.BadParameter(
+            f"{run_id} has no node {node!r}; its nodes: {', '.join(sorted(nodes))}", param_hint="NODE"
+        )
 
 
 @contextlib.contextmanager
@@ -190,6 +203,7 @@ def _json(out: IO[bytes], ask: Ask) -> Emit:
     def emit(step: dict[str, Any]) -> None:
         texts = {name: data.decode("utf-8") for name, (_, data) in _streams(ask, step).items()}
         whole = {**step, "output": _output(ask, step), **{name: texts.get(name) for name in STREAMS}}
+        whole |= {name: iso_or_none(step[name]) for name in ("startedAt", "finishedAt")}  # ISO, as everywhere
         _line(out, canonical.dumps(whole))
         out.flush()
 

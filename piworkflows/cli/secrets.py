@@ -36,6 +36,9 @@ def secrets_set(name: str) -> None:
     value = value[:-1] if value.endswith("\n") else value
     if not value:
         raise click.UsageError("no value on standard input: pipe it in, e.g. printf '%s' \"$TOKEN\" | ...")
+    problem = credentials.value_problem(value)
+    if problem is not None:  # before anything is written; the value itself is never echoed
+        raise click.UsageError(f"{problem}; pipe in the value alone, e.g. printf '%s' \"$TOKEN\" | ...")
     try:
         path = credentials.store_secret(name, value)
     except credentials.CredentialsError as exc:

@@ -29,7 +29,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from piworkflows import canonical, faults
-from piworkflows.credentials import CredentialsError, drop_partial_secret, load_secret, scrub, valid_name
+from piworkflows.credentials import (
+    CredentialsError,
+    drop_partial_secret,
+    load_secret,
+    scrub,
+    valid_name,
+    value_problem,
+)
 from piworkflows.performers import Outcome
 
 PERFORMER = "http.request"
@@ -157,8 +164,7 @@ class HttpPerformer:
                     headers[name] = value  # checked when the payload was made
                     continue
                 headers[name] = secrets[value["secret"]] = load_secret(value["secret"])
-                # Printable ASCII: a secret then has one byte form, the one a scrub finds in any answer.
-                if _BAD_VALUE.search(headers[name]) or not headers[name].isascii():
+                if value_problem(headers[name]) is not None:  # stored before the rule, or edited by hand
                     raise CredentialsError(f"the secret for header {name!r} is not a valid header value")
         except CredentialsError as exc:
             return Outcome("rejected", error=str(exc), error_code="secretUnavailable")

@@ -346,7 +346,8 @@ class RunListPayload(Payload):
     """run.list: newest first; ``cursor`` is the previous page's cursor. The filters combine: runs
     of ``projectPath``, whose durable status (not the display status: a paused or ambiguous run
     is queued, running or waiting underneath) is one of ``status``, of ``workflowName`` (the
-    compiled name, ``demo`` for ``builtin:demo``), created at or after ``since`` (epoch ms)."""
+    compiled name; ``builtin:demo`` for the runs of that built-in only), created at or after
+    ``since`` (epoch ms)."""
 
     projectPath: str | None = Field(default=None, min_length=1, max_length=4096, pattern=r"^/")
     status: list[Literal[RUN_STATUS_VALUES]] | None = Field(default=None, min_length=1, max_length=7)  # type: ignore[valid-type]

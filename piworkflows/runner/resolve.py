@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from piworkflows import faults
+from piworkflows import canonical, faults
 from piworkflows.protocol import domain, frames
 from piworkflows.protocol.child_log import relay_logs
 from piworkflows.protocol.internal.base import Frame
@@ -107,6 +107,8 @@ def resolve(request: ResolveRequest) -> Resolution:
             title = domain.text(str(compiled.workflow.title(NodeContext(input=request.input))))[:1000]
         except LOAD_FAILURES as exc:
             message = "the title function failed: " + failures.describe(exc, source).text
+            if not isinstance(request.input, dict):  # the likely cause, shown: not the title's fault
+                message = f"{_not_an_object(request.input)}: the title function expects an object ({message})"
             return Resolution(ok=False, code="titleFailed", message=message)
     return Resolution(
         ok=True,
@@ -117,6 +119,15 @@ def resolve(request: ResolveRequest) -> Resolution:
         title=title,
         max_steps=compiled.workflow.max_steps,
     )
+
+
+def _not_an_object(value: Any) -> str:
+    """The run input that is no JSON object, shown (cut) with its JSON type."""
+    kinds = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "JSON null"}
+    kind = kinds.get(type(value), "a JSON number")
+    text = canonical.dumps(value)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    return f'the run input is {shown}, {kind}, not an object: pass e.g. --input \'{{"key": "value"}}\''
 
 
 def show(request: WorkflowShowRequest) -> WorkflowShown:

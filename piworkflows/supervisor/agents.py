@@ -47,10 +47,12 @@ import shlex
 import signal
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from piworkflows import canonical, faults
 from piworkflows.agents.pi import NEEDS_PI, find_pi
+from piworkflows.paths import ensure_private_dir
 from piworkflows.protocol import frames
 from piworkflows.protocol.internal.agents import (
     HOST_EXIT_LASTING,
@@ -113,9 +115,18 @@ class ReadyHost:
 
 
 class AgentManager(ChildHub):
-    def __init__(self, wiring: HubWiring, *, socket_path: str, resolvers: WorkflowResolvers, runs: RunControl) -> None:
+    def __init__(
+        self,
+        wiring: HubWiring,
+        *,
+        socket_path: str,
+        resolvers: WorkflowResolvers,
+        runs: RunControl,
+        tmp_dir: Path | None = None,
+    ) -> None:
         super().__init__(wiring)  # host.json records agent host groups; a settled request wakes its run
         self.socket_path = socket_path  # the workflow tool in Pi submits here (client.v1)
+        self.tmp_dir = tmp_dir  # TMPDIR of the hosts and their Pi (StatePaths.pi_tmp); None: inherited
         self.resolvers = resolvers  # judge the submissions a crash left validating
         self.runs = runs
         self.active: dict[str, HostHandle] = {}  # by request id
@@ -283,6 +294,9 @@ class AgentManager(ChildHub):
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **self.settings.to_env()}
+        if self.tmp_dir is not None:
+            ensure_private_dir(self.tmp_dir)
+            env["TMPDIR"] = str(self.tmp_dir)
         if self._failures:  # like a restarted outbox worker: a crash point fires in the first host only
             env.pop(faults.ENV, None)
         return env

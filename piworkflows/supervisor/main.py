@@ -158,7 +158,13 @@ class Supervisor:
         return Channels(self._hub_wiring())
 
     def _agent_manager(self) -> AgentManager:
-        return AgentManager(self._hub_wiring(), socket_path=str(self.paths.socket), resolvers=self.resolvers, runs=self)
+        return AgentManager(
+            self._hub_wiring(),
+            socket_path=str(self.paths.socket),
+            tmp_dir=self.paths.pi_tmp,
+            resolvers=self.resolvers,
+            runs=self,
+        )
 
     # --- what the components ask of each other (supervisor/seams.py) -------------------
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from piworkflows import paths
-from piworkflows.credentials import CredentialsError, drop_partial_secret, load_secret, scrub
+from piworkflows.credentials import CredentialsError, drop_partial_secret, load_secret, scrub, store_secret
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -200,3 +200,19 @@ def test_secrets_set_refuses_bad_input_and_an_unsafe_file(config_dir: Path) -> N
     refused = CliRunner().invoke(main, ["secrets", "set", "TOKEN"], input=SECRET)
     assert refused.exit_code == 1 and "chmod 600" in refused.output and SECRET not in refused.output
     assert json.loads(path.read_text()) == {"secrets": {"KEEP": "v"}}
+
+
+@pytest.mark.parametrize("value", ["two\nlines", "carriage\rreturn", "nul\x00byte", "caf\u00e9", "bell\x07"])
+def test_secrets_set_refuses_a_value_no_header_can_carry_and_writes_nothing(config_dir: Path, value: str) -> None:
+    from click.testing import CliRunner
+
+    from piworkflows.cli import main
+
+    refused = CliRunner().invoke(main, ["secrets", "set", "TOKEN"], input=value + "\n")
+    assert refused.exit_code == 2, refused.output
+    assert "printable ASCII" in refused.output and value not in refused.output
+    assert not (config_dir / "credentials.json").exists()
+    with pytest.raises(CredentialsError, match="printable ASCII"):
+        store_secret("TOKEN", value)
+    tabbed = CliRunner().invoke(main, ["secrets", "set", "TOKEN"], input="Bearer\tabc def")
+    assert tabbed.exit_code == 0, tabbed.output  # a tab or a space inside is a valid header value

@@ -133,7 +133,12 @@ class Counts(Handler[ServerCounts]):
     def execute(self, tx: Tx, cmd: ServerCounts) -> Result:
         conn = tx.conn
         runs = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
-        parked = conn.execute("SELECT count(*) FROM run_queue WHERE queue_status = 'parked'").fetchone()[0]
+        # Parked: held for a reason someone must act on (not a pause). A run that waits for an answer
+        # has a parked queue row too, but it is waiting, not parked.
+        parked, parked_waiting = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'waiting') FROM runs "
+            "WHERE park_reason IS NOT NULL AND park_reason != 'paused' AND status IN ('queued', 'running', 'waiting')"
+        ).fetchone()
         shared = {
             name: state.count(conn, name, tx.now)
             for name in ("expiredClaims", "pendingInteractions", "ambiguousEffects", "ambiguousEffectsOfEndedRuns")
@@ -143,7 +148,7 @@ class Counts(Handler[ServerCounts]):
                 "queuedRuns": runs.get("queued", 0),
                 "runningRuns": runs.get("running", 0),
                 "parkedRuns": parked,
-                "waitingRuns": runs.get("waiting", 0),
+                "waitingRuns": runs.get("waiting", 0) - parked_waiting,
                 **shared,
             }
         )

@@ -15,6 +15,7 @@ from typing import Any
 from piworkflows.isotime import iso, iso_or_none
 from piworkflows.writer.views.display import REASON_BYTES, RunFacts, display
 
+BUILTIN_PREFIX = "builtin:"  # a workflow filter for the built-in of that name only
 RUN_VIEW_SCHEMA = "pi-workflows.run-view.v1"
 RUN_LIST_SCHEMA = "pi-workflows.run-list-page.v1"
 MANIFEST_SCHEMA = "pi-workflows.run-manifest.v1"
@@ -103,7 +104,11 @@ def list_runs(
     }
     if project_path is not None:
         where.append("r.project_id = (SELECT project_id FROM projects WHERE canonical_path = :project)")
-    if workflow_name is not None:
+    if workflow_name is not None and workflow_name.startswith(BUILTIN_PREFIX):  # builtin:NAME, as run start takes it
+        params["workflow"] = workflow_name.removeprefix(BUILTIN_PREFIX)
+        where.append("r.workflow_name = :workflow")
+        where.append("(SELECT s.source_kind FROM run_sources s WHERE s.run_id = r.run_id) = 'builtin'")
+    elif workflow_name is not None:
         where.append("r.workflow_name = :workflow")
     if since is not None:
         where.append("r.created_at >= :since")
