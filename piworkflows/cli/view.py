@@ -13,7 +13,7 @@ import time
 import click
 
 from piworkflows.cli import run_view
-from piworkflows.cli.base import accepted, check, command_line, connection, main, say
+from piworkflows.cli.base import accepted, check, command_line, connection, fail, main, say
 from piworkflows.paths import StatePaths
 
 
@@ -41,6 +41,13 @@ def view(paths: StatePaths, run_id: str | None, once: bool) -> None:
         for line in lines:
             say(line)
         return
+    if run_id is not None:  # an unknown run is an error here, not an empty screen
+        check("view.run.get", {}, run_id)
+        with connection(paths) as client:
+            found = client.request("run.status", {}, run_id=run_id)
+        if found.outcome == "notFound":
+            fail(f"no run {run_id} in {paths.state_dir}; list the runs with '{command_line('runs')}'")
+        accepted(found)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # the full-screen app needs a terminal both ways
         raise click.UsageError(
             "the live viewer needs a terminal (stdin and stdout); for one plain render run "
@@ -48,6 +55,4 @@ def view(paths: StatePaths, run_id: str | None, once: bool) -> None:
         )
     from piworkflows.viewer.app import Viewer  # Textual loads only for the live viewer
 
-    if run_id is not None:
-        check("view.run.get", {}, run_id)
     Viewer(paths, run_id).run()

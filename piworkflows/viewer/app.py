@@ -74,13 +74,17 @@ class Ask(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Back")]
 
-    def __init__(self, prompt: str, placeholder: str = "") -> None:
+    def __init__(self, prompt: str, placeholder: str = "", value: str = "") -> None:
         super().__init__()
-        self.prompt, self.placeholder = prompt, placeholder
+        self.prompt, self.placeholder, self.value = prompt, placeholder, value
 
     def compose(self) -> ComposeResult:
         prompt = Static("\n".join(map(visible, self.prompt.split("\n"))), markup=False)  # a run's question
-        yield Vertical(prompt, Input(placeholder=self.placeholder, id="answer"), id="dialog")
+        yield Vertical(prompt, Input(self.value, placeholder=self.placeholder, id="answer"), id="dialog")
+
+    def on_mount(self) -> None:
+        field = self.query_one(Input)
+        field.cursor_position = len(field.value)  # what was typed before goes on where it ended
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
@@ -252,9 +256,16 @@ class RunScreen(Screen[None]):
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A control's key works only while the view allows that control."""
+        """A control's key works only while the view allows that control; a paused run's question
+        can be answered too (the run stays paused until resumed)."""
         if action in CONTROLS:
-            return self.view is not None and CONTROLS[action] in self.view["display"]["controls"]
+            if self.view is None:
+                return False
+            if CONTROLS[action] in self.view["display"]["controls"]:
+                return True
+            pending = self.view["piworkflows"]["pending"] or {}
+            paused = self.view["display"]["status"] == "paused"
+            return paused and pending.get("kind") == {"answer": "checkpoint", "decide": "human_decision"}.get(action)
         return True
 
     def action_back(self) -> None:
@@ -320,8 +331,9 @@ class RunScreen(Screen[None]):
                 return
             try:
                 answer = json.loads(value)
-            except ValueError:
-                self.app.notify("the answer is not JSON; try again", severity="error")
+            except ValueError as exc:  # asked again with what was typed, to fix it
+                self.app.notify(f"the answer is not JSON ({exc}); fix it and press enter", severity="error")
+                self.app.push_screen(Ask(prompt, '{"continue": true}', value), answered)
                 return
             self.control("checkpoint.answer", {"nodePath": node, "answer": answer}, "answered", revision)
 

@@ -3,7 +3,7 @@ Textual screens show the same facts). Only what the server sent is rendered.
 
 ::
 
-    list_lines(page, now)   one line per run: status, workflow, title, age, duration
+    list_lines(page, now)   one line per run: its id, status, workflow, title, age, duration
     run_lines(view)         cli/story.py's story of the run (its view with references read back)
     trace_lines(view)       the trace window: seq, time, event type, actor
     transcript_lines(view)  the settled Pi session entries of the view's window
@@ -19,7 +19,7 @@ from piworkflows.cli import story
 from piworkflows.cli.agent_steps import entry_lines
 from piworkflows.cli.base import visible
 
-COLUMNS = ("status", "workflow", "title", "age", "duration", "run")
+COLUMNS = ("run", "status", "workflow", "title", "age", "duration")  # the id first: whole at 80 columns
 
 
 def list_row(item: dict[str, Any], now_ms: int) -> tuple[str, ...]:
@@ -32,12 +32,12 @@ def list_row(item: dict[str, Any], now_ms: int) -> tuple[str, ...]:
         end = story.epoch_ms(finished) if finished is not None else now_ms
         duration = max(0, end - story.epoch_ms(started))
     return (
+        visible(item["runId"]),
         story.status_text(item["display"]),
         visible(item["workflowName"]),
         visible(item["piworkflows"]["title"] or "-"),
         story.duration(max(0, now_ms - created)),
         story.duration(duration),
-        visible(item["runId"]),
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from piworkflows.paths import StatePaths
 from piworkflows.viewer.app import Ask, Confirm, RunListScreen, RunScreen, Viewer
@@ -64,13 +64,13 @@ def test_the_run_list_shows_runs_filters_them_and_opens_one(server, project):
             "two rows",
         )
         rows = [table.get_row_at(i) for i in range(2)]
-        assert {row[0] for row in rows} == {"waiting", "cancelled"} and {row[1] for row in rows} == {"ask"}
-        assert {row[-1] for row in rows} == {waiting, cancelled}
+        assert {row[1] for row in rows} == {"waiting", "cancelled"} and {row[2] for row in rows} == {"ask"}
+        assert {row[0] for row in rows} == {waiting, cancelled}  # the id first: whole at 80 columns
         await pilot.press("s")  # status: cancelled (the first filter after "all")
-        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[-1] == cancelled, "cancelled only")
+        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[0] == cancelled, "cancelled only")
         for _ in range(len(("cancelled", "completed", "failed", "queued", "running", "timed_out"))):
             await pilot.press("s")
-        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[-1] == waiting, "waiting only")
+        await until(pilot, lambda: table.row_count == 1 and table.get_row_at(0)[0] == waiting, "waiting only")
         await pilot.press("s")  # back to all
         await until(pilot, lambda: table.row_count == 2, "all again")
         await pilot.press("w")
@@ -79,7 +79,7 @@ def test_the_run_list_shows_runs_filters_them_and_opens_one(server, project):
         await until(pilot, lambda: table.row_count == 0, "no run of that workflow")
         await pilot.press("w", *"ask", "enter")
         await until(pilot, lambda: table.row_count == 2, "the ask runs")
-        table.move_cursor(row=[table.get_row_at(i)[-1] for i in range(2)].index(waiting))
+        table.move_cursor(row=[table.get_row_at(i)[0] for i in range(2)].index(waiting))
         await pilot.press("enter")
         assert isinstance(app.screen, RunScreen)
         await until(pilot, lambda: "waiting" in head(app), "the run's header")
@@ -102,15 +102,16 @@ def test_every_key_of_the_run_screen(server, project):
         await pilot.press("p")
         await until(pilot, lambda: view(server, run_id)["state"]["paused"], "paused on the server")
         await until(pilot, lambda: "paused" in head(app), "paused in the viewer")
-        await pilot.press("a")  # not allowed while paused
-        assert isinstance(app.screen, RunScreen)
+        await pilot.press("a")  # a paused run's question can be answered: it stays paused
+        await until(pilot, lambda: isinstance(app.screen, Ask), "the question while paused")
+        await pilot.press(*'{"go": tru', "enter")  # not JSON: asked again with what was typed
+        await until(pilot, lambda: isinstance(app.screen, Ask) and app.screen.query_one(Input).value, "asked again")
+        assert app.screen.query_one(Input).value == '{"go": tru'
+        await pilot.press("e", "}", "enter")
+        await until(pilot, lambda: view(server, run_id)["state"].get("waitingOn") is None, "answered while paused")
+        assert view(server, run_id)["display"]["status"] == "paused"
         await pilot.press("r")
-        # the status line says waiting (the current node's line says so while it is paused too)
-        await until(pilot, lambda: head(app).split()[2:3] == ["waiting"], "resumed")
-        await pilot.press("a")
-        await until(pilot, lambda: isinstance(app.screen, Ask), "the question")
-        await pilot.press(*'{"go": true}', "enter")
-        await until(pilot, lambda: "completed" in head(app), "completed after the answer")
+        await until(pilot, lambda: "completed" in head(app), "completed after the answer and the resume")
         assert view(server, run_id)["state"]["outputs"]["yes"] == {"answered": True}
         await pilot.press("c")  # a completed run has no cancel
         assert isinstance(app.screen, RunScreen)
@@ -172,7 +173,7 @@ def test_view_once_prints_the_list_and_a_run(server, project):
     wait_status(server, run_id, "waiting")
     listed = server.cli("view", "--once")
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.splitlines()[0].split() == ["status", "workflow", "title", "age", "duration", "run"]
+    assert listed.stdout.splitlines()[0].split() == ["run", "status", "workflow", "title", "age", "duration"]
     assert run_id in listed.stdout and "waiting" in listed.stdout
     shown = server.cli("view", run_id, "--once")
     assert shown.returncode == 0 and f"{run_id}  ask  waiting" in shown.stdout and "question: go on?" in shown.stdout
@@ -226,3 +227,10 @@ def test_d_decides_a_protected_human_decision(server, project):
         assert isinstance(app.screen, RunScreen)
 
     drive(server, run_id, script)
+
+
+def test_the_live_viewer_of_an_unknown_run_says_so_instead_of_a_blank_screen(server):
+    unknown = "run-" + "0" * 32
+    done = server.cli("view", unknown)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"no run {unknown}" in done.stderr and "list the runs with 'pi-workflows" in done.stderr
