@@ -40,6 +40,9 @@ NEEDS_PI = (
     "Pi (the coding agent that runs agent steps) was not found: run 'pi-workflows setup pi', "
     "or set PI_WORKFLOWS_PI_COMMAND to a pi you have; then resume the run"
 )
+# `pi-workflows doctor` asks the model this; the scripted model answers it without spending a step
+# of its script (testing/scripted_model.py), so a probe never shifts an author's answers.
+PROBE_PROMPT = "Reply with the single word OK. (pi-workflows doctor probe)"
 
 
 class PiSetupError(Exception):

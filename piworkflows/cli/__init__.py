@@ -14,10 +14,11 @@ moves aside.
 One module per command group adds its commands to the root group ``main``
 (``cli/base.py``), loaded when one of its commands is first asked for (``COMMAND_MODULES``):
 ``server``, ``runs``, ``logs``, ``agent_steps`` (run transcript, submit), ``find``, ``state``,
-``effects``, ``secrets``, ``protocol``, ``view`` (the terminal viewer), ``completion`` (which
-then gives the parameters named run_id, workflow and node of every loaded command their
-completion from the server). ``story`` (a run view as lines for people), ``run_view`` (the parts
-of a view it renders, references read back) and ``watch`` (following a run) serve ``runs``.
+``effects``, ``secrets``, ``protocol``, ``dev`` (an author's offline model), ``view`` (the
+terminal viewer), ``completion`` (which then gives the parameters named run_id, workflow and
+node of every loaded command their completion from the server). ``story`` (a run view as
+lines for people), ``run_view`` (the parts of a view it renders, references read back) and
+``watch`` (following a run) serve ``runs``.
 """
 
 from piworkflows.cli.base import main
@@ -29,6 +30,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "channels": ("channels",),
     "completion": ("completion",),
     "decide": ("runs",),
+    "dev": ("dev",),
     "doctor": ("doctor",),
     "effect": ("effects",),
     "effects": ("effects",),

@@ -16,7 +16,6 @@ from piworkflows.cli.base import EXIT_RUNTIME, command_line, main
 if TYPE_CHECKING:
     from piworkflows.settings import Settings
 
-PROBE_PROMPT = "Reply with the single word OK."
 PROBE_TIMEOUT_S = 120
 
 
@@ -89,7 +88,7 @@ def doctor(offline: bool) -> None:
         argv = [command, "--no-extensions", "--no-session"]
         if model:
             argv += ["--model", model]
-        code, said = _run([*argv, "-p", PROBE_PROMPT], PROBE_TIMEOUT_S, env={**os.environ, "PI_OFFLINE": "1"})
+        code, said = _run([*argv, "-p", pi.PROBE_PROMPT], PROBE_TIMEOUT_S, env={**os.environ, "PI_OFFLINE": "1"})
         if code == 0 and said:
             click.echo(f"probe:      answered ({said.splitlines()[0][:60]})")
         else:

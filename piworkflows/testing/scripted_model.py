@@ -15,6 +15,7 @@ demo (no network, no API key).
     GET /v1/models    the scripted model ids
     GET /requests     every request received, in order (its model, path and JSON body)
 
+``pi-workflows doctor``'s probe (agents/pi.py PROBE_PROMPT) is answered "OK" and takes no step.
 A request for a model without a script, or past the end of its script, is answered 400 with an
 OpenAI-shaped error naming the model, so a test sees why its agent stopped. With ``cycle=True``
 a script starts again from its first step after its last (endless load: the crash harness).
@@ -31,6 +32,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from piworkflows.agents.pi import PROBE_PROMPT
 
 PROVIDER = "scripted"  # the provider name the Pi configuration gives this server
 CHUNK_CHARS = 16  # text and tool arguments are streamed in pieces of this size
@@ -91,10 +94,13 @@ class ScriptedModel:
         return directory
 
     def take(self, request: dict[str, Any]) -> Step | str:
-        """Record the request and take its model's next step (or the reason there is none)."""
+        """Record the request and take its model's next step (or the reason there is none).
+        ``pi-workflows doctor``'s probe is answered "OK" and takes no step."""
         model = request.get("model")
         with self._lock:
             self.requests.append(request)
+            if _asks_the_probe(request):
+                return {"text": "OK"}
             if not isinstance(model, str) or model not in self._scripts:
                 return f"no script for model {model!r}"
             index = self._next[model]
@@ -104,6 +110,14 @@ class ScriptedModel:
                 return f"the script of model {model!r} has no step {index + 1}"
             self._next[model] = index + 1
             return self._scripts[model][index]
+
+
+def _asks_the_probe(request: Mapping[str, Any]) -> bool:
+    messages = request.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    text = content if isinstance(content, str) else json.dumps(content)
+    return isinstance(last, dict) and last.get("role") == "user" and PROBE_PROMPT in text
 
 
 class _Server(ThreadingHTTPServer):

@@ -8,8 +8,10 @@ that keeps submitting invalid output fails the attempt at the rejection cap. All
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +156,59 @@ def _no_provider_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """A key in the test's own environment would let Pi reach a real provider."""
     for name in [name for name in os.environ if name.endswith("_API_KEY")]:
         monkeypatch.delenv(name)
+
+
+def test_an_author_scripts_the_agents_answers_offline_with_dev_model(tmp_path, pi_command, project):
+    """pi-workflows dev model serves the script and prints the settings; doctor's probe takes no
+    step of it; the run's agent step gets the scripted answer."""
+    script = tmp_path / "answers.json"
+    answer = {
+        "tool_calls": [
+            {
+                "name": "workflow",
+                "arguments": {"action": "submit", "requestId": "${requestId}", "output": {"risk": "low"}},
+            }
+        ]
+    }
+    script.write_text(json.dumps({"reviewer": [answer]}))
+    pi_dir = tmp_path / "pi-config"
+    command = [
+        sys.executable,
+        "-m",
+        "piworkflows.cli",
+        "dev",
+        "model",
+        "--script",
+        str(script),
+        "--pi-dir",
+        str(pi_dir),
+    ]
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as dev:
+        try:
+            assert dev.stdout is not None
+            printed = [dev.stdout.readline() for _ in range(5)]
+            assert (
+                printed[0].startswith("scripted model serving http://127.0.0.1:") and "(models: reviewer)" in printed[0]
+            )
+            assert printed[2].strip() == f"export PI_CODING_AGENT_DIR={pi_dir}"
+            assert printed[3].strip() == "export PI_WORKFLOWS_AGENT_MODEL=scripted/reviewer"
+            settings = {"PI_CODING_AGENT_DIR": str(pi_dir), "PI_WORKFLOWS_AGENT_MODEL": "scripted/reviewer"}
+            probe = subprocess.run(
+                [sys.executable, "-m", "piworkflows.cli", "doctor"],
+                env={**env, **settings, "PI_WORKFLOWS_PI_COMMAND": pi_command[0]},
+                capture_output=True,
+                text=True,
+                timeout=100,
+            )
+            assert probe.returncode == 0 and "probe:      answered (OK)" in probe.stdout, probe.stdout + probe.stderr
+            one_step(project)
+            server_env = {"HOME": str(tmp_path / "home"), "PI_WORKFLOWS_PI_COMMAND": pi_command[0], **settings}
+            with serving(tmp_path / "s", server_env) as server:
+                run_id = start(server, project, "one-step")
+                done = wait_status(server, run_id, "completed", "failed")
+                assert done["display"]["status"] == "completed", done["display"]  # the probe left the step
+                assert done["state"]["finalOutput"] == {"risk": "low"}
+        finally:
+            dev.terminate()
+            assert dev.wait(timeout=30) == 0
