@@ -123,7 +123,7 @@ class _RunTable:
         self.id_width = max(len("ID"), *(len(item["runId"]) for item in first_page))
         self.workflow_width = min(16, max(len("WORKFLOW"), *(len(item["workflowName"]) for item in first_page)))
         fixed = self.id_width + self.workflow_width + self.STATUS + 2 * self.SPAN + 5  # five separating spaces
-        self.title_width = max(5, max(80, shutil.get_terminal_size((80, 24)).columns) - fixed)
+        self.title_width = max(4, max(80, shutil.get_terminal_size((80, 24)).columns) - fixed)  # 80 at most
         say(self._line("ID", "WORKFLOW", "TITLE", "STATUS", "AGE", "RAN"))
 
     def echo(self, items: list[dict[str, Any]], now: int) -> None:

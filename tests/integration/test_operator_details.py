@@ -98,3 +98,13 @@ def test_pis_extension_cache_is_private_to_the_server_not_a_shared_tmp(tmp_path,
             assert stat.S_IMODE(private.stat().st_mode) == 0o700
             assert any(private.joinpath("jiti").iterdir())  # Pi's extension cache is here
             assert not (shared / "jiti").exists(), os.listdir(shared)
+
+
+def test_runs_fits_80_columns_with_a_long_workflow_name(server, project):
+    name = "a-workflow-with-a-long-name"
+    write(project, name, CHECKPOINT.replace('"ask", "prepare"', f'"{name}", "prepare"'))
+    run_id = start(server, project, name)
+    wait_status(server, run_id, "waiting")
+    table = server.cli("runs", env={"COLUMNS": "80"})
+    assert table.returncode == 0 and run_id in table.stdout, table.stderr
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80, table.stdout
