@@ -164,14 +164,14 @@ def test_a_run_whose_agent_cannot_start_is_queued_with_the_cause_and_wait_stops(
         final = json.loads(started.stdout.splitlines()[-1])
         assert final["piworkflows"]["parkReason"] == "agentNoProgress"
         assert final["display"]["status"] == "queued" and final["display"]["controls"] == ["resume", "cancel"]
-        assert final["display"]["reason"].startswith("The agent could not start: "), final["display"]
+        assert final["display"]["reason"].startswith("The agent made no progress: "), final["display"]
         cause = query(
             server,
             "SELECT b.bytes FROM workflow_updates u JOIN blobs b ON b.digest = u.body_digest "
             "WHERE u.run_id = ? AND u.update_kind = 'notification'",
             final["runId"],
         )
-        assert final["display"]["reason"] == "The agent could not start: " + cause[0][0].decode()
+        assert final["display"]["reason"] == "The agent made no progress: " + cause[0][0].decode()
         told = server.cli("run", "status", final["runId"])
-        assert "queued" in told.stdout and "The agent could not start:" in told.stdout, told.stdout
+        assert "queued" in told.stdout and "The agent made no progress:" in told.stdout, told.stdout
         assert "controls: resume, cancel" in told.stdout
