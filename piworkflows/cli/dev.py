@@ -21,7 +21,10 @@ from piworkflows.cli.base import command_line, main, say
 
 @main.group("dev")
 def dev_group() -> None:
-    """Tools for workflow authors."""
+    """Tools for workflow authors: a scripted model for agent steps, offline.
+
+    Example: pi-workflows dev model --script answers.json
+    """
 
 
 @dev_group.command("model")

@@ -104,12 +104,14 @@ def test_a_runners_own_log_record_reaches_server_log(server, project):
     write(project, "ask", CHECKPOINT)
     run_id = start(server, project, "ask", {"note": MARKER})
     wait_status(server, run_id, "waiting")
-    write(project, "ask", CHECKPOINT + "\n# edited while the run waited\n")
+    changed = CHECKPOINT.replace('"false": "no"})])', '"false": "no"})], max_steps=99)')  # a new definition
+    assert changed != CHECKPOINT
+    write(project, "ask", changed)
     with server.client() as client:
         answered = client.request("checkpoint.answer", {"nodePath": "ask", "answer": {"go": True}}, run_id=run_id)
     assert answered.outcome == "accepted", answered
     wait_until(lambda: view(server, run_id)["piworkflows"]["parkReason"] == "workflowSourceChanged", what="parked")
-    line = log_line(server, f": {run_id}: its workflow source changed since the run started")
+    line = log_line(server, f": {run_id} parks: the workflow file ")
     assert "piworkflows.runner" in line and " WARNING runner " in line
     pid = line.split(" WARNING runner ")[1].split(":")[0]
     assert pid.isdigit()

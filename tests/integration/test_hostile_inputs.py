@@ -344,7 +344,7 @@ def test_a_workflow_file_that_is_a_link_loop_is_listed_as_a_load_error(server, p
     link.symlink_to(link)
     write(project, "poison", POISON)
     listed = server.cli("workflows", "--project", str(project))
-    assert listed.returncode == 0, listed.stderr
+    assert listed.returncode == 1 and "did not load: loop" in listed.stderr, listed.stderr  # listed, then a check
     assert "loop " in listed.stdout and "does not load" in listed.stdout, listed.stdout
     assert "Too many levels of symbolic links" in listed.stdout
     assert "poison " in listed.stdout
@@ -386,7 +386,7 @@ def test_a_module_that_hangs_at_import_is_listed_and_the_others_still_are(server
     write(project, "hangs", HANGS)
     write(project, "poison", POISON)
     listed = server.cli("workflows", "--project", str(project), env={"PI_WORKFLOWS_RESOLVE_TIMEOUT_MS": "3000"})
-    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert listed.returncode == 1, listed.stdout + listed.stderr  # listed, then the check fails
     assert "hangs: did not load within 1 s" in listed.stdout, listed.stdout
     assert "poison " in listed.stdout and "builtin:demo" in listed.stdout
     assert "no server is running" not in listed.stderr

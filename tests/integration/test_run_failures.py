@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_util import CHECKPOINT, start, view, wait_status, write
+from tests.engine_util import start, view, wait_status, write
 from tests.server_util import ServerProcess, check_state, query, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.integration]
@@ -68,25 +68,31 @@ workflow = define_workflow("dying", "only", {"only": compute(lambda ctx: 1)})
 """
 
 
-def test_an_answer_that_matches_no_case_fails_the_run_naming_the_node(server, project):
-    write(project, "ask", CHECKPOINT)
-    waits = server.cli("run", "start", "ask", "--project", str(project), "--wait")
-    assert waits.returncode == 1 and " waiting" in waits.stdout, waits.stdout + waits.stderr
-    run_id = waits.stdout.splitlines()[0]
-    answered = server.cli("answer", run_id, "ask", '{"go": "maybe"}')
-    assert answered.returncode == 0, answered.stderr
+# A compute node's output that no case of its switch takes (an answer or an agent's output is
+# refused before it is taken: tests/integration/test_next_commands.py).
+NO_CASE = """
+from piworkflows.workflows import compute, define_workflow, switch
+workflow = define_workflow("nocase", "pick", {
+    "pick": compute(lambda ctx: {"go": "maybe"}),
+    "yes": compute(lambda ctx: {"went": True}),
+    "no": compute(lambda ctx: {"went": False}),
+}, [switch("pick", on="$.go", cases={"true": "yes", "false": "no"})])
+"""
+
+
+def test_an_output_that_matches_no_case_fails_the_run_naming_the_node(server, project):
+    write(project, "nocase", NO_CASE)
+    done = server.cli("run", "start", "nocase", "--project", str(project), "--wait")
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_id = done.stdout.splitlines()[0]
     failed = wait_status(server, run_id, "failed", "completed")
     assert failed["display"]["status"] == "failed" and failed["piworkflows"]["errorCode"] == "routingError"
-    assert failed["state"].get("error") == "node 'ask': no case for $.go = maybe (cases: false, true)"
+    assert failed["state"].get("error") == "node 'pick': no case for $.go = maybe (cases: false, true)"
     assert failed["piworkflows"]["parkDetail"] is None
     status = server.cli("run", "status", run_id)
     assert status.returncode == 0 and "failed" in status.stdout and "routingError" in status.stdout
-    assert "node 'ask': no case for $.go = maybe" in status.stdout
-    # The answered checkpoint stays answered; nothing else ran.
-    assert [(s["nodeId"], s["status"]) for s in failed["state"]["steps"]] == [
-        ("prepare", "completed"),
-        ("ask", "completed"),
-    ]
+    assert "node 'pick': no case for $.go = maybe" in status.stdout
+    assert [(s["nodeId"], s["status"]) for s in failed["state"]["steps"]] == [("pick", "completed")]
     check_state(server.state_dir)
 
 
