@@ -135,9 +135,11 @@ class Counts(Handler[ServerCounts]):
         runs = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
         # Parked: held for a reason someone must act on (not a pause). A run that waits for an answer
         # has a parked queue row too, but it is waiting, not parked.
+        # From the parked queue rows (an index range, few rows: clients poll this), not the runs.
         parked, parked_waiting = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE status = 'waiting') FROM runs "
-            "WHERE park_reason IS NOT NULL AND park_reason != 'paused' AND status IN ('queued', 'running', 'waiting')"
+            "SELECT count(*), count(*) FILTER (WHERE r.status = 'waiting') FROM run_queue q "
+            "JOIN runs r ON r.run_id = q.run_id WHERE q.queue_status = 'parked' "
+            "AND r.park_reason IS NOT NULL AND r.park_reason != 'paused'"
         ).fetchone()
         shared = {
             name: state.count(conn, name, tx.now)
