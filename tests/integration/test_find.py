@@ -414,4 +414,6 @@ def test_a_module_that_hangs_at_import_is_named_not_taken_for_a_missing_server(t
             env=server.env,
             timeout=60,
         )
-        assert piped.stdout.startswith("project workflows:") and piped.stderr == ""
+        assert piped.stdout.startswith("project workflows:")
+        # the pipe closed quietly, or the whole list fit in it before head closed it: then the check
+        assert piped.stderr in ("", "pi-workflows: 1 workflow module did not load: hangs\n"), piped.stderr
