@@ -14,6 +14,7 @@ import pytest
 
 from piworkflows.testing.scripted_model import ScriptedModel
 from tests.engine_util import start, view, wait_status, write
+from tests.pi_util import agent_env
 from tests.server_util import SCHEDULER_TICK, ServerProcess, query, serving, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
@@ -52,19 +53,9 @@ def submit(output: Any, stall_ms: int = 0) -> dict[str, Any]:
 def agent_server(tmp_path: Path, pi_command: list[str], request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """A server whose agent steps run the real Pi on the scripted model of the test's ``scripts`` mark."""
     scripts = request.node.get_closest_marker("scripts").args[0]
-    with ScriptedModel(scripts) as model:
-        env = {
-            **SCHEDULER_TICK,
-            "HOME": str(tmp_path / "home"),
-            "PI_WORKFLOWS_PI_COMMAND": pi_command[0],
-            "PI_CODING_AGENT_DIR": str(model.write_pi_config(tmp_path / "pi-agent")),
-            "PI_WORKFLOWS_AGENT_MODEL": f"scripted/{next(iter(scripts))}",
-            "PI_WORKFLOWS_ACTIVE_SAMPLE_MS": "100",
-            "PI_WORKFLOWS_AGENT_FLUSH_MS": "50",
-        }
-        with serving(tmp_path / "s", env) as proc:
-            proc.model = model  # type: ignore[attr-defined]
-            yield proc
+    with ScriptedModel(scripts) as model, serving(tmp_path / "s", agent_env(tmp_path, pi_command, model)) as proc:
+        proc.model = model  # type: ignore[attr-defined]
+        yield proc
 
 
 def in_turn(server: ServerProcess, run_id: str) -> dict[str, Any] | None:
