@@ -5,7 +5,7 @@ Textual screens show the same facts). Only what the server sent is rendered.
 
     list_lines(page, now)   one line per run: its id, status, workflow, title, age, duration
     run_lines(view)         cli/story.py's story of the run (its view with references read back)
-    trace_lines(view)       the trace window: seq, time, event type, actor
+    trace_lines(view)       the trace window: seq, time, event type, its node, actor
     transcript_lines(view)  the settled Pi session entries of the view's window
     history_lines(steps, start, total)   steps older than the view's window (view.page pages)
 """
@@ -56,9 +56,19 @@ def run_lines(view: dict[str, Any]) -> list[str]:
 def trace_lines(view: dict[str, Any]) -> list[str]:
     page = view["tracePage"]
     return [
-        f"{item['seq']:>5}  {story.clock(item['at'])}  {item['type']}  ({item['piworkflows']['actor']})"
+        visible(f"{item['seq']:>5}  {story.clock(item['at'])}  {item['type']}{_node(item)}  ({_actor(item)})")
         for item in page["items"]
     ] or ["no events"]
+
+
+def _actor(item: dict[str, Any]) -> str:
+    return str(item["piworkflows"]["actor"])
+
+
+def _node(item: dict[str, Any]) -> str:
+    """`` at NODE`` for an event about a node attempt."""
+    node = item.get("nodeId")
+    return f" at {node}" if isinstance(node, str) else ""
 
 
 def transcript_lines(view: dict[str, Any]) -> list[str]:

@@ -82,13 +82,20 @@ def get_segment(conn: sqlite3.Connection, segment_id: str) -> Segment | None:
 
 
 def advance(
-    conn: sqlite3.Connection, resource_id: str, event_type: str, actor: Actor, now: int, payload: bytes | None = None
+    conn: sqlite3.Connection,
+    resource_id: str,
+    event_type: str,
+    actor: Actor,
+    now: int,
+    payload: bytes | None = None,
+    attempt_id: str | None = None,
 ) -> int:
-    """Another resource changed in this command's transaction: its revision and its event."""
+    """Another resource changed in this command's transaction: its revision and its event (about
+    ``attempt_id``, if a node attempt)."""
     resource = records.get_resource(conn, resource_id)
     assert resource is not None, resource_id
     revision = records.increment_revision(conn, resource_id, resource.revision, now)
-    records.write_event(conn, resource_id, revision, event_type, actor, now, payload_digest=payload)
+    records.write_event(conn, resource_id, revision, event_type, actor, now, None, payload, attempt_id)
     return revision
 
 

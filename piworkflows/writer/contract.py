@@ -119,6 +119,7 @@ class Change:
     apply: Callable[[Stamp], None] = lambda stamp: None
     blobs: list[BlobValue] = field(default_factory=list)
     event_payload: bytes | None = None
+    attempt_id: str | None = None  # the node attempt the event is about (a run's events)
     effects: list[EffectRequest] = field(default_factory=list)
     acquire_claim: NewClaim | None = None
     release_claim: bool = False
@@ -200,7 +201,15 @@ class ResourceHandler(Handler[C]):
                 conn, target.resource_id, new.owner_id, new.claim_token_hash, new.ttl_ms, now
             )
         records.write_event(
-            conn, target.resource_id, revision, change.event_type, tx.actor, now, generation, change.event_payload
+            conn,
+            target.resource_id,
+            revision,
+            change.event_type,
+            tx.actor,
+            now,
+            generation,
+            change.event_payload,
+            change.attempt_id,
         )
         change.apply(Stamp(revision, generation, project_id))
         effect_ids = []  # reported: external effects (local ones are the writer's own follow-up)

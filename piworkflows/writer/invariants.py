@@ -100,6 +100,10 @@ CHECKS: dict[str, str] = {
                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
             FROM events WHERE lease_generation IS NOT NULL)
         WHERE lease_generation < before""",
+    # An event about a node attempt names an attempt of its own run (the id is the event's resource).
+    "eventOfAnotherAttempt": """
+        SELECT e.resource_id FROM events e WHERE e.attempt_id IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM node_attempts a WHERE a.attempt_id = e.attempt_id AND a.run_id = e.resource_id)""",
 }
 
 

@@ -187,11 +187,23 @@ def write_event(
     now: int,
     lease_generation: int | None = None,
     payload_digest: bytes | None = None,
+    attempt_id: str | None = None,
 ) -> None:
+    """``attempt_id``: the node attempt a run's event is about, if any."""
     conn.execute(
         "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, actor_id, lease_generation, "
-        "payload_digest, committed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (resource_id, revision, event_type, actor.actor_class, actor.actor_id, lease_generation, payload_digest, now),
+        "payload_digest, attempt_id, committed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            resource_id,
+            revision,
+            event_type,
+            actor.actor_class,
+            actor.actor_id,
+            lease_generation,
+            payload_digest,
+            attempt_id,
+            now,
+        ),
     )
 
 

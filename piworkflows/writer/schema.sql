@@ -65,6 +65,10 @@ CREATE TABLE events (
   actor_id TEXT,
   lease_generation INTEGER,
   payload_digest BLOB REFERENCES blobs (digest),
+  -- The node attempt a run's event is about (the trace names its node). A plain id:
+  -- the attempt and the event both go with the run, and a foreign key would need
+  -- an index over every event for the attempts' deletes.
+  attempt_id TEXT,
   committed_at INTEGER NOT NULL,
   UNIQUE (resource_id, resource_revision)
 ) STRICT;

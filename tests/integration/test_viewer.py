@@ -117,7 +117,16 @@ def test_every_key_of_the_run_screen(server, project):
         assert isinstance(app.screen, RunScreen)
         for tab in ("trace-tab", "transcript-tab"):
             app.screen.query_one("TabbedContent").active = tab
-        assert "checkpoint.answered" in str(app.screen.query_one("#trace", Static).render())
+        trace = str(app.screen.query_one("#trace", Static).render())
+        assert "checkpoint.answered at ask" in trace and "node.started at prepare" in trace  # the node named
+        assert "run.claimed  (" in trace  # a run's own event names none
+        items = view(server, run_id)["tracePage"]["items"]
+        answered = next(item for item in items if item["type"] == "checkpoint.answered")
+        ask = next(step for step in view(server, run_id)["state"]["steps"] if step["nodeId"] == "ask")
+        assert (answered["nodeId"], answered["attemptId"]) == ("ask", ask["attemptId"])  # upstream's fields
+        controls = [item for item in items if item["type"] in ("run.queued", "run.claimed", "run.paused")]
+        assert controls and all("nodeId" not in item for item in controls)
+        assert items[-1]["type"] == "run.finished" and items[-1]["nodeId"] == "yes"  # it ended at that node
 
     drive(server, run_id, script)
 

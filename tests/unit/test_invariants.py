@@ -99,6 +99,10 @@ PLANTED_DEEPER = {
         "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, lease_generation, committed_at) "
         "VALUES ('run-1', 2, 'node.started', 'runner', 5, 2), ('run-1', 3, 'node.finished', 'runner', 4, 3)",
     ],
+    "eventOfAnotherAttempt": [  # names an attempt the run does not have
+        "INSERT INTO events (resource_id, resource_revision, event_type, actor_class, attempt_id, committed_at) "
+        "VALUES ('run-1', 2, 'node.started', 'runner', 'att-9', 2)",
+    ],
 }
 
 

@@ -133,9 +133,10 @@ class ClaimChannel(Handler[ChannelClaim]):
 
 @dataclass
 class _Batch:
-    """What one batch of updates did: the runs whose decision it resolved, and counts."""
+    """What one batch of updates did: the runs whose decision it resolved (with the decision's
+    attempt), and counts."""
 
-    runs: set[str] = field(default_factory=set)
+    runs: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 
     def count(self, what: str) -> None:
@@ -168,11 +169,12 @@ class ApplyUpdates(ResourceHandler[ChannelUpdates]):
         def apply(stamp: Stamp) -> None:
             for item in sorted(cmd.items, key=lambda update: update.update_id):
                 _update(tx, cmd.channel_id, cmd.allow, item, batch)
-            for run_id in sorted(batch.runs):
+            for run_id, attempt_id in sorted(batch.runs.items()):
                 run = records.get_resource(tx.conn, run_id)
                 assert run is not None
                 revision = records.increment_revision(tx.conn, run_id, run.revision, tx.now)
-                records.write_event(tx.conn, run_id, revision, "decision.resolved", tx.actor, tx.now)
+                event = ("decision.resolved", tx.actor, tx.now, None, None, attempt_id)
+                records.write_event(tx.conn, run_id, revision, *event)
             tx.conn.execute(
                 "UPDATE channel_cursors SET cursor_position = ?, updated_at = ? WHERE channel_id = ?",
                 (cmd.next_offset, tx.now, cmd.channel_id),
@@ -249,7 +251,7 @@ def _press(
         and decision.decision_id == decision_id
         and decisions.apply_deadline(conn, decision, tx.actor, now)
     ):
-        batch.runs.add(run_id)  # the deadline came first: it wins, and this press is superseded
+        batch.runs[run_id] = decision.attempt_id  # the deadline came first: it wins, this press is superseded
         decision = None
     if decision is None or decision.decision_id != decision_id:
         _submit(tx, decision_id, key, actor, channel_id, response, "superseded")
@@ -262,7 +264,7 @@ def _press(
         return f"{channel_effects.label(stored, choice)}: reply to the message that asks for your text.", run_id
     submission_id = _submit(tx, decision_id, key, actor, channel_id, response, "accepted")
     decisions.resolve(conn, decision, "human", actor, now, response, submission_id)
-    batch.runs.add(run_id)
+    batch.runs[run_id] = decision.attempt_id
     batch.count("accepted")
     return f"Recorded: {channel_effects.label(stored, choice)}", run_id
 

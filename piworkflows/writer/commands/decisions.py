@@ -60,7 +60,8 @@ class AnswerDecision(ResourceHandler[DecisionAnswer]):
             decisions.resolve(conn, decision, "human", tx.actor, now, response, submission_id)
 
         named = {"decisionId": decision.decision_id, "resolution": "human", "choice": cmd.choice}
-        return Change(event_type="decision.resolved", apply=apply, receipt=_receipt(cmd.run_id, decision, named))
+        receipt = _receipt(cmd.run_id, decision, named)
+        return Change(event_type="decision.resolved", apply=apply, receipt=receipt, attempt_id=decision.attempt_id)
 
 
 def _receipt(run_id: str, decision: decisions.Decision, named: dict[str, object]) -> dict[str, object]:
@@ -96,12 +97,13 @@ class ExpireDecisions(Handler[DecisionExpire]):
         for run_id in decisions.due_runs(conn, now):
             run = records.get_resource(conn, run_id)
             assert run is not None
+            attempt_id = None  # of the last decision its deadline resolved
             while (decision := decisions.waiting(conn, run_id)) is not None and decisions.apply_deadline(
                 conn, decision, tx.actor, now
             ):
-                pass
+                attempt_id = decision.attempt_id
             revision = records.increment_revision(conn, run_id, run.revision, now)
-            records.write_event(conn, run_id, revision, "decision.resolved", tx.actor, now)
+            records.write_event(conn, run_id, revision, "decision.resolved", tx.actor, now, None, None, attempt_id)
             resolved.append(run_id)
         return Result(receipt={"runIds": resolved, "nextDeadline": decisions.next_deadline(conn)})
 

@@ -153,6 +153,7 @@ def ending(
     blobs: list[BlobValue],
     receipt: dict[str, object],
     before: Callable[[Stamp], None] = lambda stamp: None,
+    attempt_id: str | None = None,
 ) -> Change:
     """The change that ends a run under the runner's claim (``before`` writes the node rows first):
     run.finished, the claim released, the queue settled by its local effect."""
@@ -169,6 +170,7 @@ def ending(
         release_claim=True,
         effects=[local_effects.settle_queue(run_id, QUEUE_AFTER[status])],
         receipt={**receipt, "runStatus": status},
+        attempt_id=attempt_id,
     )
 
 
@@ -200,6 +202,7 @@ class StartNode(RunnerTransition[NodeStart]):
             event_type="node.started",
             apply=apply,
             receipt={"attemptId": planned.attempt_id, "stepIndex": planned.step_index},
+            attempt_id=planned.attempt_id,
         )
 
 
@@ -261,6 +264,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
                 blobs,
                 receipt,
                 before=finish_attempt,
+                attempt_id=cmd.attempt_id,
             )
 
         def apply(stamp: Stamp) -> None:
@@ -273,7 +277,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
         receipt["nextNode"] = cmd.next_node
         if planned is not None:
             receipt.update(nextAttemptId=planned.attempt_id, stepIndex=planned.step_index)
-        return Change(event_type="node.finished", apply=apply, blobs=blobs, receipt=receipt)
+        return Change(event_type="node.finished", apply=apply, blobs=blobs, receipt=receipt, attempt_id=cmd.attempt_id)
 
 
 class FinishRun(RunnerTransition[RunFinish]):
@@ -346,6 +350,7 @@ class WaitNode(RunnerTransition[NodeWait]):
             blobs=blobs,
             release_claim=True,
             receipt={"attemptId": cmd.attempt_id, "runStatus": "waiting"},
+            attempt_id=cmd.attempt_id,
         )
 
 
@@ -394,6 +399,7 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
                 event_type="effect.reserved",
                 effects=[request],
                 receipt={"effectId": request.effect_id(cmd.run_id), "effectStatus": "pending"},
+                attempt_id=cmd.attempt_id,
             )
         effect_id, status, fingerprint, result, error, error_code = existing
         if fingerprint != request.fingerprint(cmd.run_id):
@@ -412,7 +418,7 @@ class ReserveNodeEffect(RunnerTransition[NodeEffectReserve]):
             if stale:
                 records.abandon_effect(conn, effect_id, tx.actor, now)
 
-        return Change(event_type="effect.adopted", apply=apply, receipt=receipt)
+        return Change(event_type="effect.adopted", apply=apply, receipt=receipt, attempt_id=cmd.attempt_id)
 
 
 class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
@@ -462,6 +468,7 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
             apply=apply,
             blobs=[cmd.answer],
             receipt={"runId": cmd.run_id, "attemptId": attempt_id, "status": "queued"},
+            attempt_id=attempt_id,
         )
 
 

@@ -31,7 +31,7 @@ WINDOW = 64  # a snapshot's history windows: the last WINDOW rows of each
 PAGE_ROWS = 256  # view.page: at most this many rows a page
 PAGE_SCHEMA = "pi-workflows.run-page.v1"
 _SCOPES = {"run": "run", "runner": "run", "server": "run", "node": "node", "checkpoint": "node", "agent": "agent"}
-_SCOPES |= {"interaction": "agent", "effect": "action", "effects": "action"}
+_SCOPES |= {"interaction": "agent", "effect": "action", "effects": "action", "decision": "node"}
 
 
 @dataclass(frozen=True)
@@ -118,13 +118,15 @@ def step(row: tuple[Any, ...], values: RunValues, limit: int = REFERENCE_BYTES) 
 
 
 def _trace_event(row: tuple[Any, ...], values: RunValues) -> dict[str, Any]:
-    seq, event, actor, payload, at, run_id = row
+    seq, event, actor, payload, at, run_id, node, attempt = row
+    about = {"nodeId": node, "attemptId": attempt} if attempt is not None else {}
     return {
         "seq": seq,
         "at": iso(at),
         "scope": _SCOPES.get(event.partition(".")[0], "run"),
         "type": event,
         "runId": run_id,
+        **about,
         "payload": values.value(payload, REFERENCE_BYTES) if payload is not None else {},
         "piworkflows": {"actor": actor},
     }
@@ -209,9 +211,10 @@ HISTORIES: dict[str, History] = {  # one per states.PAGE_KINDS
     ),
     "trace": History(  # one event per run revision: the count is the revision
         "SELECT revision FROM resources WHERE resource_id = :run",
-        "SELECT resource_revision, event_type, actor_class, payload_digest, committed_at, resource_id FROM events",
-        "resource_id = :run",
-        "resource_revision",
+        "SELECT e.resource_revision, e.event_type, e.actor_class, e.payload_digest, e.committed_at, e.resource_id, "
+        "a.node_path, e.attempt_id FROM events e LEFT JOIN node_attempts a ON a.attempt_id = e.attempt_id",
+        "e.resource_id = :run",
+        "e.resource_revision",
         _trace_event,
     ),
     "updates": History(

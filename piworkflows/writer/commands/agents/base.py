@@ -149,4 +149,5 @@ class ReplyAcceptance:
         )
         digests = (self.output.digest, self.receipt.digest)
         agent_steps.accept(tx.conn, self.request, submission_id, *digests, tx.actor, tx.now)
-        agent_steps.advance(tx.conn, self.request.run_id, "agent.accepted", tx.actor, tx.now, self.receipt.digest)
+        run_id, attempt_id = self.request.run_id, self.request.attempt_id
+        agent_steps.advance(tx.conn, run_id, "agent.accepted", tx.actor, tx.now, self.receipt.digest, attempt_id)

@@ -130,7 +130,13 @@ class SubmitInteraction(FromTheModel[InteractionSubmit]):
             projection.touch(conn, request.run_id)
 
         receipt["status"] = "validating"
-        return Change(event_type="interaction.submitted", apply=apply, blobs=[cmd.output], receipt=receipt)
+        return Change(
+            event_type="interaction.submitted",
+            apply=apply,
+            blobs=[cmd.output],
+            receipt=receipt,
+            attempt_id=request.attempt_id,
+        )
 
 
 class SettleInteraction(ResourceHandler[InteractionSettle]):
@@ -182,6 +188,7 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
                 blobs=[output, accepted],
                 event_payload=accepted.digest,
                 receipt=receipt,
+                attempt_id=request.attempt_id,
             )
         assert cmd.error is not None
         code = cmd.error_code or "validationFailed"
@@ -214,6 +221,7 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
             blobs=[rejected],
             event_payload=rejected.digest,
             receipt={**receipt, "status": "rejected", **verdict, "requestStatus": "failed" if last else "pending"},
+            attempt_id=request.attempt_id,
         )
 
 
@@ -228,7 +236,7 @@ class UpdateInteraction(FromTheModel[InteractionUpdate]):
         body = BlobValue.of_json(
             {"message": cmd.message, **({"progress": cmd.progress} if cmd.progress is not None else {})}
         )
-        change = Change(event_type="interaction.updated", blobs=[body])
+        change = Change(event_type="interaction.updated", blobs=[body], attempt_id=request.attempt_id)
 
         def apply(stamp: Stamp) -> None:
             (seq,) = conn.execute(

@@ -93,6 +93,7 @@ class RequestAgent(RunnerTransition[NodeRequestAgent]):
             blobs=[cmd.contract, cmd.step],
             release_claim=True,
             receipt={"attemptId": cmd.attempt_id, "requestId": request_id, "runStatus": "waiting"},
+            attempt_id=cmd.attempt_id,
         )
 
 
@@ -168,8 +169,8 @@ class OpenSegment(ResourceHandler[AgentOpen]):
                 agent_steps.time_out(conn, request, timeout_ms, tx.actor, now)
 
             receipt = {"timedOut": True, "requestId": request.request_id, "runId": request.run_id}
-            return Change(event_type="agent.timed_out", apply=time_out, receipt=receipt)
-        change = Change(event_type="agent.opened")
+            return Change(event_type="agent.timed_out", apply=time_out, receipt=receipt, attempt_id=request.attempt_id)
+        change = Change(event_type="agent.opened", attempt_id=request.attempt_id)
 
         def apply(stamp: Stamp) -> None:
             close_dead()

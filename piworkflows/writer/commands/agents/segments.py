@@ -174,7 +174,7 @@ class RecordSession(Handler[AgentRecord]):
             timeout_ms, _, spent = active_time.budget_spent(conn, segment.attempt_id)
             if spent and request.open:
                 agent_steps.time_out(conn, request, timeout_ms, tx.actor, now)
-                agent_steps.advance(conn, request.run_id, "agent.timed_out", tx.actor, now)
+                agent_steps.advance(conn, request.run_id, "agent.timed_out", tx.actor, now, None, request.attempt_id)
                 receipt["timedOut"] = True
         return Result(receipt=receipt)
 

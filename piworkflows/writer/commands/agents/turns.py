@@ -156,14 +156,16 @@ def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
             agent_steps.add_step(conn, *ids, *reminder, source, tx.actor, now)
         elif timed_out:
             agent_steps.time_out(conn, request, timeout_ms, tx.actor, now)
-            agent_steps.advance(conn, request.run_id, "agent.timed_out", tx.actor, now)
+            agent_steps.advance(conn, request.run_id, "agent.timed_out", tx.actor, now, None, request.attempt_id)
             change.receipt["timedOut"] = True
         elif missing is not None:
             agent_steps.fail(conn, request, "failed", "missingSubmission", missing, None, tx.actor, now)
-            agent_steps.advance(conn, request.run_id, "agent.failed", tx.actor, now, missing.digest)
+            agent_steps.advance(conn, request.run_id, "agent.failed", tx.actor, now, missing.digest, request.attempt_id)
         elif failure is not None:
             agent_steps.fail(conn, request, "failed", *failure, None, tx.actor, now)
-            agent_steps.advance(conn, request.run_id, "agent.failed", tx.actor, now, failure[1].digest)
+            agent_steps.advance(
+                conn, request.run_id, "agent.failed", tx.actor, now, failure[1].digest, request.attempt_id
+            )
         projection.touch(conn, request.run_id)
         change.receipt.update(workflowTurnId=cmd.workflow_turn_id, turnState="ended", **outcome_receipt(tx, request))
 
