@@ -182,10 +182,12 @@ def submit(paths: StatePaths, run_id: str, node: str, output_json: str, as_json:
     view = accepted(request(paths, "run.status", {}, run_id=run_id))
     pending = view["piworkflows"]["pending"]
     if pending is None or pending["kind"] in ("checkpoint", "human_decision") or pending["nodePath"] != node:
-        raise click.BadParameter(story.not_here(run_id, node, "agent", pending), param_hint="NODE")
+        fail(story.not_here(run_id, node, "agent", pending))  # the run's state, like answer and decide: exit 1
     wanted = pending["request"]
     if wanted["expectedOutput"]["kind"] == "assistant-message":
-        raise click.BadParameter(f"{node!r} takes the agent's visible reply, not a submitted output")
+        fail(
+            f"{node!r} takes the agent's visible reply, not a submitted output; see 'pi-workflows run status {run_id}'"
+        )
     submission_id = "operator-" + uuid.uuid4().hex
     payload = {
         "targetSessionId": wanted["targetSessionId"],

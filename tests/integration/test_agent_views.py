@@ -117,7 +117,7 @@ def test_an_operator_submits_the_output_of_a_waiting_step(agent_server, project)
     assert not_json.returncode == 2 and "not JSON" in not_json.stderr
     elsewhere = agent_server.cli("submit", run_id, "done", '{"summary": "x"}')
     said = " ".join(elsewhere.stderr.split())
-    assert elsewhere.returncode == 2 and "waits at an agent step, 'fix', not at 'done'; use: " in said, said
+    assert elsewhere.returncode == 1 and "waits at an agent step, 'fix', not at 'done'; use: " in said, said
 
     bad = agent_server.cli("submit", run_id, "fix", '{"summary": 1}')
     assert bad.returncode == 1 and "rejected (validationFailed)" in bad.stderr, bad.stderr

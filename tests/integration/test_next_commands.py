@@ -72,6 +72,7 @@ def test_the_wrong_command_at_a_waiting_node_names_the_right_one(server, project
     elsewhere = server.cli("answer", decision, "shipped", "{}")
     assert f"{decision} waits at a protected human decision, 'approve', not at 'shipped'" in _said(elsewhere)
     submitted = server.cli("submit", decision, "approve", "{}")
+    assert submitted.returncode == 1  # the run's state, not the arguments: as answer and decide
     assert "'approve' is a protected human decision, not an agent step" in _said(submitted)
     checkpoint = start(server, project, "ask")
     wait_status(server, checkpoint, "waiting")
