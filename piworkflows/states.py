@@ -152,7 +152,9 @@ CONTROLLER_LIFECYCLES = frozenset({"active", "deleting"})
 CONTROLLER_QUEUE_STATUSES = frozenset({"queued", "claimed", "idle"})
 CHANNEL_KINDS = frozenset({"telegram"})
 CHANNEL_RECORD_KINDS = frozenset({"delivery", "settlement"})
-PATCH_OPS = frozenset({"add", "replace", "remove", "append"})
+# The targets of a run view's patches, in the fixed order of a revision's deltas
+# (writer/views/targets.py maps every member of the view to one).
+VIEW_TARGETS = ("summary", "graph", "replay", "timeline", "conversation", "inspector")
 
 # The server (server.status): its state, and why it cannot commit when it cannot. The writer says
 # what it can do (its HEALTH frames) or why it could not start (its FATAL frame).

@@ -663,17 +663,18 @@ CREATE TABLE viewer_runs (
   CHECK (retained_revision_floor <= presentation_revision)
 ) STRICT;
 
+-- One row per target patch: the ordered ops of one target of one presentation revision, as one
+-- canonical JSON array in blobs. A revision's ops are its deltas in delta_index order.
 CREATE TABLE viewer_deltas (
   run_id TEXT NOT NULL REFERENCES viewer_runs (run_id) ON DELETE CASCADE,
   presentation_revision INTEGER NOT NULL CHECK (presentation_revision >= 1),
   delta_index INTEGER NOT NULL CHECK (delta_index >= 0),
-  patch_op TEXT NOT NULL CHECK (patch_op IN ('add', 'replace', 'remove', 'append')),
-  target_path TEXT NOT NULL,
-  value_digest BLOB REFERENCES blobs (digest),
-  PRIMARY KEY (run_id, presentation_revision, delta_index),
-  CHECK ((patch_op = 'remove') = (value_digest IS NULL))
+  target_type TEXT NOT NULL CHECK (target_type IN ('summary', 'graph', 'replay', 'timeline', 'conversation', 'inspector')),
+  target_key TEXT NOT NULL,
+  patch_digest BLOB NOT NULL REFERENCES blobs (digest),
+  recorded_at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, presentation_revision, delta_index)
 ) STRICT;
-CREATE INDEX viewer_deltas_by_value ON viewer_deltas (value_digest) WHERE value_digest IS NOT NULL;
 
 CREATE TABLE viewer_session_checkpoints (
   run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -726,3 +727,5 @@ CREATE INDEX effect_attempts_by_result_digest ON effect_attempts (result_digest)
 CREATE INDEX effect_attempts_by_error_digest ON effect_attempts (error_digest) WHERE error_digest IS NOT NULL;
 CREATE INDEX workflow_messages_by_content_digest ON workflow_messages (content_digest);
 CREATE INDEX viewer_session_checkpoints_by_state_digest ON viewer_session_checkpoints (state_digest);
+-- One entry per target patch (a few per transaction), not per op value.
+CREATE INDEX viewer_deltas_by_patch_digest ON viewer_deltas (patch_digest);

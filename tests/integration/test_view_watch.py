@@ -334,6 +334,34 @@ def test_a_watcher_goes_on_after_the_writer_was_killed(server, project):
         assert done["state"]["outputs"]["yes"] == {"answered": True}
 
 
+def test_a_patch_watcher_catches_up_from_the_deltas_after_a_writer_restart(server, project):
+    """The writer is killed while a patch watcher follows a run: what the new writer commits (and
+    what the old one may have committed untold) reaches the watcher from viewer_deltas as patches,
+    every revision exactly once, in order, ending at the server's snapshot."""
+    write(project, "ask", CHECKPOINT)
+    run_id = start(server, project, "ask")
+    wait_status(server, run_id, "waiting")
+    raw = Raw(server)
+    raw.send("view.run.watch", {"subscriptionId": "k", "patches": True}, run_id)
+    assert raw.until(lambda m: m["type"] == "response")[-1]["outcome"] == "accepted"
+    held = Document(raw.until(lambda m: m["type"] == "event")[-1]["payload"])
+    seen = [held.revision]
+    writer = next(c for c in server.registry()["children"] if c["role"] == "writer")
+    os.kill(writer["pid"], signal.SIGKILL)
+    with server.client() as client:  # retried with its key until the new writer answers
+        answer = {"nodePath": "ask", "answer": {"go": True}}
+        assert client.request("checkpoint.answer", answer, run_id=run_id).outcome in ("accepted", "adopted")
+    final = wait_until(lambda: (v := view(server, run_id))["queue"]["status"] == "done" and v, what="settled")
+    while held.revision < final["revision"]:
+        event = raw.read()
+        assert event["event"] == "run_patch", event["event"]  # caught up from the deltas, no snapshot
+        seen += [step["revision"] for step in event["payload"]["patches"]]
+        held.apply(event["payload"])
+    assert seen == list(range(seen[0], final["revision"] + 1))  # every revision once, in order
+    assert held.view == final
+    raw.close()
+
+
 @pytest.mark.parametrize("patches", [False, True], ids=["snapshots", "patches"])
 def test_deleting_a_watched_run_ends_its_watch(server, project, patches):
     write(project, "tenstep", TENSTEP)

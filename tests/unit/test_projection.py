@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from piworkflows import canonical, faults
 from piworkflows.paths import StatePaths
 from piworkflows.protocol.internal.base import BlobValue
+from piworkflows.states import VIEW_TARGETS
 from piworkflows.views.materialize import Document, Gap, apply_op
 from piworkflows.writer.db import GroupExecutor, GroupFailed, open_database
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import projection, targets
+from piworkflows.writer.views.projection import RETAINED
 from piworkflows.writer.views.run_view import run_view
 from tests.support import claim_run, run_create, run_group, runner_exited, submitted, take_epoch, token_hash
 from tests.support_agents import AgentStep
@@ -132,6 +134,7 @@ class Follower:
     def check(self) -> None:
         now = run_view(self.conn, "run-1")
         assert now is not None
+        check_deltas(self.conn, self.held[0].revision, now["revision"])
         for document in self.held:
             patch = projection.patches(self.conn, "run-1", document.revision)
             if patch is None:  # past retention: a snapshot is needed
@@ -140,12 +143,42 @@ class Follower:
                 continue
             revisions = [step["revision"] for step in patch["patches"]]
             assert revisions == list(range(document.revision + 1, now["revision"] + 1))  # each once, in order
+            only_ops = copy.deepcopy(document.view)  # a client that applies the ops and nothing else
+            for step in copy.deepcopy(patch["patches"]):  # an op's value becomes part of the document
+                for op in step["ops"]:
+                    apply_op(only_ops, op)
             document.apply({"fromRevision": document.revision, **patch})
-            assert document.view == now
+            assert document.view == now and only_ops == now  # /revision and /runRevision came in the ops
         self.held = [Document(copy.deepcopy(now))] + self.held[:2]
         if self.told is not None:
             self.check_told()
             assert self.taken == now["revision"]  # every committed revision was staged
+
+
+def check_deltas(conn: sqlite3.Connection, after: int, upto: int) -> None:
+    """Each revision's deltas: one per target it changed, in the targets' order, each op under its
+    own target, the first beginning with ``replace /revision`` (and ``/runRevision`` when it moved)."""
+    rows = conn.execute(
+        "SELECT d.presentation_revision, d.delta_index, d.target_type, d.target_key, b.bytes FROM viewer_deltas d "
+        "JOIN blobs b ON b.digest = d.patch_digest WHERE d.run_id = 'run-1' AND d.presentation_revision > ? "
+        "AND d.presentation_revision <= ? ORDER BY 1, 2",
+        (after, upto),
+    ).fetchall()
+    by_revision: dict[int, list[tuple[int, str, str, list[dict[str, Any]]]]] = {}
+    for at, index, target, key, data in rows:
+        by_revision.setdefault(at, []).append((index, target, key, canonical.loads(data)))
+    for at, deltas in by_revision.items():
+        assert [index for index, *_ in deltas] == list(range(len(deltas)))
+        kinds = [target for _, target, _, _ in deltas]
+        assert kinds == sorted(kinds, key=VIEW_TARGETS.index) and len(set(kinds)) == len(kinds)
+        first = deltas[0][3]
+        assert first[0] == {"op": "replace", "path": "/revision", "value": at}
+        prefix = 2 if len(first) > 1 and first[1]["path"] == "/runRevision" else 1
+        assert all(op["path"] not in ("/revision", "/runRevision") for op in first[prefix:])
+        for index, target, key, ops in deltas:
+            assert key == "" and all(
+                targets.target_of(op["path"]) == target for op in ops[prefix if index == 0 else 0 :]
+            )
 
 
 class Run:
@@ -309,6 +342,42 @@ def test_a_long_run_moves_its_windows_and_keeps_256_revisions(executor):
     assert view is not None and view["stepStart"] == view["stepTotal"] - 64 and len(view["state"]["steps"]) == 64
 
 
+def test_retention_removes_the_patch_blobs_it_orphans_and_only_those(executor):
+    """Past 256 revisions each advance deletes the oldest revision's deltas in its own transaction,
+    and their patch blobs unless another row still references one (here a workflow update whose
+    body is, byte for byte, a patch about to go)."""
+    run = Run(executor)
+    conn = executor.conn
+    while conn.execute("SELECT presentation_revision FROM viewer_runs").fetchone()[0] < RETAINED + 2:
+        run.steps(5, 4)
+
+    def oldest() -> tuple[int, set[bytes]]:
+        (floor,) = conn.execute("SELECT retained_revision_floor FROM viewer_runs").fetchone()
+        rows = conn.execute("SELECT patch_digest FROM viewer_deltas WHERE presentation_revision = ?", (floor,))
+        return floor, {row[0] for row in rows}
+
+    floor, going = oldest()
+    kept = sorted(going)[0]
+    attempt = conn.execute("SELECT attempt_id FROM node_attempts LIMIT 1").fetchone()[0]
+    conn.execute(
+        "INSERT INTO workflow_updates (run_id, update_seq, attempt_id, update_kind, body_digest, created_at) "
+        "VALUES ('run-1', 999, ?, 'progress', ?, 0)",
+        (attempt, kept),
+    )
+    conn.execute("DELETE FROM temp.viewer_touched")  # the row was planted outside any command
+    deltas = conn.execute("SELECT presentation_revision, patch_digest FROM viewer_deltas").fetchall()
+    blobs_before = {row[0] for row in conn.execute("SELECT digest FROM blobs")}
+    run.steps(1, 4)  # one node visit: the floor moves on by its revisions
+    new_floor, _ = oldest()
+    assert new_floor > floor
+    below = "FROM viewer_deltas WHERE presentation_revision < ?"
+    assert conn.execute(f"SELECT count(*) {below}", (new_floor,)).fetchone() == (0,)
+    still = {row[0] for row in conn.execute("SELECT patch_digest FROM viewer_deltas")}
+    gone = {digest for at, digest in deltas if at < new_floor}
+    removed = blobs_before - {row[0] for row in conn.execute("SELECT digest FROM blobs")}
+    assert kept in gone and removed == gone - still - {kept}  # exactly the orphans
+
+
 def test_a_command_that_changes_nothing_shown_advances_nothing(executor):
     run = Run(executor)
     conn = executor.conn
@@ -375,9 +444,10 @@ def test_a_group_that_does_not_commit_stages_no_ops(executor):
     run.follower.check()
 
 
-# The statements that write a revision's ops: one per op and value, and per value retention frees.
+# The statements that write a revision's patches: one per target patch and its blob, and per blob
+# retention frees.
 OP_WRITES = re.compile(
-    r"INSERT INTO (viewer_deltas|blobs)|DELETE FROM (viewer_deltas|blobs)|SELECT DISTINCT value_digest"
+    r"INSERT INTO (viewer_deltas|blobs)|DELETE FROM (viewer_deltas|blobs)|SELECT patch_digest FROM viewer_deltas"
     r"|SELECT media_type, byte_length, bytes FROM blobs"
 )
 
@@ -402,7 +472,7 @@ def statements(run: Run) -> tuple[int, int, int]:
 
 def test_a_patch_costs_the_same_statements_at_1000_steps_as_at_10(make_executor):
     """Reading what changed costs the same statements however long the run; writing costs one
-    statement per op (a sliding window's removes and retention's deletes are ops, not steps)."""
+    row per target a revision changed, however many ops (a sliding window's removes are ops)."""
     costs = []
     for steps in (10, 1000):
         run = Run(make_executor())
@@ -411,7 +481,7 @@ def test_a_patch_costs_the_same_statements_at_1000_steps_as_at_10(make_executor)
         costs.append(statements(run))
     (reads_10, deltas_10, ops_10), (reads_1000, deltas_1000, ops_1000) = costs
     assert reads_10 == reads_1000
-    assert (deltas_10, deltas_1000) == (ops_10, ops_1000)
+    assert deltas_10 == deltas_1000 <= 2 * len(VIEW_TARGETS) and ops_1000 > ops_10  # the windows slide
 
 
 def test_the_materializer_is_strict():

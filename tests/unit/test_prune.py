@@ -168,9 +168,9 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
     assert dry.receipt["eligible"] == ["run-done"]
     assert blocked == {"run-failed": "unfinishedRun", "run-effect": "unsettledEffect"}
 
-    deltas_only = conn.execute(  # values of run-done's view ops that no other row holds
-        "SELECT DISTINCT value_digest FROM viewer_deltas WHERE run_id = 'run-done' AND value_digest NOT IN "
-        "(SELECT value_digest FROM viewer_deltas WHERE run_id != 'run-done' AND value_digest IS NOT NULL)"
+    deltas_only = conn.execute(  # run-done's view patches that no other run's delta holds
+        "SELECT DISTINCT patch_digest FROM viewer_deltas WHERE run_id = 'run-done' AND patch_digest NOT IN "
+        "(SELECT patch_digest FROM viewer_deltas WHERE run_id != 'run-done')"
     ).fetchall()
     done = {"destination": "/backups/b.sqlite", "bytes": 1, "pages": 1}  # what the writer loop made first
     (applied,) = run_group(
@@ -187,7 +187,7 @@ def test_apply_removes_exactly_the_eligible_trees_and_their_blobs(executor, cloc
         ),
     )
     assert applied.outcome == "accepted", applied
-    # its input, and the values of its view's ops (they name the run: no other run holds them)
+    # its input, and its view's patches (they name the run: no other run holds them)
     assert applied.receipt["deleted"]["trees"] == 1 and applied.receipt["deleted"]["runs"] == 1
     assert applied.receipt["deleted"]["blobs"] == 1 + len(deltas_only)
     left = {row[0] for row in conn.execute("SELECT run_id FROM runs")}

@@ -66,7 +66,7 @@ CLOSED_SETS: dict[tuple[str, str], frozenset[str]] = {
     ("workflow_turns", "turn_state"): states.TURN_STATES,
     ("channels", "channel_kind"): states.CHANNEL_KINDS,
     ("channel_messages", "record_kind"): states.CHANNEL_RECORD_KINDS,
-    ("viewer_deltas", "patch_op"): states.PATCH_OPS,
+    ("viewer_deltas", "target_type"): frozenset(states.VIEW_TARGETS),
 }
 
 # Closed CHECKs that admit only part of a states constant on purpose:

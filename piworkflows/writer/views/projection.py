@@ -41,6 +41,7 @@ from typing import Any
 from piworkflows import canonical
 from piworkflows.states import MEDIA_JSON
 from piworkflows.writer import prune, records
+from piworkflows.writer.views import targets
 from piworkflows.writer.views.content import RunValues
 from piworkflows.writer.views.pages import WINDOW
 from piworkflows.writer.views.run_view import (
@@ -375,40 +376,51 @@ def _tail(
 def _record(
     conn: sqlite3.Connection, run_id: str, revision: int, floor: int, ops: list[dict[str, Any]], now: int
 ) -> bytes:
-    """The revision's ops, each value a canonical-JSON blob; the retained revisions move on.
-    Returns the canonical JSON of the ops (the array ``patches`` shows for this revision), built
-    from the values' encodings."""
+    """The revision's ops as one patch per target they change (targets.py), in the targets' fixed
+    order, the first beginning with ``replace /revision`` (and ``/runRevision`` when it moved);
+    each patch a canonical-JSON blob. The retained revisions move on. Returns the canonical JSON
+    of all the revision's ops in that order (the array ``patches`` shows for it)."""
     conn.execute(
         "UPDATE viewer_runs SET presentation_revision = ?, retained_revision_floor = ?, updated_at = ? "
         "WHERE run_id = ?",
         (revision, floor, now, run_id),
     )
-    values: dict[bytes, bytes] = {}
+    prefix = [_encode(_op("replace", "/revision", revision))]
+    grouped: dict[str, list[bytes]] = {}
+    for op in ops:
+        if op["path"] == "/runRevision":
+            prefix.append(_encode(op))
+        else:
+            grouped.setdefault(targets.target_of(op["path"]), []).append(_encode(op))
+    deltas = sorted(grouped.items(), key=lambda item: targets.ORDER[item[0]]) or [("summary", [])]
+    deltas[0] = (deltas[0][0], prefix + deltas[0][1])
+    blobs: dict[bytes, bytes] = {}
     rows = []
-    encoded = []
-    for index, op in enumerate(ops):
-        digest = None
-        # canonical key order: op, path, value
-        member = b'{"op":"' + op["op"].encode() + b'","path":' + canonical.dumps_bytes(op["path"])
-        if "value" in op:
-            data = canonical.dumps_bytes(op["value"])
-            digest = hashlib.sha256(data).digest()
-            values[digest] = data
-            member += b',"value":' + data
-        encoded.append(member + b"}")
-        rows.append((run_id, revision, index, op["op"], op["path"], digest))
-    records.put_own_blobs(conn, values, MEDIA_JSON, now)
+    for index, (target, members) in enumerate(deltas):
+        data = b"[" + b",".join(members) + b"]"
+        digest = hashlib.sha256(data).digest()
+        blobs[digest] = data
+        rows.append((run_id, revision, index, target, "", digest, now))
+    records.put_own_blobs(conn, blobs, MEDIA_JSON, now)
     conn.executemany(
-        "INSERT INTO viewer_deltas (run_id, presentation_revision, delta_index, patch_op, target_path, "
-        "value_digest) VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO viewer_deltas (run_id, presentation_revision, delta_index, target_type, target_key, "
+        "patch_digest, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
-    if revision > RETAINED:  # the oldest revision's ops go, and their values no other row holds
+    if revision > RETAINED:  # the oldest revision's patches go, and their blobs when no other row holds them
         past = "FROM viewer_deltas WHERE run_id = ? AND presentation_revision < ?"
-        freed = [row[0] for row in conn.execute(f"SELECT DISTINCT value_digest {past}", (run_id, floor)) if row[0]]
+        freed = {row[0] for row in conn.execute(f"SELECT patch_digest {past}", (run_id, floor))}
         conn.execute(f"DELETE {past}", (run_id, floor))
-        prune.delete_unreferenced(conn, [digest for digest in freed if digest not in values])
-    return b"[" + b",".join(encoded) + b"]"
+        prune.delete_unreferenced(conn, [digest for digest in freed if digest not in blobs])
+    return b"[" + b",".join(member for _, members in deltas for member in members) + b"]"
+
+
+def _encode(op: dict[str, Any]) -> bytes:
+    """An op's canonical JSON (its keys in canonical order: op, path, value)."""
+    member: bytes = b'{"op":"' + str(op["op"]).encode() + b'","path":' + canonical.dumps_bytes(op["path"])
+    if "value" in op:
+        member += b',"value":' + canonical.dumps_bytes(op["value"])
+    return member + b"}"
 
 
 def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:
@@ -425,14 +437,13 @@ def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any]
     if after < 1 or after > revision or after < floor - 1:
         return None
     rows = conn.execute(
-        "SELECT d.presentation_revision, d.patch_op, d.target_path, b.bytes FROM viewer_deltas d "
-        "LEFT JOIN blobs b ON b.digest = d.value_digest "
+        "SELECT d.presentation_revision, b.bytes FROM viewer_deltas d JOIN blobs b ON b.digest = d.patch_digest "
         "WHERE d.run_id = ? AND d.presentation_revision > ? ORDER BY d.presentation_revision, d.delta_index",
         (run_id, after),
     ).fetchall()
     by_revision: dict[int, list[dict[str, Any]]] = {}
-    for at, op, path, data in rows:
-        by_revision.setdefault(at, []).append(_op(op, path, None if data is None else canonical.loads(data)))
+    for at, data in rows:  # a revision's ops: its deltas' patches in order
+        by_revision.setdefault(at, []).extend(canonical.loads(data))
     if list(by_revision) != list(range(after + 1, revision + 1)):
         return None
     return {
