@@ -164,7 +164,7 @@ def delete_unreferenced(conn: sqlite3.Connection, digests: list[bytes]) -> int:
 @functools.cache
 def _unreferenced() -> str:
     """SQL: no row of any table with a foreign key to blobs references ``blobs.digest`` (the view
-    ops' values first: the values most often shared, so most candidates stop there)."""
+    patches first: retention frees them most often, so most candidates stop there)."""
     references = sorted(_blob_references().items(), key=lambda item: item[0] != "viewer_deltas")
     return " AND ".join(
         f"NOT EXISTS (SELECT 1 FROM {t} WHERE {t}.{c} = blobs.digest)" for t, columns in references for c in columns

@@ -15,8 +15,8 @@ presentation revision once and writes its ordered ops to ``viewer_deltas`` befor
                                                       and changed rows of the histories touched,
                                                       by position arithmetic on their own keys
     no op: nothing advances (a renewal, a heartbeat)
-    ops: viewer_runs + 1, floor = max(floor, revision - 255), the ops with their values as
-         canonical-JSON blobs, deltas below the floor deleted
+    ops: viewer_runs + 1, floor = max(floor, revision - 255), one delta per target the ops
+         change (targets.py), each patch a canonical-JSON blob, deltas below the floor deleted
 
 The ops of a window are upstream's tail patch at width WINDOW: ``remove <array>/0`` per item
 leaving, ``append`` of the new items, ``replace`` of start (when it moved) and total; WINDOW or
