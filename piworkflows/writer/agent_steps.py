@@ -29,7 +29,7 @@ from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.agents import AgentContract, message_id_of
 from piworkflows.protocol.internal.base import Actor, BlobValue, server_owner_id
 from piworkflows.writer import active_time, records
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 OPEN_REQUEST = ("pending", "validating")
 REQUEST_COLUMNS = "request_id, run_id, attempt_id, target_session_id, contract_digest, request_status, revision"
@@ -295,7 +295,7 @@ def requeue_run(conn: sqlite3.Connection, run_id: str, now: int) -> None:
         "UPDATE runs SET status = 'queued', park_reason = NULL, updated_at = ? WHERE run_id = ?", (now, run_id)
     )
     conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, run_id))
-    projection.touch(conn, run_id)
+    touched.touch(conn, run_id)
 
 
 def accept(

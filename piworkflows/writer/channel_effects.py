@@ -29,7 +29,7 @@ from piworkflows.protocol.internal.base import Actor, BlobValue
 from piworkflows.protocol.internal.effects import EffectRequest
 from piworkflows.states import CHANNEL_PERFORMER, TELEGRAM_EFFECT_POLICIES, TELEGRAM_MAX_ATTEMPTS
 from piworkflows.writer import records
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 MAX_TEXT = 4096  # Telegram's bound on a message text
 DELIVER, PROMPT, REPLY = "telegram.deliver", "telegram.prompt", "telegram.reply"
@@ -338,7 +338,7 @@ def settled(conn: sqlite3.Connection, effect_id: str, status: str, actor: Actor,
         is not None
     )
     if effect_type == DELIVER and not is_resolved:  # the waiting view counts its deliveries
-        projection.touch(conn, run_id_of(conn, decision_id))
+        touched.touch(conn, run_id_of(conn, decision_id))
     if effect_type in SENT_KINDS and status == "applied":
         if effect_type == DELIVER:
             _record(conn, channel_id, decision_id, "delivery", effect_id, now)

@@ -26,7 +26,7 @@ from typing import Any
 from piworkflows.errors import CommandError
 from piworkflows.protocol.internal.base import Actor, BlobValue
 from piworkflows.writer import channel_effects, records
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 EXPIRED = "decisionExpired"  # the error code of a node whose decision expired without a default
 
@@ -195,7 +195,7 @@ def resolve(
     conn.execute(
         "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, decision.run_id)
     )
-    projection.touch(conn, decision.run_id)
+    touched.touch(conn, decision.run_id)
 
 
 def due(decision: Decision, now: int) -> bool:

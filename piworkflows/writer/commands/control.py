@@ -33,7 +33,7 @@ from piworkflows.states import TERMINAL_RUN_STATUSES
 from piworkflows.writer import agent_steps, decisions, local_effects, records
 from piworkflows.writer.commands.runs import check_session_free, enqueue_new_run, run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 R = TypeVar("R", bound=RunControl)
 
@@ -95,7 +95,7 @@ class PauseRun(ControlHandler[RunPause]):
                     (now, cmd.run_id),
                 )
             agent_steps.stop_for_pause(conn, cmd.run_id, tx.actor, now)
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="run.paused",
@@ -131,7 +131,7 @@ class ResumeRun(ControlHandler[RunResume]):
                 conn.execute(
                     "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
                 )
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="run.resumed", apply=apply, receipt={"runId": cmd.run_id, "status": new_status, "paused": False}
@@ -178,7 +178,7 @@ class CancelRun(ControlHandler[RunCancel]):
                 (now, now, cmd.run_id),
             )
             records.end_live_runner(conn, cmd.run_id, now)
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="run.cancelled",

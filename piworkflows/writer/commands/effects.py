@@ -35,7 +35,7 @@ from piworkflows.states import (
 )
 from piworkflows.writer import channel_effects, records
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 OPERATORS = frozenset({"client", "operator"})
 
@@ -353,7 +353,7 @@ def _continue_parked_run(tx: Tx, effect_id: str) -> None:
         conn.execute("UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, run_id))
     new_revision = records.increment_revision(conn, run_id, revision, now)
     records.write_event(conn, run_id, new_revision, "run.effectReviewed", tx.actor, now)
-    projection.touch(conn, run_id)
+    touched.touch(conn, run_id)
 
 
 def _ambiguous(tx: Tx, effect_id: str) -> None:

@@ -32,7 +32,7 @@ from piworkflows.protocol.internal.nodes import (
 from piworkflows.writer import agent_steps, channel_effects, decisions, local_effects, records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, ResourceHandler, Stamp, Target, Tx
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 RUNNER = frozenset({"runner", "server"})
 ATTEMPT_STATUS = {"ok": "completed", "failed": "failed", "timed_out": "timed_out", "cancelled": "cancelled"}
@@ -161,7 +161,7 @@ def ending(
     def apply(stamp: Stamp) -> None:
         before(stamp)
         end_run(tx, run_id, status, output, error, code)
-        projection.touch(tx.conn, run_id)
+        touched.touch(tx.conn, run_id)
 
     return Change(
         event_type="run.finished",
@@ -196,7 +196,7 @@ class StartNode(RunnerTransition[NodeStart]):
         def apply(stamp: Stamp) -> None:
             planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="node.started",
@@ -272,7 +272,7 @@ class FinishNode(RunnerTransition[NodeFinish]):
             if planned is not None:
                 planned.insert(conn, stamp.lease_generation, now)
             conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, cmd.run_id))
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         receipt["nextNode"] = cmd.next_node
         if planned is not None:
@@ -342,7 +342,7 @@ class WaitNode(RunnerTransition[NodeWait]):
                 "UPDATE run_queue SET queue_status = 'parked', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
             )
             records.end_live_runner(conn, cmd.run_id, now)
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="node.waiting",
@@ -461,7 +461,7 @@ class AnswerCheckpoint(ResourceHandler[CheckpointAnswer]):
             conn.execute(
                 "UPDATE run_queue SET queue_status = 'queued', updated_at = ? WHERE run_id = ?", (now, cmd.run_id)
             )
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="checkpoint.answered",

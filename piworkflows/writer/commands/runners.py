@@ -36,7 +36,7 @@ from piworkflows.states import DETAILED_PARKS, TERMINAL_RUN_STATUSES
 from piworkflows.writer import records
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, NewClaim, ResourceHandler, Result, Stamp, Target, Tx
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 from piworkflows.writer.views.runs import source_view
 
 SERVER_ONLY = frozenset({"server"})
@@ -97,7 +97,7 @@ class ClaimRun(ResourceHandler[RunClaim]):
                 "created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (cmd.run_id, cmd.server_epoch, stamp.lease_generation, launch_command, stamp.revision, now),
             ).lastrowid
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
             change.receipt.update(runnerEpoch=runner_epoch, leaseGeneration=stamp.lease_generation)
 
         change.apply = apply
@@ -209,7 +209,7 @@ class RecordRunnerExited(ResourceHandler[RunnerExited]):
                     "UPDATE runs SET status = ?, park_reason = ?, updated_at = ? WHERE run_id = ?",
                     (run_status, park, now, cmd.run_id),
                 )
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         receipt: dict[str, Any] = {
             "runId": cmd.run_id,

@@ -145,15 +145,6 @@ def install(conn: sqlite3.Connection) -> None:
     conn.executescript(_DDL)
 
 
-def touch(conn: sqlite3.Connection, run_id: str) -> None:
-    """The transaction changed what the run's view shows in rows no trigger watches."""
-    conn.execute(
-        "INSERT INTO temp.viewer_touched SELECT ?1, '', 0 WHERE NOT EXISTS "
-        "(SELECT 1 FROM temp.viewer_touched WHERE run_id = ?1 AND history = '' AND key = 0)",
-        (run_id,),
-    )
-
-
 @dataclass(frozen=True)
 class Known:
     """What the projection recorded of a run at ``revision``."""

@@ -46,7 +46,7 @@ from piworkflows.writer.commands.agents.base import (
 )
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 ToRequest = TypeVar("ToRequest", InteractionSubmit, InteractionUpdate)
 
@@ -127,7 +127,7 @@ class SubmitInteraction(FromTheModel[InteractionSubmit]):
                 (submission_id, request.request_id, cmd.idempotency_key, cmd.output.digest, now),
             )
             agent_steps.set_request(conn, request, "validating", now)
-            projection.touch(conn, request.run_id)
+            touched.touch(conn, request.run_id)
 
         receipt["status"] = "validating"
         return Change(
@@ -211,7 +211,7 @@ class SettleInteraction(ResourceHandler[InteractionSettle]):
             )
             if last is None:
                 agent_steps.set_request(conn, request, "pending", now)
-                projection.touch(conn, request.run_id)
+                touched.touch(conn, request.run_id)
             else:
                 agent_steps.fail(conn, request, "failed", "tooManyRejections", last, None, tx.actor, now)
 
@@ -247,7 +247,7 @@ class UpdateInteraction(FromTheModel[InteractionUpdate]):
                 "VALUES (?, ?, ?, 'progress', ?, ?)",
                 (request.run_id, seq, request.attempt_id, body.digest, now),
             )
-            projection.touch(conn, request.run_id)
+            touched.touch(conn, request.run_id)
             change.receipt.update(requestId=request.request_id, updateSeq=seq)
 
         change.apply = apply

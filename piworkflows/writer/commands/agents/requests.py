@@ -33,7 +33,7 @@ from piworkflows.writer.commands.agents.base import SERVER_ONLY, find_request, r
 from piworkflows.writer.commands.nodes import RunnerTransition
 from piworkflows.writer.commands.runs import run_target
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 
 class RequestAgent(RunnerTransition[NodeRequestAgent]):
@@ -85,7 +85,7 @@ class RequestAgent(RunnerTransition[NodeRequestAgent]):
             )
             source = ("interactive_request", request_id)
             agent_steps.add_step(conn, cmd.run_id, request_id, session, key, cmd.step, source, tx.actor, now)
-            projection.touch(conn, cmd.run_id)
+            touched.touch(conn, cmd.run_id)
 
         return Change(
             event_type="agent.requested",
@@ -176,7 +176,7 @@ class OpenSegment(ResourceHandler[AgentOpen]):
             close_dead()
             generation = _new_segment(tx, cmd, request)
             records.write_event(conn, cmd.segment_id, 1, "agent.opened", tx.actor, now, generation)
-            projection.touch(conn, request.run_id)
+            touched.touch(conn, request.run_id)
             change.receipt.update(agent_steps.launch_receipt(conn, cmd.segment_id, request))
 
         change.apply = apply

@@ -49,7 +49,7 @@ from piworkflows.writer.commands.agents.base import (
     session_step,
 )
 from piworkflows.writer.contract import Change, Handler, ResourceHandler, Result, Stamp, Target, Tx, adoption
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 NO_PROGRESS = "The agent host exited before it reported anything; see server.log. Resume the run to try again."
 
@@ -122,7 +122,7 @@ class ReportBranch(SegmentCommand[AgentBranch]):
                 source = ("interactive_request", request.request_id)
                 ids = (request.run_id, request.request_id, request.target_session_id)
                 agent_steps.add_step(conn, *ids, resumed_key, text, source, tx.actor, now)
-            projection.touch(conn, request.run_id)
+            touched.touch(conn, request.run_id)
             change.receipt.update(outcome_receipt(tx, request))
 
         change.apply = apply
@@ -143,7 +143,7 @@ class MessageSent(SegmentCommand[AgentMessageSent]):
 
         def apply(stamp: Stamp) -> None:
             agent_steps.mark_sent(tx.conn, cmd.workflow_message_id, cmd.pi_entry_id, tx.actor, tx.now)
-            projection.touch(tx.conn, segment.run_id)
+            touched.touch(tx.conn, segment.run_id)
 
         return Change(event_type="agent.message_sent", apply=apply, receipt=receipt)
 
@@ -187,7 +187,7 @@ class CloseSegment(SegmentCommand[AgentClose]):
 
         def apply(stamp: Stamp) -> None:
             agent_steps.close_segment(tx.conn, segment, "disconnect", tx.now, tx.now, cmd.elapsed_ms)
-            projection.touch(tx.conn, segment.run_id)
+            touched.touch(tx.conn, segment.run_id)
 
         return Change(
             event_type="agent.closed",
@@ -244,7 +244,7 @@ class SegmentExited(ResourceHandler[AgentExited]):
                     (segment.run_id, seq, segment.attempt_id, detail.digest, now),
                 )
                 agent_steps.advance(conn, segment.run_id, "run.parked", tx.actor, now, detail.digest)
-            projection.touch(conn, segment.run_id)
+            touched.touch(conn, segment.run_id)
 
         placement = {"placement": "parked", "parkReason": "agentNoProgress"} if park else {"placement": "closed"}
         return Change(

@@ -40,7 +40,7 @@ from piworkflows.writer.commands.agents.base import (
     session_step,
 )
 from piworkflows.writer.contract import Change, Stamp, Tx, adoption
-from piworkflows.writer.views import projection
+from piworkflows.writer.views import touched
 
 
 class ReportTurn(SegmentCommand[AgentTurn]):
@@ -89,7 +89,7 @@ def _start(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change
             (cmd.workflow_turn_id, cmd.workflow_message_id, segment.run_id, segment.session_id, tx.now),
         )
         number = active_time.open_interval(tx.conn, segment.attempt_id, tx.now)
-        projection.touch(tx.conn, segment.run_id)
+        touched.touch(tx.conn, segment.run_id)
         change.receipt.update(workflowTurnId=cmd.workflow_turn_id, turnState="open", intervalNumber=number)
 
     change.apply = apply
@@ -166,7 +166,7 @@ def _end(tx: Tx, cmd: AgentTurn, segment: Segment, request: Request) -> Change:
             agent_steps.advance(
                 conn, request.run_id, "agent.failed", tx.actor, now, failure[1].digest, request.attempt_id
             )
-        projection.touch(conn, request.run_id)
+        touched.touch(conn, request.run_id)
         change.receipt.update(workflowTurnId=cmd.workflow_turn_id, turnState="ended", **outcome_receipt(tx, request))
 
     change.apply = apply
