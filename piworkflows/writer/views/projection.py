@@ -376,21 +376,22 @@ def _record(
         "WHERE run_id = ?",
         (revision, floor, now, run_id),
     )
-    prefix = [_encode(_op("replace", "/revision", revision))]
-    grouped: dict[str, list[bytes]] = {}
+    prefix = [_op("replace", "/revision", revision)]
+    grouped: dict[str, list[dict[str, Any]]] = {}
     for op in ops:
         if op["path"] == "/runRevision":
-            prefix.append(_encode(op))
+            prefix.append(op)
         else:
-            grouped.setdefault(targets.target_of(op["path"]), []).append(_encode(op))
+            grouped.setdefault(targets.target_of(op["path"]), []).append(op)
     deltas = sorted(grouped.items(), key=lambda item: targets.ORDER[item[0]]) or [("summary", [])]
     deltas[0] = (deltas[0][0], prefix + deltas[0][1])
     blobs: dict[bytes, bytes] = {}
-    rows = []
+    rows, patches = [], []
     for index, (target, members) in enumerate(deltas):
-        data = b"[" + b",".join(members) + b"]"
+        data = canonical.dumps_bytes(members)  # an op's keys sort as op, path, value
         digest = hashlib.sha256(data).digest()
         blobs[digest] = data
+        patches.append(data[1:-1])
         rows.append((run_id, revision, index, target, "", digest, now))
     records.put_own_blobs(conn, blobs, MEDIA_JSON, now)
     conn.executemany(
@@ -403,15 +404,7 @@ def _record(
         freed = {row[0] for row in conn.execute(f"SELECT patch_digest {past}", (run_id, floor))}
         conn.execute(f"DELETE {past}", (run_id, floor))
         prune.delete_unreferenced(conn, [digest for digest in freed if digest not in blobs])
-    return b"[" + b",".join(member for _, members in deltas for member in members) + b"]"
-
-
-def _encode(op: dict[str, Any]) -> bytes:
-    """An op's canonical JSON (its keys in canonical order: op, path, value)."""
-    member: bytes = b'{"op":"' + str(op["op"]).encode() + b'","path":' + canonical.dumps_bytes(op["path"])
-    if "value" in op:
-        member += b',"value":' + canonical.dumps_bytes(op["value"])
-    return member + b"}"
+    return b"[" + b",".join(patches) + b"]"  # each delta has at least one op
 
 
 def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:

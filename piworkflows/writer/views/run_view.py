@@ -213,8 +213,9 @@ def head(conn: sqlite3.Connection, run_id: str, values: RunValues, session: bool
         "errorCode": error_code,
         "durationMs": finished - started if started is not None and finished is not None else None,
         "currentStep": current,
-        "effects": _ambiguous_effects(conn, run_id),
-        "pending": pending_view(conn, run_id) or _checkpoint(conn, run_id, values),
+        "effects": _ambiguous_effects(conn, run_id) if facts.ambiguous_effects else [],
+        "pending": pending_view(conn, run_id)
+        or (_checkpoint(conn, run_id, values) if facts.waiting_for == "checkpoint" else None),
     }
     return parts
 
