@@ -386,12 +386,12 @@ def _record(
     deltas = sorted(grouped.items(), key=lambda item: targets.ORDER[item[0]]) or [("summary", [])]
     deltas[0] = (deltas[0][0], prefix + deltas[0][1])
     blobs: dict[bytes, bytes] = {}
-    rows, patches = [], []
+    rows, inner = [], []
     for index, (target, members) in enumerate(deltas):
         data = canonical.dumps_bytes(members)  # an op's keys sort as op, path, value
         digest = hashlib.sha256(data).digest()
         blobs[digest] = data
-        patches.append(data[1:-1])
+        inner.append(data[1:-1])  # the patch without its brackets
         rows.append((run_id, revision, index, target, "", digest, now))
     records.put_own_blobs(conn, blobs, MEDIA_JSON, now)
     conn.executemany(
@@ -404,7 +404,7 @@ def _record(
         freed = {row[0] for row in conn.execute(f"SELECT patch_digest {past}", (run_id, floor))}
         conn.execute(f"DELETE {past}", (run_id, floor))
         prune.delete_unreferenced(conn, [digest for digest in freed if digest not in blobs])
-    return b"[" + b",".join(patches) + b"]"  # each delta has at least one op
+    return b"[" + b",".join(inner) + b"]"  # each delta has at least one op
 
 
 def patches(conn: sqlite3.Connection, run_id: str, after: int) -> dict[str, Any] | None:
