@@ -137,32 +137,39 @@ _C_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_ke
 _C_ENCODER_KEEP_ORDER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _plain(value: Any) -> bool:
-    """True if the C json encoder prints exactly the canonical text of *value*.
+_PLAIN_KEYS: set[str] = set()  # keys _plain_key accepted (a run's view repeats the same few hundred)
+_PLAIN_KEYS_KEPT = 4096
 
-    That holds for str (no surrogates), int (a safe integer), bool, None, and
-    lists, tuples and dicts of them whose keys are str without surrogates or
-    astral characters and not array indices. Floats, large ints and
-    everything else take the exact encoder below.
+
+def _plain_key(key: Any) -> bool:
+    if type(key) is not str or _PLAIN_KEY_CHARS.match(key) is None or _INDEX_KEY.match(key):
+        return False
+    if len(_PLAIN_KEYS) < _PLAIN_KEYS_KEPT:
+        _PLAIN_KEYS.add(key)
+    return True
+
+
+def _plain(value: Any) -> bool:
+    """True if the C json encoder prints the canonical text of *value*, provided that text has no
+    surrogate (``dumps`` checks the text once instead of every string here).
+
+    That holds for str, int (a safe integer), bool, None, and lists, tuples and dicts of them whose
+    keys are str without surrogates or astral characters and not array indices. Floats, large
+    ints and everything else take the exact encoder below.
     """
     stack = [value]
     while stack:
         item = stack.pop()
         kind = type(item)
-        if kind is str:
-            if _SURROGATE.search(item) is not None:
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is dict:
+            if not _PLAIN_KEYS.issuperset(item) and not all(_plain_key(key) for key in item):
                 return False
-        elif kind is int:
-            if not -_SAFE_INT < item < _SAFE_INT:
-                return False
-        elif kind is dict:
-            for key in item:
-                if type(key) is not str or _PLAIN_KEY_CHARS.match(key) is None or _INDEX_KEY.match(key):
-                    return False
             stack.extend(item.values())
         elif kind is list or kind is tuple:
             stack.extend(item)
-        elif item is not None and kind is not bool:
+        elif kind is not int or not -_SAFE_INT < item < _SAFE_INT:
             return False
     return True
 
@@ -202,7 +209,9 @@ def dumps(value: Any, *, sort_keys: bool = True) -> str:
     array-index keys move first in numeric order, as in JavaScript.
     """
     if _plain(value):
-        return (_C_ENCODER if sort_keys else _C_ENCODER_KEEP_ORDER).encode(value)
+        text = (_C_ENCODER if sort_keys else _C_ENCODER_KEEP_ORDER).encode(value)
+        if _SURROGATE.search(text) is None:  # the C encoder writes a surrogate raw, canonical text escapes it
+            return text
     return _encode(value, sort_keys)
 
 

@@ -4,8 +4,10 @@ and back to the epoch milliseconds the database stores. Durations stay integer m
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 
+@lru_cache(maxsize=4096)  # a run's views show the same few times again at every revision
 def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
