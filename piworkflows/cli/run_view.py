@@ -56,8 +56,15 @@ def shown(contents: Contents, view: dict[str, Any]) -> dict[str, Any]:
     """The view with the parts the CLI renders resolved."""
     state, ours = view["state"], view["piworkflows"]
     resolved = {key: contents.resolve(state[key]) for key in ("steps", "finalOutput", "error") if key in state}
-    mine = {key: contents.resolve(ours[key]) for key in ("currentStep", "pending")}
-    return {**view, "state": {**state, **resolved}, "piworkflows": {**ours, **mine}}
+    pending = contents.resolve(ours["pending"])
+    return {**view, "state": {**state, **resolved}, "piworkflows": {**ours, "pending": pending}}
+
+
+def current_step(view: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's running or waiting step: the step of the window whose attempt is the state's
+    current attempt (the newest step); None when no step is active."""
+    attempt = view["state"].get("currentAttemptId")
+    return next((step for step in reversed(view["state"]["steps"]) if step["attemptId"] == attempt), None)
 
 
 def get(client: WorkflowClient, run_id: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def settled(view: dict[str, Any]) -> bool:
     other than a shutdown (the run's park reason fact; never the display's words)."""
     status = view["display"]["status"]
     if status == "waiting":
-        current = view["piworkflows"]["currentStep"]
+        current = run_view.current_step(view)
         return current is None or current["nodeType"] not in AGENT_NODE_KINDS
     if status == "queued":
         return view["piworkflows"]["parkReason"] not in (None, "shutdown")
@@ -147,7 +147,7 @@ class _LiveLine:
         if not self.enabled:
             return
         now = int(time.time() * 1000)
-        current, display = view["piworkflows"]["currentStep"], view["display"]
+        current, display = run_view.current_step(view), view["display"]
         elapsed = story.duration(max(0, now - story.epoch_ms(view["state"]["startedAt"])))
         if current is not None:
             step_time = story.duration(max(0, now - story.epoch_ms(current["startedAt"])))

@@ -246,7 +246,7 @@ class RunScreen(Screen[None]):
             head += f"\n{visible(view['piworkflows']['title'])}"
         if display["reason"]:
             head += f"\n{visible(display['reason'])}"
-        current = view["piworkflows"]["currentStep"]
+        current = run_view.current_step(view)
         if current is not None:
             head += f"\ncurrent node: {current['nodeId']} ({current['nodeType']}, {current['status']})"
         self.query_one("#head", Static).update(head)

@@ -98,7 +98,7 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
     assert steps["ask"]["request"] == {"summary": "2 lines: go on?", "details": {"lines": 2}}
     assert steps["ask"]["status"] == "waiting" and steps["ask"]["durationMs"] is None
     assert story["piworkflows"]["durationMs"] is None
-    assert story["piworkflows"]["currentStep"] == steps["ask"]
+    assert "currentStep" not in story["piworkflows"] and story["state"]["currentAttemptId"] == steps["ask"]["attemptId"]
     assert story["piworkflows"]["effects"] == []
 
     answer = printed_command(out, "answer it")
@@ -108,7 +108,7 @@ def test_run_status_tells_the_story_and_its_answer_command_works(server, project
     assert done["state"].get("finalOutput") == {"go": True}
     finished, started = epoch_ms(done["queue"]["finishedAt"]), epoch_ms(done["queue"]["startedAt"])
     assert done["piworkflows"]["durationMs"] == finished - started
-    assert done["piworkflows"]["currentStep"] is None
+    assert "currentAttemptId" not in done["state"]
     final = server.cli("run", "status", run_id).stdout
     assert 'answer: {"go":true}' in final and "answer it" not in final and "controls: -" in final
     late = server.cli("answer", run_id, "ask", '{"go": false}')

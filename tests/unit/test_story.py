@@ -57,14 +57,14 @@ def run_view(
     park_reason: str | None = None,
 ) -> dict:
     """The parts of a run view the follower reads."""
-    current = next((s for s in steps if s["status"] in ("running", "waiting")), None)
+    current = next((s["attemptId"] for s in steps if s["status"] in ("running", "waiting")), None)
     return {
         "runId": "run-1",
-        "state": {"steps": steps},
+        "state": {"steps": steps, **({"currentAttemptId": current} if current else {})},
         "stepStart": 0,
         "stepTotal": len(steps),
         "display": {"status": status, "activity": activity, "controls": [], "reason": reason},
-        "piworkflows": {"currentStep": current, "effects": [], "errorCode": None, "parkReason": park_reason},
+        "piworkflows": {"effects": [], "errorCode": None, "parkReason": park_reason},
     }
 
 

@@ -19,7 +19,7 @@ top-level fields and meanings (docs/protocol.md, Run views), what upstream's vie
     live, possiblyInterrupted
     piworkflows             title, projectPath, executionMode, maxSteps, lineage, restartNumber,
                             status (ours: queued too), parkReason, parkDetail, errorCode, durationMs,
-                            currentStep, effects (the ambiguous ones), pending (its open request)
+                            effects (the ambiguous ones), pending (its open request)
 
 Times are ISO-8601 UTC with milliseconds; durations integer milliseconds. A history item's field
 over REFERENCE_BYTES, and a state value over STATE_VALUE_BYTES, is a content reference
@@ -212,7 +212,6 @@ def head(conn: sqlite3.Connection, run_id: str, values: RunValues, session: bool
         "parkDetail": _park_detail(conn, run_id) if facts.park_reason in DETAILED_PARKS else None,
         "errorCode": error_code,
         "durationMs": finished - started if started is not None and finished is not None else None,
-        "currentStep": current,
         "effects": _ambiguous_effects(conn, run_id) if facts.ambiguous_effects else [],
         "pending": pending_view(conn, run_id)
         or (_checkpoint(conn, run_id, values) if facts.waiting_for == "checkpoint" else None),
