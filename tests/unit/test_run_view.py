@@ -34,8 +34,6 @@ TOP_LEVEL = {
     "updateStart",
     "updateTotal",
     "graphSteps",
-    "graphStepStart",
-    "graphStepTotal",
     "takenTransitions",
     "graphHistory",
     "takenTransitionStart",
@@ -259,7 +257,7 @@ def test_a_long_run_shows_the_tail_of_its_steps_with_bounded_values(executor):
     assert (view["stepStart"], view["stepTotal"], len(steps)) == (total - WINDOW, total, WINDOW)
     assert steps[0]["attemptId"] == f"attempt-{total - WINDOW}" and steps[-1]["status"] == "waiting"
     assert all("$artifact" in step["output"] for step in steps[:-1])
-    assert (view["graphStepStart"], view["graphStepTotal"], len(view["graphSteps"])) == (total - WINDOW, total, WINDOW)
+    assert [step["attemptId"] for step in view["graphSteps"]] == [step["attemptId"] for step in steps]  # one window
     assert view["takenTransitions"] == ["n0->n1", "n1->n2", "n2->n0"]
     assert len(canonical.dumps(view)) < 256 * 1024  # bounded whatever the run produced
     frames.encode(Reply.kind, 1, {"receipt": view})  # one reply frame holds it

@@ -272,8 +272,8 @@ WINDOWS = (
     Window(
         "steps",
         (("/state/steps", step), ("/graphSteps", _graph_step)),
-        ("/stepStart", "/graphStepStart"),
-        ("/stepTotal", "/graphStepTotal"),
+        ("/stepStart",),  # /graphSteps is the same window: upstream's view has no start or total of its own
+        ("/stepTotal",),
     ),
     Window(
         "updates",

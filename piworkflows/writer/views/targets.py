@@ -33,8 +33,6 @@ MEMBERS: dict[str, str] = {
     "settingsTotal": "summary",
     "workflow": "graph",
     "graphSteps": "graph",
-    "graphStepStart": "graph",
-    "graphStepTotal": "graph",
     "graphHistory": "graph",
     "takenTransitions": "graph",
     "takenTransitionStart": "graph",
